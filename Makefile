@@ -1,0 +1,42 @@
+# tidelog: `make demo` runs the main job, `make test` the whole suite. Both set up .venv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint bench bench-append bench-produce bench-read bench-recovery clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tidelog demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench examples
+	$(PY) -m pytest -q tests -m "not slow"; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$status
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
+
+bench: bench-append bench-produce bench-read bench-recovery
+
+bench-append: $(STAMP)
+	$(PY) bench/append_throughput.py
+
+bench-produce: $(STAMP)
+	$(PY) bench/produce_records.py
+
+bench-read: $(STAMP)
+	$(PY) bench/random_reads.py
+
+bench-recovery: $(STAMP)
+	$(PY) bench/recovery_scan.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis tidelog-demo-data

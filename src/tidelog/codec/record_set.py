@@ -1,0 +1,144 @@
+"""A record set: batches back to back, as they lie in a `.log` file or in a Fetch response.
+
+Every message format starts with `offset i64 | size i32` and keeps its magic byte at offset 16, so a
+reader peeks 17 bytes, then dispatches: magic 2 is a RecordBatch, magic 0/1 a legacy entry. Like
+Kafka's FileLogInputStream, iteration stops quietly at a partial tail (fewer than 17 bytes, or fewer
+than the declared size) - a fetch may end mid-batch, a crash may leave half a batch - and raises
+CorruptRecordError for a size field that no message format allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tidelog.codec import legacy
+from tidelog.codec.compression import Compression
+from tidelog.codec.record_batch import (
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    MAGIC_V2,
+    MIN_BATCH_LENGTH,
+    NO_PARTITION_LEADER_EPOCH,
+    BatchHeader,
+    Record,
+    TimestampType,
+    compute_crc,
+    decode_records,
+    peek_offset_and_length,
+    read_header,
+)
+from tidelog.errors import CorruptRecordError, UnsupportedMagicError
+
+HEADER_SIZE_UP_TO_MAGIC = MAGIC_OFFSET + 1  # 17
+
+
+@dataclass(slots=True)
+class BatchInfo:
+    """What a reader needs to know about one stored batch without decoding its records."""
+
+    position: int
+    size: int
+    magic: int
+    base_offset: int  # -1 for a compressed legacy wrapper (known only after decompression)
+    last_offset: int
+    count: int | None  # None for legacy entries (Kafka's countOrNull)
+    max_timestamp: int
+    timestamp_type: TimestampType
+    compression: Compression
+    crc: int
+    partition_leader_epoch: int
+    header: BatchHeader | legacy.LegacyMessage
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+    @property
+    def is_control(self) -> bool:
+        return isinstance(self.header, BatchHeader) and self.header.is_control
+
+
+def read_batch_info(buf: bytes | bytearray | memoryview, pos: int) -> BatchInfo | None:
+    """The batch at `pos`, or None when only a partial batch is left. Raises CorruptRecordError."""
+    remaining = len(buf) - pos
+    if remaining < HEADER_SIZE_UP_TO_MAGIC:
+        return None
+    offset, size = peek_offset_and_length(buf, pos)
+    if size < legacy.RECORD_OVERHEAD_V0:
+        raise CorruptRecordError(f"entry at byte {pos} declares size {size}, smaller than any message format allows")
+    if remaining < size + LOG_OVERHEAD:
+        return None
+    magic = buf[pos + MAGIC_OFFSET]
+    if magic == MAGIC_V2:
+        if size < MIN_BATCH_LENGTH:
+            raise CorruptRecordError(
+                f"batch at byte {pos} declares batchLength {size}, below the v2 minimum {MIN_BATCH_LENGTH}"
+            )
+        header = read_header(buf, pos)
+        return BatchInfo(
+            pos,
+            header.size_in_bytes,
+            MAGIC_V2,
+            header.base_offset,
+            header.last_offset,
+            header.records_count,
+            header.max_timestamp,
+            header.timestamp_type,
+            Compression.from_id(header.attributes & 0x07),
+            header.crc,
+            header.partition_leader_epoch,
+            header,
+        )
+    if magic in (0, 1):
+        message = legacy.read_legacy_message(buf, pos)
+        compression = message.compression
+        return BatchInfo(
+            pos,
+            message.size_in_bytes,
+            magic,
+            offset if compression is Compression.NONE else -1,
+            offset,
+            None,
+            message.timestamp,
+            message.timestamp_type,
+            compression,
+            message.crc,
+            NO_PARTITION_LEADER_EPOCH,
+            message,
+        )
+    raise UnsupportedMagicError(f"entry at byte {pos} has unknown magic {magic}")
+
+
+def iter_batches(buf: bytes | bytearray | memoryview, start: int = 0) -> Iterator[BatchInfo]:
+    pos = start
+    while (info := read_batch_info(buf, pos)) is not None:
+        yield info
+        pos += info.size
+
+
+def is_valid(buf: bytes | bytearray | memoryview, info: BatchInfo) -> bool:
+    """Does the stored CRC match? (CRC-32C for v2, zlib CRC-32 for legacy.)"""
+    if info.magic == MAGIC_V2:
+        return compute_crc(buf, info.position, info.size) == info.crc
+    assert isinstance(info.header, legacy.LegacyMessage)
+    return legacy.legacy_crc(buf, info.header) == info.crc
+
+
+def decode_batch(buf: bytes | bytearray | memoryview, info: BatchInfo) -> list[Record]:
+    if info.magic == MAGIC_V2:
+        assert isinstance(info.header, BatchHeader)
+        return decode_records(buf, info.position, info.header)
+    return legacy.decode_legacy_records(buf, info.position)
+
+
+def iter_records(
+    buf: bytes | bytearray | memoryview, start: int = 0, *, min_offset: int = 0, include_control: bool = False
+) -> Iterator[Record]:
+    """Records of every complete batch in `buf` with offset >= min_offset; control records only on request."""
+    for info in iter_batches(buf, start):
+        if info.last_offset < min_offset or (info.is_control and not include_control):
+            continue
+        for record in decode_batch(buf, info):
+            if record.offset >= min_offset:
+                yield record
