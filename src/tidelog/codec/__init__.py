@@ -1,0 +1,1 @@
+"""Pure byte formats: no files, no sockets. Bytes in, objects out, and back."""

@@ -69,7 +69,9 @@ def read_legacy_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> Le
     if size < overhead:
         raise CorruptRecordError(f"legacy message at byte {pos} declares size {size}, below the minimum {overhead}")
     if size + LOG_OVERHEAD > available:
-        raise TruncatedBatchError(f"legacy message at byte {pos} declares {size + LOG_OVERHEAD} bytes, {available} left")
+        raise TruncatedBatchError(
+            f"legacy message at byte {pos} declares {size + LOG_OVERHEAD} bytes, {available} left"
+        )
     end = pos + LOG_OVERHEAD + size
     cursor = pos + _PREFIX_V0.size
     timestamp = NO_TIMESTAMP
@@ -83,7 +85,9 @@ def read_legacy_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> Le
     return LegacyMessage(pos, offset, size, crc, magic, attributes, timestamp, key, value)
 
 
-def _read_bytes(buf: bytes | bytearray | memoryview, cursor: int, end: int, pos: int, what: str) -> tuple[bytes | None, int]:
+def _read_bytes(
+    buf: bytes | bytearray | memoryview, cursor: int, end: int, pos: int, what: str
+) -> tuple[bytes | None, int]:
     if cursor + 4 > end:
         raise CorruptRecordError(f"legacy message at byte {pos}: {what} length runs past the message end")
     (length,) = _LENGTH.unpack_from(buf, cursor)
@@ -104,7 +108,8 @@ def check_legacy_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> L
     actual = legacy_crc(buf, message)
     if actual != message.crc:
         raise CrcMismatchError(
-            f"legacy message at byte {pos} (offset {message.offset}) has CRC {message.crc} but its bytes hash to {actual}"
+            f"legacy message at byte {pos} (offset {message.offset}) has CRC {message.crc} "
+            f"but its bytes hash to {actual}"
         )
     return message
 
@@ -119,7 +124,9 @@ def inner_messages(wrapper: LegacyMessage) -> list[LegacyMessage]:
     while pos < len(data):
         message = read_legacy_message(data, pos)
         if message.compression is not Compression.NONE:
-            raise CorruptRecordError(f"compressed legacy message at byte {wrapper.position} nests another compressed one")
+            raise CorruptRecordError(
+                f"compressed legacy message at byte {wrapper.position} nests another compressed one"
+            )
         inner.append(message)
         pos += message.size_in_bytes
     if wrapper.magic == 1 and inner:

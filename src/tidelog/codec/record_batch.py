@@ -50,6 +50,7 @@ LOG_OVERHEAD = 12  # baseOffset + batchLength, the prefix every message format s
 MAGIC_OFFSET = 16
 CRC_OFFSET = 17
 ATTRIBUTES_OFFSET = 21
+LAST_OFFSET_DELTA_OFFSET = 23
 PARTITION_LEADER_EPOCH_OFFSET = 12
 MAX_TIMESTAMP_OFFSET = 35
 MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD  # 49
@@ -234,7 +235,9 @@ def records_section(buf: bytes | bytearray | memoryview, pos: int, header: Batch
     return decompress(header.compression, raw)
 
 
-def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0, header: BatchHeader | None = None) -> list[Record]:
+def decode_records(
+    buf: bytes | bytearray | memoryview, pos: int = 0, header: BatchHeader | None = None
+) -> list[Record]:
     """Every record of the v2 batch at `pos`, with absolute offsets and timestamps."""
     if header is None:
         header = read_header(buf, pos)
@@ -297,7 +300,9 @@ def _parse_records(data: bytes, header: BatchHeader, log_append_time: int | None
         timestamp = log_append_time if log_append_time is not None else base_timestamp + timestamp_delta
         append(Record(value, key, timestamp, headers, base_offset + offset_delta))
     if pos != end:
-        raise CorruptRecordError(f"incorrect declared batch size: {end - pos} bytes left after {header.records_count} records")
+        raise CorruptRecordError(
+            f"incorrect declared batch size: {end - pos} bytes left after {header.records_count} records"
+        )
     return records
 
 

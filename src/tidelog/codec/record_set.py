@@ -9,17 +9,23 @@ CorruptRecordError for a size field that no message format allows.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tidelog.codec import legacy
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import (
+    HEADER_SIZE,
+    LAST_OFFSET_DELTA_OFFSET,
     LOG_OVERHEAD,
     MAGIC_OFFSET,
     MAGIC_V2,
+    MAX_TIMESTAMP_OFFSET,
     MIN_BATCH_LENGTH,
     NO_PARTITION_LEADER_EPOCH,
+    NO_TIMESTAMP,
     BatchHeader,
     Record,
     TimestampType,
@@ -31,6 +37,8 @@ from tidelog.codec.record_batch import (
 from tidelog.errors import CorruptRecordError, UnsupportedMagicError
 
 HEADER_SIZE_UP_TO_MAGIC = MAGIC_OFFSET + 1  # 17
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
 
 
 @dataclass(slots=True)
@@ -57,6 +65,44 @@ class BatchInfo:
     @property
     def is_control(self) -> bool:
         return isinstance(self.header, BatchHeader) and self.header.is_control
+
+
+class BatchPeek(NamedTuple):
+    size: int
+    magic: int
+    last_offset: int
+    max_timestamp: int
+
+
+_LEGACY_TIMESTAMP_END = 26  # offset, size, crc, magic, attributes, timestamp (magic 1)
+
+
+def peek_batch(buf: bytes | bytearray | memoryview, pos: int) -> BatchPeek | None:
+    """Size, last offset and max timestamp from the header bytes alone (the batch body may be absent).
+
+    None when `buf` holds too little of the header. Checks neither the CRC nor that the body is present.
+    """
+    remaining = len(buf) - pos
+    if remaining < HEADER_SIZE_UP_TO_MAGIC:
+        return None
+    offset, size = peek_offset_and_length(buf, pos)
+    if size < legacy.RECORD_OVERHEAD_V0:
+        raise CorruptRecordError(f"entry at byte {pos} declares size {size}, smaller than any message format allows")
+    magic = buf[pos + MAGIC_OFFSET]
+    if magic == MAGIC_V2:
+        if remaining < HEADER_SIZE:
+            return None
+        (last_offset_delta,) = _INT32.unpack_from(buf, pos + LAST_OFFSET_DELTA_OFFSET)
+        (max_timestamp,) = _INT64.unpack_from(buf, pos + MAX_TIMESTAMP_OFFSET)
+        return BatchPeek(size + LOG_OVERHEAD, magic, offset + last_offset_delta, max_timestamp)
+    if magic == 1:
+        if remaining < _LEGACY_TIMESTAMP_END:
+            return None
+        (timestamp,) = _INT64.unpack_from(buf, pos + _LEGACY_TIMESTAMP_END - 8)
+        return BatchPeek(size + LOG_OVERHEAD, magic, offset, timestamp)
+    if magic == 0:
+        return BatchPeek(size + LOG_OVERHEAD, magic, offset, NO_TIMESTAMP)
+    raise UnsupportedMagicError(f"entry at byte {pos} has unknown magic {magic}")
 
 
 def read_batch_info(buf: bytes | bytearray | memoryview, pos: int) -> BatchInfo | None:

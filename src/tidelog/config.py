@@ -1,0 +1,246 @@
+"""Configuration with Kafka's own key names, types and defaults.
+
+Two levels, as in Kafka: broker keys (`log.segment.bytes`, `log.dirs`, ...) and per-topic overrides
+(`segment.bytes`, `retention.ms`, ...). A broker key that sets a topic default maps to its topic key
+(`log.roll.hours` -> `segment.ms`). Values may be Python values or the strings of a properties file.
+An unknown key, a value of the wrong type or out of range raises ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tidelog.errors import ConfigError
+
+LONG_MAX = (1 << 63) - 1
+INT_MAX = (1 << 31) - 1
+
+
+def _parse_int(key: str, raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise ConfigError(f"config {key}: expected an integer, got {raw!r}")
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip())
+        except ValueError:
+            pass
+    raise ConfigError(f"config {key}: expected an integer, got {raw!r}")
+
+
+def _parse_bool(key: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise ConfigError(f"config {key}: expected true or false, got {raw!r}")
+
+
+def _parse_str(key: str, raw: Any) -> str:
+    if not isinstance(raw, str):
+        raise ConfigError(f"config {key}: expected a string, got {raw!r}")
+    return raw.strip()
+
+
+def _parse_list(key: str, raw: Any) -> list[str]:
+    if isinstance(raw, str):
+        items = [item.strip() for item in raw.split(",")]
+    elif isinstance(raw, list | tuple):
+        items = [str(item).strip() for item in raw]
+    else:
+        raise ConfigError(f"config {key}: expected a comma-separated list, got {raw!r}")
+    items = [item for item in items if item]
+    if not items:
+        raise ConfigError(f"config {key}: the list is empty")
+    return items
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    parse: Callable[[str, Any], Any]
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] | None = None
+
+    def convert(self, raw: Any) -> Any:
+        value = self.parse(self.name, raw)
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"config {self.name}: {value} is below the minimum {self.minimum}")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(f"config {self.name}: {value} is above the maximum {self.maximum}")
+        if self.choices is not None:
+            values = value if isinstance(value, list) else [value]
+            for item in values:
+                if item not in self.choices:
+                    raise ConfigError(f"config {self.name}: {item!r} is not one of {', '.join(self.choices)}")
+        return value
+
+
+# --- per-topic keys (Kafka's TopicConfig names) ---------------------------------------------------------------
+
+TOPIC_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in [
+        Key("segment.bytes", _parse_int, minimum=14, maximum=INT_MAX),
+        Key("segment.ms", _parse_int, minimum=1),
+        Key("segment.jitter.ms", _parse_int, minimum=0),
+        Key("segment.index.bytes", _parse_int, minimum=4, maximum=INT_MAX),
+        Key("index.interval.bytes", _parse_int, minimum=0, maximum=INT_MAX),
+        Key("flush.messages", _parse_int, minimum=1),
+        Key("flush.ms", _parse_int, minimum=0),
+        Key("retention.ms", _parse_int, minimum=-1),
+        Key("retention.bytes", _parse_int, minimum=-1),
+        Key("file.delete.delay.ms", _parse_int, minimum=0),
+        Key("max.message.bytes", _parse_int, minimum=0, maximum=INT_MAX),
+        Key("message.timestamp.type", _parse_str, choices=("CreateTime", "LogAppendTime")),
+        Key("cleanup.policy", _parse_list, choices=("delete",)),
+    ]
+}
+
+# Broker keys that set a topic default: broker name -> (topic name, unit multiplier).
+# Where Kafka has several spellings (ms / minutes / hours) the finer one wins, as in KafkaConfig.
+BROKER_TO_TOPIC: dict[str, tuple[str, int]] = {
+    "log.segment.bytes": ("segment.bytes", 1),
+    "log.roll.hours": ("segment.ms", 3_600_000),
+    "log.roll.ms": ("segment.ms", 1),
+    "log.roll.jitter.hours": ("segment.jitter.ms", 3_600_000),
+    "log.roll.jitter.ms": ("segment.jitter.ms", 1),
+    "log.index.size.max.bytes": ("segment.index.bytes", 1),
+    "log.index.interval.bytes": ("index.interval.bytes", 1),
+    "log.flush.interval.messages": ("flush.messages", 1),
+    "log.flush.interval.ms": ("flush.ms", 1),
+    "log.retention.hours": ("retention.ms", 3_600_000),
+    "log.retention.minutes": ("retention.ms", 60_000),
+    "log.retention.ms": ("retention.ms", 1),
+    "log.retention.bytes": ("retention.bytes", 1),
+    "log.segment.delete.delay.ms": ("file.delete.delay.ms", 1),
+    "message.max.bytes": ("max.message.bytes", 1),
+    "log.message.timestamp.type": ("message.timestamp.type", 1),
+    "log.cleanup.policy": ("cleanup.policy", 1),
+}
+
+BROKER_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in [
+        Key("log.dirs", _parse_list),
+        Key("log.dir", _parse_list),
+        Key("num.partitions", _parse_int, minimum=1),
+        Key("node.id", _parse_int, minimum=0),
+        Key("broker.id", _parse_int, minimum=0),
+        Key("log.retention.check.interval.ms", _parse_int, minimum=1),
+        Key("log.flush.scheduler.interval.ms", _parse_int, minimum=1),
+        Key("log.flush.offset.checkpoint.interval.ms", _parse_int, minimum=1),
+        Key("log.flush.start.offset.checkpoint.interval.ms", _parse_int, minimum=1),
+        Key("tidelog.storage.engine", _parse_str, choices=("kafka",)),
+        *(
+            replace(TOPIC_KEYS[topic], name=broker)
+            if multiplier == 1
+            else Key(broker, _parse_int, minimum=TOPIC_KEYS[topic].minimum)
+            for broker, (topic, multiplier) in BROKER_TO_TOPIC.items()
+        ),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """The settings of one partition log: broker defaults with its topic's overrides applied."""
+
+    segment_bytes: int = 1 << 30
+    segment_ms: int = 7 * 24 * 3_600_000
+    segment_jitter_ms: int = 0
+    segment_index_bytes: int = 10 * 1024 * 1024
+    index_interval_bytes: int = 4096
+    flush_messages: int = LONG_MAX
+    flush_ms: int = LONG_MAX
+    retention_ms: int = 7 * 24 * 3_600_000
+    retention_bytes: int = -1
+    file_delete_delay_ms: int = 60_000
+    max_message_bytes: int = 1_048_588
+    message_timestamp_type: str = "CreateTime"
+    cleanup_policy: tuple[str, ...] = ("delete",)
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> LogConfig:
+        """Apply topic-level keys (`segment.bytes`, ...); unknown keys raise ConfigError."""
+        changes: dict[str, Any] = {}
+        for name, raw in overrides.items():
+            key = TOPIC_KEYS.get(name)
+            if key is None:
+                raise ConfigError(f"unknown topic config {name!r}")
+            value = key.convert(raw)
+            changes[name.replace(".", "_")] = tuple(value) if isinstance(value, list) else value
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Broker-level storage settings plus the default LogConfig for every topic."""
+
+    log_dirs: tuple[str, ...] = ("./tidelog-data",)
+    num_partitions: int = 1
+    node_id: int = 1
+    retention_check_interval_ms: int = 300_000
+    flush_scheduler_interval_ms: int = LONG_MAX
+    recovery_point_checkpoint_interval_ms: int = 60_000
+    log_start_offset_checkpoint_interval_ms: int = 60_000
+    log_defaults: LogConfig = field(default_factory=LogConfig)
+
+    @classmethod
+    def from_mapping(
+        cls, settings: Mapping[str, Any], *, log_dir: str | os.PathLike[str] | None = None
+    ) -> EngineConfig:
+        """Build from broker keys. `log_dir`, if given, is the log directory unless `log.dirs` says otherwise."""
+        values: dict[str, Any] = {}
+        for name, raw in settings.items():
+            key = BROKER_KEYS.get(name)
+            if key is None:
+                hint = " (a topic-level key; pass it as a topic config)" if name in TOPIC_KEYS else ""
+                raise ConfigError(f"unknown config key {name!r}{hint}")
+            values[name] = key.convert(raw)
+
+        topic_defaults: dict[str, Any] = {}
+        # Coarse units first so the finer spelling (ms) overrides, as Kafka resolves them.
+        for broker_name, (topic_name, multiplier) in sorted(BROKER_TO_TOPIC.items(), key=lambda kv: -kv[1][1]):
+            if broker_name in values:
+                value = values[broker_name]
+                if multiplier != 1 and not (topic_name == "retention.ms" and value < 0):
+                    value *= multiplier
+                topic_defaults[topic_name] = value
+
+        dirs = values.get("log.dirs") or values.get("log.dir")
+        if dirs is None:
+            dirs = [os.fspath(log_dir)] if log_dir is not None else list(cls.log_dirs)
+        return cls(
+            log_dirs=tuple(dirs),
+            num_partitions=values.get("num.partitions", cls.num_partitions),
+            node_id=values.get("node.id", values.get("broker.id", cls.node_id)),
+            retention_check_interval_ms=values.get("log.retention.check.interval.ms", cls.retention_check_interval_ms),
+            flush_scheduler_interval_ms=values.get("log.flush.scheduler.interval.ms", cls.flush_scheduler_interval_ms),
+            recovery_point_checkpoint_interval_ms=values.get(
+                "log.flush.offset.checkpoint.interval.ms", cls.recovery_point_checkpoint_interval_ms
+            ),
+            log_start_offset_checkpoint_interval_ms=values.get(
+                "log.flush.start.offset.checkpoint.interval.ms", cls.log_start_offset_checkpoint_interval_ms
+            ),
+            log_defaults=LogConfig().with_overrides(topic_defaults),
+        )
+
+
+def load_properties(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read a Java-style `.properties` file (key=value or key: value, # and ! comments)."""
+    settings: dict[str, str] = {}
+    with open(path, encoding="utf-8") as handle:
+        for number, raw_line in enumerate(handle, start=1):
+            line = raw_line.strip()
+            if not line or line[0] in "#!":
+                continue
+            separator = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+            if separator <= 0:
+                raise ConfigError(f"{path}:{number}: expected key=value, got {line!r}")
+            settings[line[:separator].strip()] = line[separator + 1 :].strip()
+    return settings

@@ -1,0 +1,1 @@
+"""Storage engines behind one interface (see api.py)."""

@@ -1,0 +1,176 @@
+"""The seam between the storage engines and everything above them (broker, Spark source, CLI, library).
+
+An engine stores record batches exactly as a Kafka producer sends them and hands them back as file
+slices, so a server can send them with sendfile and a reader can decode them in place:
+
+    append(topic, partition, batch_bytes) -> AppendResult     offsets assigned by rewriting baseOffset
+    read(topic, partition, offset, max_bytes) -> FileSlices    whole batches; only the last may be cut short
+    offset_for_timestamp(topic, partition, ts) -> TimestampAndOffset | None
+    log_start_offset / log_end_offset / high_watermark, delete_records, flush, close
+
+`produce` and `consume` are the library face built on those calls, the same for every engine.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tidelog.codec.compression import Compression
+from tidelog.codec.record_batch import Record, build_batch
+from tidelog.codec.record_set import decode_batch, iter_batches
+
+EARLIEST_TIMESTAMP = -2  # ListOffsets special targets, as Kafka defines them
+LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3
+
+CONSUME_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class FileSlice:
+    """`length` bytes at `position` of a segment file; `file` stays open for as long as the slice may be sent."""
+
+    file: BinaryIO
+    path: Path
+    position: int
+    length: int
+
+    def read(self) -> bytes:
+        data = os.pread(self.file.fileno(), self.length, self.position)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class FileSlices:
+    """The answer to a read: slices in offset order, possibly from several segments."""
+
+    slices: tuple[FileSlice, ...] = ()
+    log_start_offset: int = 0
+    high_watermark: int = 0
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.length for s in self.slices)
+
+    def read_bytes(self) -> bytes:
+        return b"".join(s.read() for s in self.slices)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    record_count: int
+    log_append_time_ms: int  # -1 under CreateTime, as in a ProduceResponse
+    log_start_offset: int
+    size_in_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampAndOffset:
+    timestamp: int
+    offset: int
+    leader_epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    name: str
+    topic_id: str
+    partitions: int
+    configs: Mapping[str, Any] = field(default_factory=dict)
+
+
+class StorageEngine(ABC):
+    """One storage model behind the common calls; subclasses implement the abstract ones."""
+
+    # --- topics ---
+    @abstractmethod
+    def create_topic(
+        self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None
+    ) -> TopicDescription: ...
+
+    @abstractmethod
+    def delete_topic(self, name: str) -> None: ...
+
+    @abstractmethod
+    def create_partitions(self, name: str, total: int) -> None: ...
+
+    @abstractmethod
+    def topics(self) -> dict[str, TopicDescription]: ...
+
+    # --- data ---
+    @abstractmethod
+    def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult: ...
+
+    @abstractmethod
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices: ...
+
+    @abstractmethod
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> TimestampAndOffset | None: ...
+
+    @abstractmethod
+    def log_start_offset(self, topic: str, partition: int) -> int: ...
+
+    @abstractmethod
+    def log_end_offset(self, topic: str, partition: int) -> int: ...
+
+    @abstractmethod
+    def high_watermark(self, topic: str, partition: int) -> int: ...
+
+    @abstractmethod
+    def delete_records(self, topic: str, partition: int, before_offset: int) -> int: ...
+
+    @abstractmethod
+    def flush(self, topic: str | None = None, partition: int | None = None) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # --- the library face ---
+    def produce(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[Record],
+        *,
+        compression: Compression | str = Compression.NONE,
+    ) -> int:
+        """Append `records` as one batch; returns the offset of the first one."""
+        if isinstance(compression, str):
+            compression = Compression.from_name(compression)
+        return self.append(topic, partition, build_batch(records, compression=compression)).base_offset
+
+    def consume(
+        self, topic: str, partition: int, offset: int = 0, *, max_records: int | None = None
+    ) -> Iterator[Record]:
+        """Records from `offset` up to the high watermark at the time each chunk is read; control records skipped."""
+        offset = max(offset, self.log_start_offset(topic, partition))
+        delivered = 0
+        while offset < self.high_watermark(topic, partition):
+            data = self.read(topic, partition, offset, CONSUME_CHUNK_BYTES).read_bytes()
+            progressed = False
+            for info in iter_batches(data):
+                progressed = True
+                if info.last_offset >= offset and not info.is_control:
+                    for record in decode_batch(data, info):
+                        if record.offset < offset:
+                            continue
+                        yield record
+                        delivered += 1
+                        if max_records is not None and delivered >= max_records:
+                            return
+                offset = max(offset, info.next_offset)
+            if not progressed:
+                return
+
+    def __enter__(self) -> StorageEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""The Kafka storage engine: Kafka's on-disk layout, byte for byte."""

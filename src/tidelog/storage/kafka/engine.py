@@ -1,0 +1,484 @@
+"""The Kafka storage engine: every partition log under `log.dirs` (Kafka's LogManager).
+
+Each log directory holds `<topic>-<partition>` directories plus the log-dir level files
+(meta.properties, recovery-point-offset-checkpoint, log-start-offset-checkpoint,
+.kafka_cleanshutdown, .lock). Topic settings that Kafka keeps in its metadata quorum live in
+`tidelog-topics.json` at the top of each log dir - a plain file, which Kafka's own loader ignores.
+Opening takes an exclusive lock on every dir, reads and removes the clean-shutdown marker, and
+loads each partition (recovering it if the marker was absent). Closing flushes, checkpoints and
+writes the marker last.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tidelog.config import LONG_MAX, EngineConfig, LogConfig
+from tidelog.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    InvalidPartitionsError,
+    InvalidTopicError,
+    KafkaStorageError,
+    LogClosedError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.storage.api import AppendResult, FileSlices, StorageEngine, TimestampAndOffset, TopicDescription
+from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.partition_log import PARTITION_DIR, PartitionLog, partition_dir_name
+from tidelog.storage.kafka.scheduler import Scheduler
+from tidelog.storage.kafka.segment import now_ms
+
+log = logging.getLogger("tidelog.storage")
+
+TOPICS_FILE = "tidelog-topics.json"
+LOCK_FILE = ".lock"
+DELETE_DIR_SUFFIX = "-delete"
+LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_NAME_LENGTH = 249
+KNOWN_LOG_DIR_FILES = {
+    checkpoints.META_PROPERTIES,
+    checkpoints.RECOVERY_POINT_CHECKPOINT,
+    checkpoints.LOG_START_OFFSET_CHECKPOINT,
+    checkpoints.CLEAN_SHUTDOWN_FILE,
+    "replication-offset-checkpoint",
+    "cleaner-offset-checkpoint",
+    LOCK_FILE,
+    TOPICS_FILE,
+}
+FOREIGN_PARTITION_DIRS = {"__cluster_metadata-0"}  # KRaft's metadata log: not a topic of ours
+
+
+def validate_topic_name(name: str) -> None:
+    if not name or name in (".", ".."):
+        raise InvalidTopicError(f"topic name {name!r} is not allowed")
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise InvalidTopicError(f"topic name is {len(name)} characters long; the maximum is {MAX_TOPIC_NAME_LENGTH}")
+    if not LEGAL_TOPIC.match(name):
+        raise InvalidTopicError(f"topic name {name!r} may only contain ASCII letters, digits, '.', '_' and '-'")
+
+
+class KafkaEngine(StorageEngine):
+    def __init__(self, config: EngineConfig, *, background: bool = True, clock: Callable[[], int] = now_ms) -> None:
+        self.config = config
+        self.clock = clock
+        self.log_dirs = [Path(d).resolve() for d in config.log_dirs]
+        self._lock = threading.RLock()
+        self._closed = False
+        self._dir_locks: list[int] = []
+        self.logs: dict[tuple[str, int], PartitionLog] = {}
+        self._log_dir_of: dict[tuple[str, int], Path] = {}
+        self.topic_meta: dict[str, dict[str, Any]] = {}
+        try:
+            for log_dir in self.log_dirs:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                self._dir_locks.append(self._lock_dir(log_dir))
+            self._check_meta_properties()
+            self.scheduler = Scheduler() if background else None
+            self._load_topics_file()
+            for log_dir in self.log_dirs:
+                self._load_log_dir(log_dir)
+            self._create_missing_partitions()
+        except BaseException:
+            self._release_dir_locks()
+            raise
+        self._schedule_background_tasks()
+
+    # --- opening ----------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _lock_dir(log_dir: Path) -> int:
+        fd = os.open(log_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise KafkaStorageError(f"log directory {log_dir} is in use by another process") from None
+        return fd
+
+    def _release_dir_locks(self) -> None:
+        for fd in self._dir_locks:
+            os.close(fd)
+        self._dir_locks = []
+
+    def _check_meta_properties(self) -> None:
+        existing = {}
+        for log_dir in self.log_dirs:
+            try:
+                existing[log_dir] = checkpoints.read_meta_properties(log_dir / checkpoints.META_PROPERTIES)
+            except CorruptCheckpointError as exc:
+                log.warning("%s; rewriting it", exc)
+                existing[log_dir] = {}
+        cluster_ids = {p["cluster.id"] for p in existing.values() if "cluster.id" in p}
+        if len(cluster_ids) > 1:
+            raise KafkaStorageError(f"log directories belong to different clusters: {', '.join(sorted(cluster_ids))}")
+        cluster_id = cluster_ids.pop() if cluster_ids else checkpoints.new_kafka_uuid()
+        for log_dir, properties in existing.items():
+            stored_node = properties.get("node.id", properties.get("broker.id"))
+            if stored_node is not None and stored_node != str(self.config.node_id):
+                log.warning(
+                    "%s: meta.properties says node %s, config says %d; keeping the stored identity",
+                    log_dir,
+                    stored_node,
+                    self.config.node_id,
+                )
+            if "cluster.id" not in properties:
+                checkpoints.write_meta_properties(
+                    log_dir / checkpoints.META_PROPERTIES,
+                    {
+                        "version": "1",
+                        "cluster.id": cluster_id,
+                        "node.id": str(self.config.node_id),
+                        "directory.id": checkpoints.new_kafka_uuid(),
+                    },
+                )
+        self.cluster_id = cluster_id
+
+    def _load_topics_file(self) -> None:
+        newest: dict[str, Any] = {}
+        for log_dir in self.log_dirs:
+            path = log_dir / TOPICS_FILE
+            if not path.exists():
+                continue
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                if not isinstance(data.get("topics"), dict):
+                    raise ValueError("no 'topics' object")
+            except (ValueError, UnicodeDecodeError) as exc:
+                log.warning(
+                    "%s is unreadable (%s); topic settings are rebuilt from the partition directories", path, exc
+                )
+                continue
+            if data.get("generation", 0) >= newest.get("generation", -1):
+                newest = data
+        self._generation = newest.get("generation", 0)
+        for name, meta in newest.get("topics", {}).items():
+            try:
+                self._log_config_for(meta.get("configs", {}))
+            except ConfigError as exc:
+                log.warning("topic %s: stored config is invalid (%s); using the broker defaults", name, exc)
+                meta["configs"] = {}
+            self.topic_meta[name] = meta
+
+    def _save_topics_file(self) -> None:
+        self._generation += 1
+        text = json.dumps({"generation": self._generation, "topics": self.topic_meta}, indent=1, sort_keys=True)
+        for log_dir in self.log_dirs:
+            checkpoints.write_atomically(log_dir / TOPICS_FILE, text + "\n")
+
+    def _read_checkpoint(self, path: Path) -> dict[tuple[str, int], int]:
+        try:
+            return checkpoints.read_offset_checkpoint(path)
+        except CorruptCheckpointError as exc:
+            log.warning("%s; falling back to full recovery", exc)
+            return {}
+
+    def _load_log_dir(self, log_dir: Path) -> None:
+        clean = checkpoints.take_clean_shutdown_marker(log_dir)
+        if not clean:
+            log.info("%s: no clean-shutdown marker; recovering unflushed segments", log_dir)
+        recovery_points = self._read_checkpoint(log_dir / checkpoints.RECOVERY_POINT_CHECKPOINT)
+        start_offsets = self._read_checkpoint(log_dir / checkpoints.LOG_START_OFFSET_CHECKPOINT)
+        for path in sorted(log_dir.iterdir()):
+            name = path.name
+            if path.is_dir() and name.endswith(DELETE_DIR_SUFFIX):
+                log.info("%s: finishing the deletion of %s", log_dir, name)
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            match = PARTITION_DIR.match(name) if path.is_dir() else None
+            if match is None or name in FOREIGN_PARTITION_DIRS:
+                if name not in KNOWN_LOG_DIR_FILES and not name.endswith(".tmp"):
+                    log.warning("%s: %s is not a partition of ours; leaving it alone", log_dir, name)
+                continue
+            topic, partition = match["topic"], int(match["partition"])
+            if (topic, partition) in self.logs:
+                raise KafkaStorageError(
+                    f"partition {name} exists in two log directories: "
+                    f"{self._log_dir_of[(topic, partition)]} and {log_dir}"
+                )
+            meta = self.topic_meta.get(topic)
+            if meta is None:
+                meta = {"topic_id": self._topic_id_on_disk(path), "partitions": 0, "configs": {}}
+                self.topic_meta[topic] = meta
+                log.info("%s: adopting topic %s found on disk", log_dir, topic)
+            meta["partitions"] = max(meta["partitions"], partition + 1)
+            self._open_partition(
+                log_dir,
+                topic,
+                partition,
+                recovery_point=recovery_points.get((topic, partition), 0),
+                log_start_offset=start_offsets.get((topic, partition), 0),
+                had_clean_shutdown=clean,
+            )
+
+    @staticmethod
+    def _topic_id_on_disk(partition_dir: Path) -> str:
+        try:
+            found = checkpoints.read_partition_metadata(partition_dir / checkpoints.PARTITION_METADATA)
+        except CorruptCheckpointError:
+            found = None
+        return found or checkpoints.new_kafka_uuid()
+
+    def _create_missing_partitions(self) -> None:
+        changed = False
+        for topic, meta in self.topic_meta.items():
+            for partition in range(meta["partitions"]):
+                if (topic, partition) not in self.logs:
+                    self._open_partition(self._least_loaded_dir(), topic, partition)
+                    changed = True
+        if changed or (self.topic_meta and any(not (d / TOPICS_FILE).exists() for d in self.log_dirs)):
+            self._save_topics_file()
+
+    def _open_partition(
+        self,
+        log_dir: Path,
+        topic: str,
+        partition: int,
+        *,
+        recovery_point: int = 0,
+        log_start_offset: int = 0,
+        had_clean_shutdown: bool = True,
+    ) -> PartitionLog:
+        meta = self.topic_meta[topic]
+        partition_log = PartitionLog(
+            log_dir / partition_dir_name(topic, partition),
+            topic,
+            partition,
+            meta["topic_id"],
+            self._log_config_for(meta.get("configs", {})),
+            recovery_point=recovery_point,
+            log_start_offset=log_start_offset,
+            had_clean_shutdown=had_clean_shutdown,
+            scheduler=self.scheduler,
+            clock=self.clock,
+        )
+        self.logs[(topic, partition)] = partition_log
+        self._log_dir_of[(topic, partition)] = log_dir
+        return partition_log
+
+    def _log_config_for(self, overrides: Mapping[str, Any]) -> LogConfig:
+        return self.config.log_defaults.with_overrides(overrides)
+
+    def _least_loaded_dir(self) -> Path:
+        counts = {d: 0 for d in self.log_dirs}
+        for log_dir in self._log_dir_of.values():
+            counts[log_dir] += 1
+        return min(self.log_dirs, key=lambda d: counts[d])
+
+    # --- background work --------------------------------------------------------------------------------------
+
+    def _schedule_background_tasks(self) -> None:
+        if self.scheduler is None:
+            return
+        config = self.config
+        self.scheduler.schedule(
+            "retention",
+            self.delete_old_segments,
+            config.retention_check_interval_ms,
+            config.retention_check_interval_ms,
+        )
+        self.scheduler.schedule(
+            "recovery-point checkpoint",
+            self.checkpoint_recovery_points,
+            config.recovery_point_checkpoint_interval_ms,
+            config.recovery_point_checkpoint_interval_ms,
+        )
+        self.scheduler.schedule(
+            "log-start-offset checkpoint",
+            self.checkpoint_log_start_offsets,
+            config.log_start_offset_checkpoint_interval_ms,
+            config.log_start_offset_checkpoint_interval_ms,
+        )
+        flush_check = min(
+            [
+                config.flush_scheduler_interval_ms,
+                *(lg.config.flush_ms for lg in self.logs.values()),
+                config.log_defaults.flush_ms,
+            ]
+        )
+        if flush_check < LONG_MAX:
+            self.scheduler.schedule("time-based flush", self._flush_due_logs, flush_check, flush_check)
+
+    def _flush_due_logs(self) -> None:
+        now = self.clock()
+        for partition_log in list(self.logs.values()):
+            partition_log.flush_if_due(now)
+
+    def delete_old_segments(self) -> int:
+        return sum(partition_log.delete_old_segments() for partition_log in list(self.logs.values()))
+
+    def checkpoint_recovery_points(self) -> None:
+        self._write_offset_checkpoints(checkpoints.RECOVERY_POINT_CHECKPOINT, lambda lg: lg.recovery_point)
+
+    def checkpoint_log_start_offsets(self) -> None:
+        self._write_offset_checkpoints(checkpoints.LOG_START_OFFSET_CHECKPOINT, lambda lg: lg.log_start_offset)
+
+    def _write_offset_checkpoints(self, file_name: str, value: Callable[[PartitionLog], int]) -> None:
+        with self._lock:
+            by_dir: dict[Path, dict[tuple[str, int], int]] = {d: {} for d in self.log_dirs}
+            for key, partition_log in self.logs.items():
+                by_dir[self._log_dir_of[key]][key] = value(partition_log)
+        for log_dir, offsets in by_dir.items():
+            checkpoints.write_offset_checkpoint(log_dir / file_name, offsets)
+
+    # --- topics -----------------------------------------------------------------------------------------------
+
+    def create_topic(
+        self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None
+    ) -> TopicDescription:
+        validate_topic_name(name)
+        count = self.config.num_partitions if partitions is None else partitions
+        if count < 1:
+            raise InvalidPartitionsError(f"topic {name}: the partition count must be at least 1, got {count}")
+        overrides = dict(configs or {})
+        self._log_config_for(overrides)  # raises ConfigError naming a bad key before anything is created
+        with self._lock:
+            self._check_open()
+            if name in self.topic_meta:
+                raise TopicExistsError(f"topic {name!r} already exists")
+            collision = next((t for t in self.topic_meta if t.replace(".", "_") == name.replace(".", "_")), None)
+            if collision is not None:
+                raise InvalidTopicError(
+                    f"topic {name!r} collides with existing topic {collision!r} ('.' and '_' clash)"
+                )
+            self.topic_meta[name] = {
+                "topic_id": checkpoints.new_kafka_uuid(),
+                "partitions": count,
+                "configs": {k: str(v) for k, v in overrides.items()},
+            }
+            for partition in range(count):
+                self._open_partition(self._least_loaded_dir(), name, partition)
+            self._save_topics_file()
+            return self._describe(name)
+
+    def delete_topic(self, name: str) -> None:
+        with self._lock:
+            self._check_open()
+            meta = self.topic_meta.pop(name, None)
+            if meta is None:
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            doomed = []
+            for partition in range(meta["partitions"]):
+                partition_log = self.logs.pop((name, partition))
+                self._log_dir_of.pop((name, partition))
+                partition_log.close(flush=False)
+                target = partition_log.directory.with_name(
+                    f"{partition_log.directory.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
+                )
+                os.rename(partition_log.directory, target)
+                doomed.append(target)
+            self._save_topics_file()
+        for path in doomed:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def create_partitions(self, name: str, total: int) -> None:
+        with self._lock:
+            self._check_open()
+            meta = self._meta(name)
+            if total <= meta["partitions"]:
+                raise InvalidPartitionsError(
+                    f"topic {name} has {meta['partitions']} partitions; the new count {total} must be larger"
+                )
+            for partition in range(meta["partitions"], total):
+                self._open_partition(self._least_loaded_dir(), name, partition)
+            meta["partitions"] = total
+            self._save_topics_file()
+
+    def alter_topic_configs(self, name: str, configs: Mapping[str, Any]) -> None:
+        """Replace a topic's overrides (as IncrementalAlterConfigs would leave them)."""
+        with self._lock:
+            meta = self._meta(name)
+            new_config = self._log_config_for(configs)
+            meta["configs"] = {k: str(v) for k, v in configs.items()}
+            for partition in range(meta["partitions"]):
+                self.logs[(name, partition)].config = new_config
+            self._save_topics_file()
+
+    def topics(self) -> dict[str, TopicDescription]:
+        with self._lock:
+            return {name: self._describe(name) for name in sorted(self.topic_meta)}
+
+    def _describe(self, name: str) -> TopicDescription:
+        meta = self.topic_meta[name]
+        return TopicDescription(name, meta["topic_id"], meta["partitions"], dict(meta.get("configs", {})))
+
+    def _meta(self, name: str) -> dict[str, Any]:
+        meta = self.topic_meta.get(name)
+        if meta is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return meta
+
+    # --- data -------------------------------------------------------------------------------------------------
+
+    def partition_log(self, topic: str, partition: int) -> PartitionLog:
+        try:
+            return self.logs[(topic, partition)]
+        except KeyError:
+            self._check_open()
+            if topic in self.topic_meta:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has no partition {partition} (it has {self.topic_meta[topic]['partitions']})"
+                ) from None
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist") from None
+
+    def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult:
+        return self.partition_log(topic, partition).append(batch_bytes)
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices:
+        return self.partition_log(topic, partition).read(offset, max_bytes)
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> TimestampAndOffset | None:
+        return self.partition_log(topic, partition).offset_for_timestamp(timestamp_ms)
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        return self.partition_log(topic, partition).log_start_offset
+
+    def log_end_offset(self, topic: str, partition: int) -> int:
+        return self.partition_log(topic, partition).log_end_offset
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        return self.partition_log(topic, partition).high_watermark
+
+    def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
+        return self.partition_log(topic, partition).delete_records(before_offset)
+
+    def flush(self, topic: str | None = None, partition: int | None = None) -> None:
+        if topic is not None and partition is not None:
+            self.partition_log(topic, partition).flush()
+            return
+        for (log_topic, _), partition_log in list(self.logs.items()):
+            if topic is None or log_topic == topic:
+                partition_log.flush()
+
+    # --- shutdown ---------------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError("the log is closed")
+
+    def close(self) -> None:
+        """A clean shutdown: flush and close every partition, checkpoint, then write the marker in each dir."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
+        for partition_log in self.logs.values():
+            partition_log.close()
+        self.checkpoint_recovery_points()
+        self.checkpoint_log_start_offsets()
+        for log_dir in self.log_dirs:
+            checkpoints.write_clean_shutdown_marker(log_dir)
+        self._release_dir_locks()

@@ -1,0 +1,155 @@
+"""What Kafka's offset and time indexes share (AbstractIndex): a memory-mapped file of fixed-size entries.
+
+No header, no checksum. A new file is preallocated to `segment.index.bytes` rounded down to whole
+entries and mapped; an existing file is trusted as it is (entries = length / entry size), which is
+why an index must be trimmed to its real size on roll and on close, and re-expanded when its segment
+becomes active again. Lookups search the last 8 KiB ("warm" section) first: tail reads then touch
+only pages that are already in the page cache.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+WARM_SECTION_BYTES = 8192
+
+
+class MappedIndex:
+    entry: struct.Struct  # set by subclasses
+
+    def __init__(self, path: Path, base_offset: int, max_index_size: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self._guard = threading.Lock()  # remapping vs. a concurrent flush from the flusher thread
+        size = self.entry.size
+        self.max_index_size = max(size, max_index_size - max_index_size % size)
+        existed = path.exists()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if existed:
+            length = os.fstat(self._fd).st_size
+            self.entries = length // size
+            self._length = length
+        else:
+            os.ftruncate(self._fd, self.max_index_size)
+            self.entries = 0
+            self._length = self.max_index_size
+        self._map: mmap.mmap | None = mmap.mmap(self._fd, self._length) if self._length else None
+
+    # --- size management ----------------------------------------------------------------------------------------
+
+    @property
+    def max_entries(self) -> int:
+        return self._length // self.entry.size
+
+    @property
+    def size_in_bytes(self) -> int:
+        return self.entries * self.entry.size
+
+    def is_full(self) -> bool:
+        return self.entries >= self.max_entries
+
+    def resize(self, new_size: int) -> None:
+        """Set the file (and mapping) length, keeping the entries that fit; the file is never left partial."""
+        size = self.entry.size
+        new_length = max(0, new_size - new_size % size)
+        with self._guard:
+            if new_length == self._length:
+                return
+            if self._map is not None:
+                self._map.flush()
+                self._map.close()
+                self._map = None
+            os.ftruncate(self._fd, new_length)
+            self._length = new_length
+            self.entries = min(self.entries, new_length // size)
+            if new_length:
+                self._map = mmap.mmap(self._fd, new_length)
+
+    def trim_to_valid_size(self) -> None:
+        self.resize(self.entries * self.entry.size)
+
+    def expand(self) -> None:
+        """Re-grow to the preallocated size so the (active) segment can append again."""
+        self.resize(self.max_index_size)
+
+    def truncate_entries(self, entries: int) -> None:
+        """Forget entries from slot `entries` on (the bytes stay until overwritten or trimmed, as in Kafka)."""
+        self.entries = max(0, min(self.entries, entries))
+
+    def reset(self) -> None:
+        self.truncate_entries(0)
+
+    # --- entries ------------------------------------------------------------------------------------------------
+
+    def read_entry(self, n: int) -> tuple[int, ...]:
+        assert self._map is not None
+        return self.entry.unpack_from(self._map, n * self.entry.size)
+
+    def _write_entry(self, *fields: int) -> None:
+        with self._guard:
+            assert self._map is not None
+            self.entry.pack_into(self._map, self.entries * self.entry.size, *fields)
+            self.entries += 1
+
+    def _largest_lower_bound(self, target: int, key: Callable[[int], int]) -> int:
+        """Slot of the greatest entry whose key <= target, or -1: Kafka's warm-then-cold binary search."""
+        entries = self.entries
+        if entries == 0:
+            return -1
+        warm = WARM_SECTION_BYTES // self.entry.size
+        first_hot = max(0, entries - 1 - warm)
+        if key(first_hot) < target:
+            return self._binary_search(target, key, first_hot, entries - 1)
+        if key(0) > target:
+            return -1
+        return self._binary_search(target, key, 0, first_hot)
+
+    @staticmethod
+    def _binary_search(target: int, key: Callable[[int], int], lo: int, hi: int) -> int:
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            found = key(mid)
+            if found > target:
+                hi = mid - 1
+            elif found < target:
+                lo = mid
+            else:
+                return mid
+        return lo
+
+    # --- durability and lifetime --------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        with self._guard:
+            if self._map is not None:
+                self._map.flush()
+
+    def close(self) -> None:
+        """Trim to the valid entries (so Kafka and a later open trust the length) and release the file."""
+        self.trim_to_valid_size()
+        with self._guard:
+            if self._map is not None:
+                self._map.close()
+                self._map = None
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def rename(self, new_path: Path) -> None:
+        os.rename(self.path, new_path)
+        self.path = new_path
+
+    def delete(self) -> None:
+        with self._guard:
+            if self._map is not None:
+                self._map.close()
+                self._map = None
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        self.path.unlink(missing_ok=True)

@@ -1,0 +1,579 @@
+"""One partition: the directory `<topic>-<partition>` and its segments (Kafka's UnifiedLog + LocalLog + LogLoader).
+
+Offsets: log start offset (first readable) <= recovery point (known fsynced) <= high watermark
+(readable; equal to the log end offset on a single node) <= log end offset (next to assign).
+Appends take batches as a producer sent them, check layout and CRC, assign offsets by rewriting
+baseOffset (outside the CRC) and write them with one pwritev, without copying the payload. Loading
+removes leftovers of interrupted deletions, rebuilds missing or corrupt indexes, and after an
+unclean shutdown rescans every segment from the recovery point, truncating at the first invalid
+byte and deleting the segments after it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from tidelog.codec.record_batch import (
+    BatchHeader,
+    check_batch,
+    check_producer_batch,
+    set_log_append_time,
+)
+from tidelog.config import LogConfig
+from tidelog.errors import (
+    CorruptCheckpointError,
+    InvalidRecordError,
+    LogClosedError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    TidelogError,
+)
+from tidelog.storage.api import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
+    AppendResult,
+    FileSlice,
+    FileSlices,
+    TimestampAndOffset,
+)
+from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.scheduler import Scheduler
+from tidelog.storage.kafka.segment import (
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+    now_ms,
+    offset_from_file_name,
+    segment_file_name,
+)
+
+log = logging.getLogger("tidelog.storage")
+
+PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
+SEGMENT_FILE = re.compile(r"^\d{20}\.(log|index|timeindex|txnindex|snapshot)$")
+_INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+DEFAULT_LEADER_EPOCH = 0
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}"
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        partition: int,
+        topic_id: str,
+        config: LogConfig,
+        *,
+        recovery_point: int = 0,
+        log_start_offset: int = 0,
+        had_clean_shutdown: bool = True,
+        scheduler: Scheduler | None = None,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.topic_id = topic_id
+        self.config = config
+        self.scheduler = scheduler
+        self.clock = clock
+        self.leader_epoch = DEFAULT_LEADER_EPOCH
+        self._lock = threading.RLock()  # state: segments, offsets
+        self._flush_lock = threading.Lock()  # fsync and file close never overlap
+        self._closed = False
+        self.segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self.last_flush_ms = clock()
+        directory.mkdir(parents=True, exist_ok=True)
+        self._load(recovery_point, log_start_offset, had_clean_shutdown)
+
+    # --- loading and recovery ---------------------------------------------------------------------------------
+
+    def _load(self, recovery_point: int, log_start_offset: int, had_clean_shutdown: bool) -> None:
+        self._check_partition_metadata()
+        needs_recovery = self._clean_up_files()
+        now = self.clock()
+        for name in sorted(p.name for p in self.directory.iterdir() if p.name.endswith(LOG_SUFFIX)):
+            base = offset_from_file_name(name)
+            index_missing = not (self.directory / segment_file_name(base, INDEX_SUFFIX)).exists()
+            time_index_missing = not (self.directory / segment_file_name(base, TIME_INDEX_SUFFIX)).exists()
+            segment = LogSegment(self.directory, base, self.config, now_ms=now)
+            if index_missing or time_index_missing:
+                log.warning("%s: index files for segment %d are missing; rebuilding them", self.name, base)
+                needs_recovery.add(base)
+            else:
+                try:
+                    segment.sanity_check()
+                except TidelogError as exc:
+                    log.warning("%s: %s; rebuilding the indexes of segment %d", self.name, exc, base)
+                    needs_recovery.add(base)
+            self._add_segment(segment)
+
+        epochs = self._read_leader_epochs()
+        if self.segments:
+            first_to_recover = len(self.segments) if had_clean_shutdown else self._segment_slot(recovery_point)
+            previous_last = -1
+            for slot, segment in enumerate(list(self.segments)):
+                if slot < first_to_recover and segment.base_offset not in needs_recovery:
+                    previous_last = self._last_offset_in(segment, previous_last)
+                    continue
+                result = segment.recover(previous_last)
+                epochs = self._merge_epochs(epochs, result.leader_epochs)
+                previous_last = self._last_offset_in(segment, previous_last)
+                if result.truncated_bytes:
+                    log.warning(
+                        "%s: recovery truncated %d bytes of segment %d (%s)",
+                        self.name,
+                        result.truncated_bytes,
+                        segment.base_offset,
+                        result.reason,
+                    )
+                    for later in self.segments[slot + 1 :]:
+                        log.warning("%s: deleting segment %d after the truncation point", self.name, later.base_offset)
+                        later.delete_files()
+                    del self.segments[slot + 1 :]
+                    del self._bases[slot + 1 :]
+                    break
+
+        self.log_end_offset = self._compute_log_end_offset()
+        if self.segments and self.log_end_offset < log_start_offset:
+            log.warning(
+                "%s: log end %d is below the checkpointed log start %d; starting empty at %d",
+                self.name,
+                self.log_end_offset,
+                log_start_offset,
+                log_start_offset,
+            )
+            for segment in self.segments:
+                segment.delete_files()
+            self.segments, self._bases = [], []
+        if not self.segments:
+            self._add_segment(LogSegment(self.directory, max(log_start_offset, 0), self.config, now_ms=now))
+            self.log_end_offset = self.segments[0].base_offset
+        for segment in self.segments[:-1]:
+            segment.on_become_inactive()
+        self.active_segment.become_active()
+
+        self.log_start_offset = max(log_start_offset, self.segments[0].base_offset)
+        self.recovery_point = self.log_end_offset if had_clean_shutdown else min(recovery_point, self.log_end_offset)
+        self.high_watermark = self.log_end_offset
+        self.leader_epochs = [(e, s) for e, s in epochs if s < self.log_end_offset]
+        if self.leader_epochs and self.leader_epochs[0][1] < self.log_start_offset:
+            self.leader_epochs[0] = (self.leader_epochs[0][0], self.log_start_offset)
+        if self.leader_epochs != epochs:
+            self._write_leader_epochs()
+
+    def _check_partition_metadata(self) -> None:
+        path = self.directory / checkpoints.PARTITION_METADATA
+        try:
+            found = checkpoints.read_partition_metadata(path)
+        except CorruptCheckpointError as exc:
+            log.warning("%s: %s; rewriting it", self.name, exc)
+            found = None
+        if found is None:
+            checkpoints.write_partition_metadata(path, self.topic_id)
+        elif found != self.topic_id:
+            log.warning(
+                "%s: partition.metadata names topic id %s, expected %s; keeping the file's id",
+                self.name,
+                found,
+                self.topic_id,
+            )
+            self.topic_id = found
+
+    def _clean_up_files(self) -> set[int]:
+        """Finish or undo interrupted file operations; report stray files. Returns segments needing recovery."""
+        needs_recovery: set[int] = set()
+        names = {p.name for p in self.directory.iterdir()}
+        for name in sorted(names):
+            path = self.directory / name
+            if name.endswith(DELETED_SUFFIX) or name.endswith(".cleaned") or name.endswith(".tmp"):
+                log.info("%s: removing leftover %s", self.name, name)
+                path.unlink(missing_ok=True)
+            elif name.endswith(".swap"):
+                final = path.with_name(name[: -len(".swap")])
+                log.info("%s: completing interrupted swap of %s", self.name, final.name)
+                os.replace(path, final)
+                if final.name.endswith(LOG_SUFFIX):
+                    needs_recovery.add(offset_from_file_name(final.name))
+        for path in self.directory.iterdir():
+            name = path.name
+            if name in (checkpoints.PARTITION_METADATA, checkpoints.LEADER_EPOCH_CHECKPOINT):
+                continue
+            if not SEGMENT_FILE.match(name):
+                log.warning("%s: stray file %s is not part of a Kafka log; leaving it alone", self.name, name)
+                continue
+            if name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX, ".txnindex")):
+                log_file = self.directory / segment_file_name(offset_from_file_name(name), LOG_SUFFIX)
+                if not log_file.exists():
+                    log.info("%s: removing index %s that has no .log", self.name, name)
+                    path.unlink()
+        return needs_recovery
+
+    def _last_offset_in(self, segment: LogSegment, previous_last: int) -> int:
+        last = previous_last
+        position = segment.index.lookup(segment.index.last_offset).position if segment.index.entries else 0
+        for location in segment.batch_locations(position):
+            last = location.last_offset
+        return last
+
+    def _compute_log_end_offset(self) -> int:
+        if not self.segments:
+            return 0
+        last = self._last_offset_in(self.active_segment, -1)
+        return max(last + 1, self.active_segment.base_offset)
+
+    def _read_leader_epochs(self) -> list[tuple[int, int]]:
+        try:
+            return checkpoints.read_leader_epoch_checkpoint(self.directory / checkpoints.LEADER_EPOCH_CHECKPOINT)
+        except CorruptCheckpointError as exc:
+            log.warning("%s: %s; rebuilding leader epochs from the log", self.name, exc)
+            return []
+
+    @staticmethod
+    def _merge_epochs(known: list[tuple[int, int]], found: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        merged = list(known)
+        for epoch, start in found:
+            if not merged or epoch > merged[-1][0]:
+                merged.append((epoch, start))
+        return merged
+
+    def _write_leader_epochs(self) -> None:
+        checkpoints.write_leader_epoch_checkpoint(
+            self.directory / checkpoints.LEADER_EPOCH_CHECKPOINT, self.leader_epochs
+        )
+
+    # --- segments ---------------------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return partition_dir_name(self.topic, self.partition)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self.segments[-1]
+
+    def _add_segment(self, segment: LogSegment) -> None:
+        self.segments.append(segment)
+        self._bases.append(segment.base_offset)
+
+    def _segment_slot(self, offset: int) -> int:
+        """Slot of the segment that holds `offset` (the last with base <= offset), at least 0."""
+        return max(0, bisect.bisect_right(self._bases, offset) - 1)
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"{self.name} is closed")
+
+    def roll(self, expected_next_offset: int = 0) -> LogSegment:
+        with self._lock:
+            self._check_open()
+            new_base = max(expected_next_offset, self.log_end_offset)
+            active = self.active_segment
+            if active.base_offset == new_base and active.size == 0:
+                return active
+            active.on_become_inactive()
+            segment = LogSegment(self.directory, new_base, self.config, now_ms=self.clock())
+            self._add_segment(segment)
+            log.debug("%s: rolled new segment at offset %d", self.name, new_base)
+        self._after_roll(new_base)
+        return segment
+
+    def _after_roll(self, new_base: int) -> None:
+        """The rolled segment is flushed in the background (synchronously without a scheduler), as Kafka does."""
+        if self.scheduler is not None:
+            self.scheduler.schedule(f"flush {self.name} to {new_base}", lambda: self.flush(new_base))
+        else:
+            self.flush(new_base)
+
+    # --- append -----------------------------------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview, *, from_client: bool = True) -> AppendResult:
+        """Validate and append one or more v2 batches as received; returns the offsets they got."""
+        view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+        headers = self._validate(view, from_client)
+        log_append_time = self.config.message_timestamp_type == "LogAppendTime"
+        with self._lock:
+            self._check_open()
+            now = self.clock()
+            base_offset = self.log_end_offset
+            total_size = sum(h.size_in_bytes for _, h in headers)
+            count = sum(h.last_offset_delta + 1 for _, h in headers)
+            last_offset = base_offset + count - 1
+            if log_append_time:
+                max_timestamp, offset_of_max = now, last_offset
+            else:
+                max_timestamp, offset_of_max = -1, base_offset
+                next_offset = base_offset
+                for _, header in headers:
+                    if header.max_timestamp > max_timestamp:
+                        max_timestamp, offset_of_max = header.max_timestamp, next_offset + header.last_offset_delta
+                    next_offset += header.last_offset_delta + 1
+            first_batch_timestamp = now if log_append_time else headers[0][1].max_timestamp
+
+            if self.active_segment.should_roll(total_size, max_timestamp, last_offset, now):
+                self.roll(base_offset)
+
+            chunks: list[bytes | memoryview] = []
+            next_offset = base_offset
+            for position, header in headers:
+                size = header.size_in_bytes
+                if log_append_time:
+                    batch = bytearray(view[position : position + size])
+                    _INT64.pack_into(batch, 0, next_offset)
+                    _INT32.pack_into(batch, 12, self.leader_epoch)
+                    set_log_append_time(batch, 0, size, now)
+                    chunks.append(bytes(batch))
+                else:
+                    chunks += (
+                        _INT64.pack(next_offset),
+                        view[position + 8 : position + 12],
+                        _INT32.pack(self.leader_epoch),
+                        view[position + 16 : position + size],
+                    )
+                next_offset += header.last_offset_delta + 1
+
+            self.active_segment.append(
+                chunks, total_size, last_offset, max_timestamp, offset_of_max, first_batch_timestamp
+            )
+            self.log_end_offset = last_offset + 1
+            self.high_watermark = self.log_end_offset
+            if not self.leader_epochs or self.leader_epochs[-1][0] < self.leader_epoch:
+                self.leader_epochs.append((self.leader_epoch, base_offset))
+                self._write_leader_epochs()
+            flush_due = self.log_end_offset - self.recovery_point >= self.config.flush_messages
+            result = AppendResult(
+                base_offset=base_offset,
+                last_offset=last_offset,
+                record_count=sum(h.records_count for _, h in headers),
+                log_append_time_ms=now if log_append_time else -1,
+                log_start_offset=self.log_start_offset,
+                size_in_bytes=total_size,
+            )
+        if flush_due:
+            self.flush()
+        return result
+
+    def _validate(self, view: memoryview, from_client: bool) -> list[tuple[int, BatchHeader]]:
+        headers: list[tuple[int, BatchHeader]] = []
+        position = 0
+        while position < len(view):
+            header = check_batch(view, position)
+            if from_client:
+                check_producer_batch(header)
+            if header.size_in_bytes > self.config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {header.size_in_bytes} bytes exceeds max.message.bytes "
+                    f"({self.config.max_message_bytes}) of {self.name}"
+                )
+            headers.append((position, header))
+            position += header.size_in_bytes
+        if not headers:
+            raise InvalidRecordError("an append needs at least one record batch")
+        if from_client and len(headers) > 1:
+            raise InvalidRecordError(f"a producer must send exactly one batch per partition, got {len(headers)}")
+        return headers
+
+    # --- reads ------------------------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, min_one_message: bool = True) -> FileSlices:
+        with self._lock:
+            self._check_open()
+            if offset < self.log_start_offset or offset > self.log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} is outside {self.name}'s range [{self.log_start_offset}, {self.log_end_offset}]"
+                )
+            slices: list[FileSlice] = []
+            remaining = max_bytes
+            if offset < self.high_watermark:
+                for segment in self.segments[self._segment_slot(offset) :]:
+                    start = max(offset, segment.base_offset)
+                    piece = segment.read(start, remaining, min_one_message=min_one_message and not slices)
+                    if piece is not None:
+                        slices.append(piece)
+                        remaining -= piece.length
+                    if remaining <= 0:
+                        break
+            return FileSlices(tuple(slices), self.log_start_offset, self.high_watermark)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
+        with self._lock:
+            self._check_open()
+            if timestamp_ms == EARLIEST_TIMESTAMP:
+                return TimestampAndOffset(-1, self.log_start_offset, self.epoch_for_offset(self.log_start_offset))
+            if timestamp_ms == LATEST_TIMESTAMP:
+                return TimestampAndOffset(-1, self.log_end_offset, self.epoch_for_offset(self.log_end_offset))
+            if timestamp_ms == MAX_TIMESTAMP:
+                with_timestamps = [s for s in self.segments if s.max_timestamp_so_far.timestamp >= 0]
+                if not with_timestamps:
+                    return None
+                latest = max(reversed(with_timestamps), key=lambda s: s.max_timestamp_so_far.timestamp)
+                found = latest.read_max_timestamp_record()
+            elif timestamp_ms < 0:
+                raise OffsetOutOfRangeError(f"{timestamp_ms} is neither a timestamp nor a special ListOffsets target")
+            else:
+                found = None
+                for segment in self.segments:
+                    if segment.largest_timestamp >= timestamp_ms:
+                        found = segment.find_offset_by_timestamp(timestamp_ms, self.log_start_offset)
+                        if found is not None:
+                            break
+            if found is None:
+                return None
+            return TimestampAndOffset(found.timestamp, found.offset, self.epoch_for_offset(found.offset))
+
+    def epoch_for_offset(self, offset: int) -> int | None:
+        epoch = None
+        for entry_epoch, start in self.leader_epochs:
+            if start > offset:
+                break
+            epoch = entry_epoch
+        return epoch
+
+    # --- durability -------------------------------------------------------------------------------------------
+
+    def flush(self, up_to_offset: int | None = None) -> None:
+        """fsync segments holding offsets below `up_to_offset` (default: log end); advance the recovery point."""
+        with self._flush_lock:
+            with self._lock:
+                if self._closed:
+                    return
+                target = self.log_end_offset if up_to_offset is None else min(up_to_offset, self.log_end_offset)
+                if target <= self.recovery_point:
+                    return
+                first = self._segment_slot(self.recovery_point)
+                dirty = [s for s in self.segments[first:] if s.base_offset < target]
+            for segment in dirty:
+                segment.flush()
+            checkpoints.fsync_directory(self.directory)
+            with self._lock:
+                self.recovery_point = max(self.recovery_point, target)
+                self.last_flush_ms = self.clock()
+
+    def flush_if_due(self, now: int) -> None:
+        """Time-based flush (`flush.ms`), called by the log manager's periodic task."""
+        if now - self.last_flush_ms >= self.config.flush_ms and self.log_end_offset > self.recovery_point:
+            self.flush()
+
+    # --- retention --------------------------------------------------------------------------------------------
+
+    def delete_old_segments(self) -> int:
+        """Apply log-start-offset, retention.bytes and retention.ms; returns the number of segments deleted."""
+        deleted = self._delete_segments_while(self._start_offset_breached, "log start offset")
+        if "delete" in self.config.cleanup_policy:
+            deleted += self._delete_segments_while(self._size_breached(), "retention.bytes")
+            deleted += self._delete_segments_while(self._time_breached(self.clock()), "retention.ms")
+        return deleted
+
+    def _start_offset_breached(self, segment: LogSegment, next_segment: LogSegment | None) -> bool:
+        return next_segment is not None and next_segment.base_offset <= self.log_start_offset
+
+    def _size_breached(self) -> Callable[[LogSegment, LogSegment | None], bool]:
+        limit = self.config.retention_bytes
+        excess = [self.size_in_bytes - limit]
+
+        def breached(segment: LogSegment, _next: LogSegment | None) -> bool:
+            if limit < 0 or excess[0] - segment.size < 0:
+                return False
+            excess[0] -= segment.size
+            return True
+
+        return breached
+
+    def _time_breached(self, now: int) -> Callable[[LogSegment, LogSegment | None], bool]:
+        limit = self.config.retention_ms
+
+        def breached(segment: LogSegment, _next: LogSegment | None) -> bool:
+            return limit >= 0 and now - segment.largest_timestamp > limit
+
+        return breached
+
+    def _delete_segments_while(self, predicate: Callable[[LogSegment, LogSegment | None], bool], reason: str) -> int:
+        with self._lock:
+            if self._closed:
+                return 0
+            doomed: list[LogSegment] = []
+            for slot, segment in enumerate(self.segments):
+                next_segment = self.segments[slot + 1] if slot + 1 < len(self.segments) else None
+                upper = next_segment.base_offset if next_segment else self.log_end_offset
+                if self.high_watermark < upper or (next_segment is None and segment.size == 0):
+                    break
+                if not predicate(segment, next_segment):
+                    break
+                doomed.append(segment)
+            if not doomed:
+                return 0
+            if len(doomed) == len(self.segments):
+                self.roll()  # never delete the active segment: give the log a new, empty one first
+            del self.segments[: len(doomed)]
+            del self._bases[: len(doomed)]
+            self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+            self.recovery_point = max(self.recovery_point, self.log_start_offset)
+            for segment in doomed:
+                segment.rename_to_deleted()
+            log.info(
+                "%s: deleting %d segment(s) (%s); log start is now %d",
+                self.name,
+                len(doomed),
+                reason,
+                self.log_start_offset,
+            )
+        self._schedule_file_deletion(doomed)
+        return len(doomed)
+
+    def _schedule_file_deletion(self, doomed: list[LogSegment]) -> None:
+        def delete_files() -> None:
+            with self._flush_lock:
+                for segment in doomed:
+                    segment.delete_files()
+
+        delay = self.config.file_delete_delay_ms
+        if self.scheduler is not None and delay > 0:
+            self.scheduler.schedule(f"delete segments of {self.name}", delete_files, delay)
+        else:
+            delete_files()
+
+    def delete_records(self, before_offset: int) -> int:
+        """Move the log start offset up to `before_offset` (DeleteRecords); whole segments below it go."""
+        with self._lock:
+            self._check_open()
+            if before_offset > self.high_watermark or before_offset < 0:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records before {before_offset}: "
+                    f"{self.name}'s high watermark is {self.high_watermark}"
+                )
+            self.log_start_offset = max(self.log_start_offset, before_offset)
+        self._delete_segments_while(self._start_offset_breached, "delete records")
+        return self.log_start_offset
+
+    # --- shutdown ---------------------------------------------------------------------------------------------
+
+    def close(self, *, flush: bool = True) -> None:
+        """Flush (unless the log is being deleted), trim the indexes and close the files."""
+        if flush:
+            self.flush()
+        with self._flush_lock, self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for segment in self.segments:
+                segment.close()

@@ -1,0 +1,363 @@
+"""One segment of a partition log: `<base>.log` with its `<base>.index` and `<base>.timeindex` (Kafka's LogSegment).
+
+The `.log` holds record batches back to back exactly as they were appended; file names carry the
+segment's base offset as 20 zero-padded digits. Appends add a sparse index entry (last offset of the
+appended set -> its start position, plus a time-index attempt) once more than `index.interval.bytes`
+were written since the previous entry. Reads translate an offset to a position through the index and
+a short forward scan of batch headers, and hand out file slices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from tidelog.codec.record_batch import HEADER_SIZE
+from tidelog.codec.record_set import BatchInfo, decode_batch, is_valid, peek_batch, read_batch_info
+from tidelog.config import INT_MAX, LogConfig
+from tidelog.errors import KafkaStorageError, TidelogError
+from tidelog.storage.api import FileSlice
+from tidelog.storage.kafka.offset_index import OffsetIndex
+from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+DELETED_SUFFIX = ".deleted"
+SCAN_CHUNK_BYTES = 64 * 1024
+RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+def offset_from_file_name(name: str) -> int:
+    return int(name[: name.index(".")])
+
+
+class BatchLocation(NamedTuple):
+    position: int
+    size: int
+    last_offset: int
+    max_timestamp: int
+
+
+class RecoveryResult(NamedTuple):
+    truncated_bytes: int
+    leader_epochs: list[tuple[int, int]]  # (epoch, first offset) in the order they appear
+    reason: str | None
+
+
+class LogSegment:
+    def __init__(self, directory: Path, base_offset: int, config: LogConfig, *, now_ms: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.config = config
+        self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.file = os.fdopen(self._fd, "r+b", buffering=0)
+        self.size = os.fstat(self._fd).st_size
+        self.index = OffsetIndex(
+            directory / segment_file_name(base_offset, INDEX_SUFFIX), base_offset, config.segment_index_bytes
+        )
+        self.time_index = TimeIndex(
+            directory / segment_file_name(base_offset, TIME_INDEX_SUFFIX), base_offset, config.segment_index_bytes
+        )
+        self.bytes_since_last_index_entry = 0
+        self.max_timestamp_so_far = self.time_index.last_entry
+        self.created_ms = now_ms
+        self._rolling_based_timestamp: int | None = None
+        jitter = config.segment_jitter_ms
+        self.roll_jitter_ms = 0 if jitter == 0 else random.randrange(min(jitter, config.segment_ms))
+
+    # --- appending -------------------------------------------------------------------------------------------
+
+    def append(
+        self,
+        chunks: Sequence[bytes | bytearray | memoryview],
+        size: int,
+        largest_offset: int,
+        largest_timestamp: int,
+        offset_of_largest_timestamp: int,
+        first_batch_max_timestamp: int,
+    ) -> None:
+        """Write `chunks` (one or more whole batches, `size` bytes) at the end; all or nothing."""
+        position = self.size
+        try:
+            written = os.pwritev(self._fd, chunks, position)
+            while written < size:  # short writes are legal; finish from a flat copy (rare)
+                flat = b"".join(bytes(c) for c in chunks)
+                written += os.pwrite(self._fd, flat[written:], position + written)
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # leave no partial batch behind if the disk allows it
+                os.ftruncate(self._fd, position)
+            raise KafkaStorageError(f"cannot append {size} bytes to {self.log_path}: {exc.strerror}") from exc
+        if position == 0:
+            self._rolling_based_timestamp = first_batch_max_timestamp
+        self.size = position + size
+        if largest_timestamp > self.max_timestamp_so_far.timestamp:
+            self.max_timestamp_so_far = TimestampOffset(largest_timestamp, offset_of_largest_timestamp)
+        if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
+            self.index.append(largest_offset, position)
+            self.time_index.maybe_append(*self.max_timestamp_so_far)
+            self.bytes_since_last_index_entry = 0
+        self.bytes_since_last_index_entry += size
+
+    def should_roll(
+        self, messages_size: int, max_timestamp_in_messages: int, max_offset_in_messages: int, now_ms: int
+    ) -> bool:
+        config = self.config
+        reached_roll_ms = (
+            self.time_waited_for_roll(now_ms, max_timestamp_in_messages) > config.segment_ms - self.roll_jitter_ms
+        )
+        return (
+            self.size > config.segment_bytes - messages_size
+            or (self.size > 0 and reached_roll_ms)
+            or self.index.is_full()
+            or self.time_index.is_full()
+            or not self.can_convert_to_relative_offset(max_offset_in_messages)
+        )
+
+    def time_waited_for_roll(self, now_ms: int, max_timestamp_in_messages: int) -> int:
+        """Record time since the segment's first batch when it has one, else wall-clock age (as Kafka)."""
+        first = self.rolling_based_timestamp()
+        if first is not None and first >= 0:
+            return max_timestamp_in_messages - first
+        return now_ms - self.created_ms
+
+    def rolling_based_timestamp(self) -> int | None:
+        if self._rolling_based_timestamp is None and self.size > 0:
+            first = next(self.batch_locations(0), None)
+            self._rolling_based_timestamp = first.max_timestamp if first else None
+        return self._rolling_based_timestamp
+
+    def can_convert_to_relative_offset(self, offset: int) -> bool:
+        return 0 <= offset - self.base_offset <= INT_MAX
+
+    # --- reading ---------------------------------------------------------------------------------------------
+
+    def batch_locations(self, position: int, end: int | None = None) -> Iterator[BatchLocation]:
+        """Headers of the batches from `position` (a batch start) to `end`; stops at a partial tail."""
+        end = self.size if end is None else end
+        chunk = b""
+        chunk_start = position
+        while position < end:
+            relative = position - chunk_start
+            if relative + HEADER_SIZE > len(chunk) and chunk_start + len(chunk) < end:
+                chunk = os.pread(self._fd, min(SCAN_CHUNK_BYTES, end - position), position)
+                chunk_start, relative = position, 0
+            peeked = peek_batch(chunk, relative)
+            if peeked is None or position + peeked.size > end:
+                return
+            yield BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp)
+            position += peeked.size
+
+    def translate_offset(self, target_offset: int, starting_position: int = 0) -> BatchLocation | None:
+        """The first batch whose last offset >= target (index lookup, then a short scan)."""
+        position = max(self.index.lookup(target_offset).position, starting_position)
+        for location in self.batch_locations(position):
+            if location.last_offset >= target_offset:
+                return location
+        return None
+
+    def read(
+        self, start_offset: int, max_size: int, max_position: int | None = None, min_one_message: bool = True
+    ) -> FileSlice | None:
+        """A slice from the batch holding `start_offset`, at most `max_size` bytes (or one whole batch)."""
+        location = self.translate_offset(start_offset)
+        if location is None:
+            return None
+        limit = self.size if max_position is None else max_position
+        adjusted = max(max_size, location.size) if min_one_message else max_size
+        length = min(limit - location.position, adjusted)
+        if length <= 0:
+            return None
+        return FileSlice(self.file, self.log_path, location.position, length)
+
+    def read_batch_bytes(self, location: BatchLocation) -> bytes:
+        return os.pread(self._fd, location.size, location.position)
+
+    def find_offset_by_timestamp(self, target_timestamp: int, starting_offset: int) -> TimestampOffset | None:
+        """First record with timestamp >= target and offset >= starting_offset, via the time index."""
+        indexed = self.time_index.lookup(target_timestamp)
+        position = self.index.lookup(max(indexed.offset, starting_offset)).position
+        for location in self.batch_locations(position):
+            if location.max_timestamp < target_timestamp or location.last_offset < starting_offset:
+                continue
+            data = self.read_batch_bytes(location)
+            info = read_batch_info(data, 0)
+            if info is None:
+                return None
+            for record in decode_batch(data, info):
+                if (
+                    record.timestamp_ms is not None
+                    and record.timestamp_ms >= target_timestamp
+                    and record.offset >= starting_offset
+                ):
+                    return TimestampOffset(record.timestamp_ms, record.offset)
+        return None
+
+    def read_max_timestamp_record(self) -> TimestampOffset | None:
+        """The first record carrying the segment's max timestamp (ListOffsets MAX_TIMESTAMP)."""
+        target = self.max_timestamp_so_far
+        if target.timestamp < 0:
+            return None
+        found = self.find_offset_by_timestamp(target.timestamp, self.base_offset)
+        return found if found is not None and found.timestamp == target.timestamp else None
+
+    @property
+    def largest_timestamp(self) -> int:
+        """Max record timestamp, or the file's mtime when the segment holds none (as Kafka's retention uses)."""
+        if self.max_timestamp_so_far.timestamp >= 0:
+            return self.max_timestamp_so_far.timestamp
+        return int(os.fstat(self._fd).st_mtime * 1000)
+
+    # --- recovery --------------------------------------------------------------------------------------------
+
+    def recover(self, previous_last_offset: int = -1) -> RecoveryResult:
+        """Rescan the whole `.log`: check every batch (layout, CRC, offsets), rebuild both indexes,
+        and truncate at the first invalid byte. Returns what was cut and the leader epochs seen."""
+        self.index.reset()
+        self.time_index.reset()
+        max_timestamp = TimestampOffset(NO_TIMESTAMP, self.base_offset)
+        file_size = os.fstat(self._fd).st_size
+        valid_bytes = 0
+        last_index_entry_position = 0
+        last_offset = max(previous_last_offset, self.base_offset - 1)
+        epochs: list[tuple[int, int]] = []
+        reason: str | None = None
+        read_size = RECOVERY_CHUNK_BYTES
+        while valid_bytes < file_size and reason is None:
+            chunk = os.pread(self._fd, min(read_size, file_size - valid_bytes), valid_bytes)
+            read_size = RECOVERY_CHUNK_BYTES
+            position = 0
+            while reason is None:
+                try:
+                    info = read_batch_info(chunk, position)
+                except TidelogError as exc:
+                    reason = str(exc)
+                    break
+                if info is None:
+                    if valid_bytes - position + len(chunk) >= file_size:
+                        reason = f"a partial batch of {file_size - valid_bytes} bytes ends the file"
+                    else:  # the batch straddles the chunk boundary: read again from its start
+                        peeked = peek_batch(chunk, position)
+                        read_size = max(RECOVERY_CHUNK_BYTES, peeked.size if peeked else HEADER_SIZE)
+                    break
+                reason = self._invalid_reason(chunk, info, last_offset)
+                if reason is not None:
+                    break
+                if info.max_timestamp > max_timestamp.timestamp:
+                    max_timestamp = TimestampOffset(info.max_timestamp, info.last_offset)
+                if (
+                    valid_bytes - last_index_entry_position > self.config.index_interval_bytes
+                    and not self.index.is_full()
+                ):
+                    self.index.append(info.last_offset, valid_bytes)
+                    self.time_index.maybe_append(*max_timestamp, skip_full_check=True)
+                    last_index_entry_position = valid_bytes
+                if (
+                    info.magic >= 2
+                    and info.partition_leader_epoch >= 0
+                    and (not epochs or info.partition_leader_epoch > epochs[-1][0])
+                ):
+                    epochs.append((info.partition_leader_epoch, info.base_offset))
+                last_offset = info.last_offset
+                valid_bytes += info.size
+                position += info.size
+        truncated = file_size - valid_bytes
+        if truncated:
+            self.truncate_log_file(valid_bytes)
+        self.max_timestamp_so_far = max_timestamp
+        self.time_index.maybe_append(*max_timestamp, skip_full_check=True)
+        self.bytes_since_last_index_entry = valid_bytes - last_index_entry_position
+        self._rolling_based_timestamp = None
+        return RecoveryResult(truncated, epochs, reason if truncated else None)
+
+    def _invalid_reason(self, chunk: bytes, info: BatchInfo, last_offset: int) -> str | None:
+        where = f"batch at byte {info.position} of {self.log_path.name}"
+        if not is_valid(chunk, info):
+            return f"{where} fails its CRC check"
+        if info.last_offset <= last_offset or (info.base_offset >= 0 and info.base_offset <= last_offset):
+            return f"{where} has offset {info.last_offset}, not above the previous {last_offset}"
+        if not self.can_convert_to_relative_offset(info.last_offset):
+            return f"{where} has offset {info.last_offset}, outside this segment's range"
+        if info.base_offset >= 0 and info.last_offset < info.base_offset:
+            return f"{where} ends (offset {info.last_offset}) before it starts ({info.base_offset})"
+        return None
+
+    def truncate_log_file(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+        self.size = size
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch from the one holding `offset` on; returns bytes removed."""
+        location = self.translate_offset(offset)
+        if location is None:
+            return 0
+        self.index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        removed = self.size - location.position
+        self.truncate_log_file(location.position)
+        self.bytes_since_last_index_entry = 0
+        self._rolling_based_timestamp = None
+        if self.max_timestamp_so_far.offset >= offset:
+            self.max_timestamp_so_far = self.time_index.last_entry
+        return removed
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+
+    def sanity_check(self) -> None:
+        self.index.sanity_check(self.size)
+        self.time_index.sanity_check()
+
+    def on_become_inactive(self) -> None:
+        """On roll: record the final max timestamp and trim both indexes to their entries."""
+        self.time_index.maybe_append(*self.max_timestamp_so_far, skip_full_check=True)
+        self.index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
+
+    def become_active(self) -> None:
+        self.index.expand()
+        self.time_index.expand()
+
+    def flush(self) -> None:
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            raise KafkaStorageError(f"cannot flush {self.log_path}: {exc.strerror}") from exc
+        self.index.flush()
+        self.time_index.flush()
+
+    def last_modified_ms(self) -> int:
+        return int(os.fstat(self._fd).st_mtime * 1000)
+
+    def close(self) -> None:
+        self.time_index.maybe_append(*self.max_timestamp_so_far, skip_full_check=True)
+        self.index.close()
+        self.time_index.close()
+        self.file.close()
+
+    def rename_to_deleted(self) -> None:
+        """First step of deletion: readers holding slices keep the open file; the name says it is going."""
+        deleted_path = self.log_path.with_name(self.log_path.name + DELETED_SUFFIX)
+        os.rename(self.log_path, deleted_path)
+        self.log_path = deleted_path
+        for index in (self.index, self.time_index):
+            index.rename(index.path.with_name(index.path.name + DELETED_SUFFIX))
+
+    def delete_files(self) -> None:
+        self.index.delete()
+        self.time_index.delete()
+        self.file.close()
+        self.log_path.unlink(missing_ok=True)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
