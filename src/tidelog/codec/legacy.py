@@ -114,11 +114,18 @@ def check_legacy_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> L
     return message
 
 
-def inner_messages(wrapper: LegacyMessage) -> list[LegacyMessage]:
-    """The messages inside a compressed wrapper, with their absolute offsets."""
+def decompress_wrapper(wrapper: LegacyMessage) -> bytes:
+    """The inner message set of a compressed wrapper."""
     if wrapper.value is None:
         raise CorruptRecordError(f"compressed legacy message at byte {wrapper.position} has a null value")
-    data = decompress(wrapper.compression, wrapper.value, legacy_lz4_checksum=wrapper.magic == 0)
+    return decompress(wrapper.compression, wrapper.value, legacy_lz4_checksum=wrapper.magic == 0)
+
+
+def inner_messages(wrapper: LegacyMessage, data: bytes | None = None) -> list[LegacyMessage]:
+    """The messages inside a compressed wrapper, with absolute offsets; positions index into `data`,
+    the decompressed inner set (decompressed here when not given)."""
+    if data is None:
+        data = decompress_wrapper(wrapper)
     inner: list[LegacyMessage] = []
     pos = 0
     while pos < len(data):

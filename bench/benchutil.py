@@ -1,0 +1,133 @@
+"""Helpers the benchmark scripts share: a scratch directory with a free-space check, machine facts, timing
+statistics and the rich console they print to. Not a benchmark itself."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)  # no wrapping in logs
+
+MiB = 1 << 20
+GiB = 1 << 30
+SPACE_MARGIN_BYTES = 256 * MiB  # never fill a filesystem to the last byte
+
+
+def add_dir_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="parent directory for the scratch data (default: the system temp dir, usually /tmp); "
+        "a fresh subdirectory is created there and removed afterwards",
+    )
+
+
+def check_free_space(parent: Path, needed_bytes: int) -> None:
+    """Exit politely (status 2) when `parent`'s filesystem cannot hold `needed_bytes` plus a margin."""
+    free = shutil.disk_usage(parent).free
+    if free < needed_bytes + SPACE_MARGIN_BYTES:
+        console.print(
+            f"[bold red]Not enough free space[/] in {parent}: this run needs about {fmt_bytes(needed_bytes)} "
+            f"(+{fmt_bytes(SPACE_MARGIN_BYTES)} margin) but only {fmt_bytes(free)} is free.\n"
+            "Pass a smaller size (see --help) or --dir on a filesystem with more room."
+        )
+        sys.exit(2)
+
+
+@contextlib.contextmanager
+def scratch_dir(parent: Path | None, needed_bytes: int, prefix: str) -> Iterator[Path]:
+    """A fresh directory under `parent` (default: the temp dir), removed on exit even after an error."""
+    parent = Path(parent or tempfile.gettempdir()).resolve()
+    parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(parent, needed_bytes)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def empty_dir(path: Path) -> None:
+    """Remove everything inside `path` (kept itself) and let the kernel settle writeback before the next run."""
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    os.sync()
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem holding `path`, from /proc/mounts (longest matching mount point)."""
+    target = str(Path(path).resolve())
+    best, fs_type = "", "unknown"
+    with contextlib.suppress(OSError), open("/proc/mounts", encoding="utf-8") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) < 3:
+                continue
+            mount_point = fields[1].replace("\\040", " ")
+            inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) > len(best):
+                best, fs_type = mount_point, fields[2]
+    return fs_type
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def print_machine(data_dir: Path) -> None:
+    console.print(
+        f"machine: {os.cpu_count()} CPUs ({cpu_model()}), data dir {data_dir} on {filesystem_type(data_dir)}, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M %Z')}"
+    )
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.2f}x" if reference else "n/a"
+
+
+def percent(value: float, reference: float) -> str:
+    return f"{100 * value / reference:.0f} %" if reference else "n/a"
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def run_quiet(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """Run a command with the C locale (so its messages parse the same everywhere); raise if it fails."""
+    return subprocess.run(argv, check=True, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
+
+
+def new_table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="left" if index == 0 else "right")
+    return table

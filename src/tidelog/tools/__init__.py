@@ -1,0 +1,1 @@
+"""Offline tools over log directories and segment files."""
