@@ -94,14 +94,20 @@ class _Problems:
                 print(f"  {first} is followed by {second}", file=err)
 
 
-def dump_files(files: list[str], options: DumpOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Dump each file; returns 0, or 1 if a file could not be read at all."""
+def dump_files(files: list[str], options: DumpOptions, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Dump each file to `out` (default stdout), problems to `err`; returns 0, or 1 if a file could not be read."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
     problems = _Problems()
     status = 0
     for name in files:
         path = Path(name)
         print(f"Dumping {name}", file=out)
         suffix = path.suffix
+        if suffix in (".log", ".index", ".timeindex", ".txnindex") and not path.name.split(".")[0].isdigit():
+            print(f"Cannot dump {name}: a segment file's name must start with its base offset", file=err)
+            status = 1
+            continue
         try:
             if suffix == ".log":
                 _dump_log(path, options, problems, out, err)
