@@ -34,8 +34,10 @@ class UnsupportedMagicError(CorruptRecordError):
     """A message format version (magic byte) this code does not know."""
 
 
-class UnsupportedCompressionError(TidelogError):
-    """An unknown compression codec id, or a codec not allowed for this message format."""
+class UnsupportedCompressionError(CorruptRecordError):
+    """An unknown compression codec id, or a codec not allowed for this message format.
+
+    A kind of corrupt record (a reader of stored bytes treats it as damage) with its own Kafka code."""
 
     kafka_error_code = 76  # UNSUPPORTED_COMPRESSION_TYPE
 

@@ -76,14 +76,16 @@ def test_fixture_magic_and_codec_per_record(name: str) -> None:
     got = []
     for info in record_set.iter_batches(buf):
         for r in record_set.decode_batch(buf, info):
-            got.append({
-                "offset": r.offset,
-                "timestamp_ms": r.timestamp_ms,
-                "key": None if r.key is None else r.key.decode(),
-                "value": None if r.value is None else r.value.decode(),
-                "magic": info.magic,
-                "codec": int(info.compression),
-            })
+            got.append(
+                {
+                    "offset": r.offset,
+                    "timestamp_ms": r.timestamp_ms,
+                    "key": None if r.key is None else r.key.decode(),
+                    "value": None if r.value is None else r.value.decode(),
+                    "magic": info.magic,
+                    "codec": int(info.compression),
+                }
+            )
     assert got == EXPECTED[name]
 
 
@@ -199,7 +201,9 @@ def message(
     return struct.pack(">qiI", offset, len(body) + 4, zlib.crc32(body) if crc is None else crc) + body
 
 
-def wrapper(offset: int, inner: bytes, codec: Compression, *, magic: int = 1, timestamp: int = TS, lat: bool = False) -> bytes:
+def wrapper(
+    offset: int, inner: bytes, codec: Compression, *, magic: int = 1, timestamp: int = TS, lat: bool = False
+) -> bytes:
     packed = compress(codec, inner)
     if codec is Compression.LZ4 and magic == 0:  # Kafka 0.8's broken header checksum over magic + descriptor
         packed = packed[:6] + bytes([(xxh32_short(packed[:6]) >> 8) & 0xFF]) + packed[7:]
@@ -288,12 +292,6 @@ def test_mixed_magic_record_set() -> None:
     assert [i.magic for i in record_set.iter_batches(buf)] == [0, 1, 2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: legacy.inner_messages always rebases magic-1 inner offsets (wrapper - lastInner); Kafka's "
-    "AbstractLegacyRecordBatch and kafka-python keep the relative offsets when that base is negative (a wrapper "
-    "offset of 0, as producers write it), so ours returns [-2, -1, 0] and iter_records silently drops two records",
-)
 def test_magic1_wrapper_with_unassigned_offset_keeps_relative_offsets() -> None:
     inner = b"".join(message(i, None, b"v%d" % i) for i in range(3))
     buf = wrapper(0, inner, Compression.GZIP)
@@ -307,9 +305,7 @@ def test_magic1_wrapper_with_unassigned_offset_keeps_relative_offsets() -> None:
 def test_legacy_message_fields() -> None:
     buf = message(7, b"key", b"value", attributes=0x08, timestamp=TS)
     parsed = legacy.check_legacy_message(buf)
-    assert parsed == legacy.LegacyMessage(
-        0, 7, len(buf) - 12, zlib.crc32(buf[16:]), 1, 0x08, TS, b"key", b"value"
-    )
+    assert parsed == legacy.LegacyMessage(0, 7, len(buf) - 12, zlib.crc32(buf[16:]), 1, 0x08, TS, b"key", b"value")
     assert parsed.size_in_bytes == len(buf)
     assert parsed.compression is Compression.NONE
     assert legacy.legacy_crc(buf, parsed) == parsed.crc

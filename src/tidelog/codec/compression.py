@@ -64,7 +64,7 @@ def compress(codec: Compression, data: bytes | memoryview) -> bytes:
         return bytes(cramjam.snappy.compress_raw(data))
     if codec is Compression.LZ4:
         compressor = cramjam.lz4.Compressor(level=1, content_checksum=False, block_linked=False)
-        compressor.compress(data)
+        compressor.compress(bytes(data))
         return bytes(compressor.finish())
     if codec is Compression.ZSTD:
         return bytes(cramjam.zstd.compress(data, level=3))

@@ -138,7 +138,8 @@ def inner_messages(wrapper: LegacyMessage, data: bytes | None = None) -> list[Le
         pos += message.size_in_bytes
     if wrapper.magic == 1 and inner:
         absolute_base = wrapper.offset - inner[-1].offset
-        inner = [m._replace(offset=absolute_base + m.offset) for m in inner]
+        if absolute_base >= 0:  # a producer's wrapper (offset 0, before a broker assigned one) keeps inner offsets
+            inner = [m._replace(offset=absolute_base + m.offset) for m in inner]
     return inner
 
 

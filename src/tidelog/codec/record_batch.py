@@ -189,8 +189,6 @@ def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeade
         raise TruncatedBatchError(
             f"batch at byte {pos} declares {header.size_in_bytes} bytes but only {available} are present"
         )
-    if header.records_count < 0:
-        raise CorruptRecordError(f"batch at byte {pos} declares a negative record count {header.records_count}")
     return header
 
 
@@ -208,6 +206,8 @@ def check_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeade
             f"batch at byte {pos} (baseOffset {header.base_offset}) has CRC {header.crc:#010x} "
             f"but its bytes hash to {actual:#010x}"
         )
+    if header.records_count < 0:
+        raise CorruptRecordError(f"batch at byte {pos} declares a negative record count {header.records_count}")
     if header.attributes & ~KNOWN_ATTRIBUTE_BITS:
         raise CorruptRecordError(f"batch at byte {pos} sets unknown attribute bits {header.attributes:#06x}")
     Compression.from_id(header.attributes & COMPRESSION_MASK)  # raises for codec ids 5-7
@@ -241,6 +241,8 @@ def decode_records(
     """Every record of the v2 batch at `pos`, with absolute offsets and timestamps."""
     if header is None:
         header = read_header(buf, pos)
+    if header.records_count <= 0:  # an empty batch (left by compaction) has nothing to decompress
+        return []
     data = records_section(buf, pos, header)
     log_append_time = header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None
     try:
