@@ -157,8 +157,13 @@ def test_index_sanity_check(tmp_path: Path) -> None:
 def test_control_batches_show_the_transaction_marker(tmp_path: Path) -> None:
     segment = tmp_path / "00000000000000000000.log"
     segment.write_bytes(
-        build_control_batch(ControlRecordType.COMMIT, producer_id=7, producer_epoch=1, coordinator_epoch=3,
-                            timestamp_ms=1_700_000_000_000)
+        build_control_batch(
+            ControlRecordType.COMMIT,
+            producer_id=7,
+            producer_epoch=1,
+            coordinator_epoch=3,
+            timestamp_ms=1_700_000_000_000,
+        )
     )
     lines, _ = dump([segment], print_data_log=True)
     assert "producerId: 7 producerEpoch: 1" in lines[2] and "isTransactional: true isControl: true" in lines[2]

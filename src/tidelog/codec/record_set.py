@@ -26,6 +26,7 @@ from tidelog.codec.record_batch import (
     MIN_BATCH_LENGTH,
     NO_PARTITION_LEADER_EPOCH,
     NO_TIMESTAMP,
+    PARTITION_LEADER_EPOCH_OFFSET,
     BatchHeader,
     Record,
     TimestampType,
@@ -72,6 +73,7 @@ class BatchPeek(NamedTuple):
     magic: int
     last_offset: int
     max_timestamp: int
+    partition_leader_epoch: int  # -1 for legacy entries
 
 
 _LEGACY_TIMESTAMP_END = 26  # offset, size, crc, magic, attributes, timestamp (magic 1)
@@ -94,14 +96,15 @@ def peek_batch(buf: bytes | bytearray | memoryview, pos: int) -> BatchPeek | Non
             return None
         (last_offset_delta,) = _INT32.unpack_from(buf, pos + LAST_OFFSET_DELTA_OFFSET)
         (max_timestamp,) = _INT64.unpack_from(buf, pos + MAX_TIMESTAMP_OFFSET)
-        return BatchPeek(size + LOG_OVERHEAD, magic, offset + last_offset_delta, max_timestamp)
+        (leader_epoch,) = _INT32.unpack_from(buf, pos + PARTITION_LEADER_EPOCH_OFFSET)
+        return BatchPeek(size + LOG_OVERHEAD, magic, offset + last_offset_delta, max_timestamp, leader_epoch)
     if magic == 1:
         if remaining < _LEGACY_TIMESTAMP_END:
             return None
         (timestamp,) = _INT64.unpack_from(buf, pos + _LEGACY_TIMESTAMP_END - 8)
-        return BatchPeek(size + LOG_OVERHEAD, magic, offset, timestamp)
+        return BatchPeek(size + LOG_OVERHEAD, magic, offset, timestamp, NO_PARTITION_LEADER_EPOCH)
     if magic == 0:
-        return BatchPeek(size + LOG_OVERHEAD, magic, offset, NO_TIMESTAMP)
+        return BatchPeek(size + LOG_OVERHEAD, magic, offset, NO_TIMESTAMP, NO_PARTITION_LEADER_EPOCH)
     raise UnsupportedMagicError(f"entry at byte {pos} has unknown magic {magic}")
 
 

@@ -60,6 +60,31 @@ KNOWN_LOG_DIR_FILES = {
 FOREIGN_PARTITION_DIRS = {"__cluster_metadata-0"}  # KRaft's metadata log: not a topic of ours
 
 
+def _parse_topics_file(text: str) -> dict[str, Any]:
+    """Check the shape of `tidelog-topics.json`; raises ValueError saying what is wrong."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or not isinstance(data.get("topics"), dict):
+        raise ValueError("expected an object with a 'topics' object")
+    if not isinstance(data.get("generation", 0), int):
+        raise ValueError("'generation' is not an integer")
+    topics = {}
+    for name, meta in data["topics"].items():
+        if not (
+            isinstance(meta, dict)
+            and isinstance(meta.get("topic_id"), str)
+            and isinstance(meta.get("partitions"), int)
+            and meta["partitions"] >= 1
+            and isinstance(meta.get("configs", {}), dict)
+        ):
+            raise ValueError(f"topic {name!r} needs topic_id, a positive partition count and a configs object")
+        topics[name] = {
+            "topic_id": meta["topic_id"],
+            "partitions": meta["partitions"],
+            "configs": dict(meta.get("configs", {})),
+        }
+    return {"generation": data.get("generation", 0), "topics": topics}
+
+
 def validate_topic_name(name: str) -> None:
     if not name or name in (".", ".."):
         raise InvalidTopicError(f"topic name {name!r} is not allowed")
@@ -146,29 +171,35 @@ class KafkaEngine(StorageEngine):
         self.cluster_id = cluster_id
 
     def _load_topics_file(self) -> None:
-        newest: dict[str, Any] = {}
+        """Topic settings from the newest readable `tidelog-topics.json`; damaged entries are reported and skipped."""
+        newest: dict[str, Any] | None = None
+        self._topics_file_dirty = False
         for log_dir in self.log_dirs:
             path = log_dir / TOPICS_FILE
             if not path.exists():
                 continue
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                if not isinstance(data.get("topics"), dict):
-                    raise ValueError("no 'topics' object")
+                data = _parse_topics_file(path.read_text(encoding="utf-8"))
             except (ValueError, UnicodeDecodeError) as exc:
                 log.warning(
-                    "%s is unreadable (%s); topic settings are rebuilt from the partition directories", path, exc
+                    "%s is unreadable (%s); topics are adopted from the partition directories "
+                    "and their configs fall back to the broker defaults",
+                    path,
+                    exc,
                 )
+                self._topics_file_dirty = True
                 continue
-            if data.get("generation", 0) >= newest.get("generation", -1):
+            if newest is None or data["generation"] >= newest["generation"]:
                 newest = data
-        self._generation = newest.get("generation", 0)
-        for name, meta in newest.get("topics", {}).items():
+        newest = newest or {"generation": 0, "topics": {}}
+        self._generation = newest["generation"]
+        for name, meta in newest["topics"].items():
             try:
-                self._log_config_for(meta.get("configs", {}))
+                self._log_config_for(meta["configs"])
             except ConfigError as exc:
                 log.warning("topic %s: stored config is invalid (%s); using the broker defaults", name, exc)
                 meta["configs"] = {}
+                self._topics_file_dirty = True
             self.topic_meta[name] = meta
 
     def _save_topics_file(self) -> None:
@@ -209,7 +240,7 @@ class KafkaEngine(StorageEngine):
                 )
             meta = self.topic_meta.get(topic)
             if meta is None:
-                meta = {"topic_id": self._topic_id_on_disk(path), "partitions": 0, "configs": {}}
+                meta = {"topic_id": self._topic_id_on_disk(topic), "partitions": 0, "configs": {}}
                 self.topic_meta[topic] = meta
                 log.info("%s: adopting topic %s found on disk", log_dir, topic)
             meta["partitions"] = max(meta["partitions"], partition + 1)
@@ -222,13 +253,19 @@ class KafkaEngine(StorageEngine):
                 had_clean_shutdown=clean,
             )
 
-    @staticmethod
-    def _topic_id_on_disk(partition_dir: Path) -> str:
-        try:
-            found = checkpoints.read_partition_metadata(partition_dir / checkpoints.PARTITION_METADATA)
-        except CorruptCheckpointError:
-            found = None
-        return found or checkpoints.new_kafka_uuid()
+    def _topic_id_on_disk(self, topic: str) -> str:
+        """The id most of the topic's partition.metadata files agree on (a new one if none is readable)."""
+        votes: dict[str, int] = {}
+        for log_dir in self.log_dirs:
+            for partition_dir in log_dir.glob(f"{topic}-*"):
+                if PARTITION_DIR.match(partition_dir.name) and partition_dir.name.rsplit("-", 1)[0] == topic:
+                    try:
+                        found = checkpoints.read_partition_metadata(partition_dir / checkpoints.PARTITION_METADATA)
+                    except CorruptCheckpointError:
+                        found = None
+                    if found is not None:
+                        votes[found] = votes.get(found, 0) + 1
+        return max(votes, key=lambda topic_id: votes[topic_id]) if votes else checkpoints.new_kafka_uuid()
 
     def _create_missing_partitions(self) -> None:
         changed = False
@@ -237,7 +274,8 @@ class KafkaEngine(StorageEngine):
                 if (topic, partition) not in self.logs:
                     self._open_partition(self._least_loaded_dir(), topic, partition)
                     changed = True
-        if changed or (self.topic_meta and any(not (d / TOPICS_FILE).exists() for d in self.log_dirs)):
+        missing_file = self.topic_meta and any(not (d / TOPICS_FILE).exists() for d in self.log_dirs)
+        if changed or missing_file or self._topics_file_dirty:
             self._save_topics_file()
 
     def _open_partition(

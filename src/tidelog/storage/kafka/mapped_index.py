@@ -82,7 +82,9 @@ class MappedIndex:
         self.entries = max(0, min(self.entries, entries))
 
     def reset(self) -> None:
+        """Forget every entry and grow back to the preallocated size (a rebuild may need all of it)."""
         self.truncate_entries(0)
+        self.expand()
 
     # --- entries ------------------------------------------------------------------------------------------------
 

@@ -108,7 +108,9 @@ class PartitionLog:
         self._check_partition_metadata()
         needs_recovery = self._clean_up_files()
         now = self.clock()
-        for name in sorted(p.name for p in self.directory.iterdir() if p.name.endswith(LOG_SUFFIX)):
+        for name in sorted(
+            p.name for p in self.directory.iterdir() if p.name.endswith(LOG_SUFFIX) and SEGMENT_FILE.match(p.name)
+        ):
             base = offset_from_file_name(name)
             index_missing = not (self.directory / segment_file_name(base, INDEX_SUFFIX)).exists()
             time_index_missing = not (self.directory / segment_file_name(base, TIME_INDEX_SUFFIX)).exists()
@@ -124,7 +126,8 @@ class PartitionLog:
                     needs_recovery.add(base)
             self._add_segment(segment)
 
-        epochs = self._read_leader_epochs()
+        stored_epochs = self._read_leader_epochs()
+        epochs = list(stored_epochs or [])
         if self.segments:
             first_to_recover = len(self.segments) if had_clean_shutdown else self._segment_slot(recovery_point)
             previous_last = -1
@@ -172,11 +175,10 @@ class PartitionLog:
         self.log_start_offset = max(log_start_offset, self.segments[0].base_offset)
         self.recovery_point = self.log_end_offset if had_clean_shutdown else min(recovery_point, self.log_end_offset)
         self.high_watermark = self.log_end_offset
-        self.leader_epochs = [(e, s) for e, s in epochs if s < self.log_end_offset]
-        if self.leader_epochs and self.leader_epochs[0][1] < self.log_start_offset:
-            self.leader_epochs[0] = (self.leader_epochs[0][0], self.log_start_offset)
-        if self.leader_epochs != epochs:
-            self._write_leader_epochs()
+        if stored_epochs is None:
+            epochs = self._scan_leader_epochs()
+        self.leader_epochs = stored_epochs or []
+        self._set_leader_epochs(self._epochs_within(epochs), force_write=stored_epochs is None)
 
     def _check_partition_metadata(self) -> None:
         path = self.directory / checkpoints.PARTITION_METADATA
@@ -185,16 +187,15 @@ class PartitionLog:
         except CorruptCheckpointError as exc:
             log.warning("%s: %s; rewriting it", self.name, exc)
             found = None
-        if found is None:
+        if found != self.topic_id:
+            if found is not None:
+                log.warning(
+                    "%s: partition.metadata names topic id %s but the topic's id is %s; rewriting it",
+                    self.name,
+                    found,
+                    self.topic_id,
+                )
             checkpoints.write_partition_metadata(path, self.topic_id)
-        elif found != self.topic_id:
-            log.warning(
-                "%s: partition.metadata names topic id %s, expected %s; keeping the file's id",
-                self.name,
-                found,
-                self.topic_id,
-            )
-            self.topic_id = found
 
     def _clean_up_files(self) -> set[int]:
         """Finish or undo interrupted file operations; report stray files. Returns segments needing recovery."""
@@ -238,12 +239,40 @@ class PartitionLog:
         last = self._last_offset_in(self.active_segment, -1)
         return max(last + 1, self.active_segment.base_offset)
 
-    def _read_leader_epochs(self) -> list[tuple[int, int]]:
+    def _read_leader_epochs(self) -> list[tuple[int, int]] | None:
+        """The checkpointed epochs, or None when the file is missing or unreadable (then the log is scanned)."""
+        path = self.directory / checkpoints.LEADER_EPOCH_CHECKPOINT
+        if not path.exists():
+            return None
         try:
-            return checkpoints.read_leader_epoch_checkpoint(self.directory / checkpoints.LEADER_EPOCH_CHECKPOINT)
+            return checkpoints.read_leader_epoch_checkpoint(path)
         except CorruptCheckpointError as exc:
             log.warning("%s: %s; rebuilding leader epochs from the log", self.name, exc)
-            return []
+            return None
+
+    def _scan_leader_epochs(self) -> list[tuple[int, int]]:
+        """Leader epochs from the partitionLeaderEpoch of every batch header (first offset of each new epoch)."""
+        epochs: list[tuple[int, int]] = []
+        for segment in self.segments:
+            next_offset = segment.base_offset
+            for location in segment.batch_locations(0):
+                epoch = location.partition_leader_epoch
+                if epoch >= 0 and (not epochs or epoch > epochs[-1][0]):
+                    epochs.append((epoch, next_offset))
+                next_offset = location.last_offset + 1
+        return epochs
+
+    def _epochs_within(self, epochs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Epoch entries cut to [log start, log end): the entry covering the log start is moved up to it."""
+        kept = [(epoch, start) for epoch, start in epochs if start < self.log_end_offset]
+        covering = [entry for entry in kept if entry[1] <= self.log_start_offset]
+        later = [entry for entry in kept if entry[1] > self.log_start_offset]
+        return ([(covering[-1][0], self.log_start_offset)] if covering else []) + later
+
+    def _set_leader_epochs(self, epochs: list[tuple[int, int]], *, force_write: bool = False) -> None:
+        if epochs != self.leader_epochs or force_write:
+            self.leader_epochs = epochs
+            self._write_leader_epochs()
 
     @staticmethod
     def _merge_epochs(known: list[tuple[int, int]], found: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -426,7 +455,7 @@ class PartitionLog:
                 with_timestamps = [s for s in self.segments if s.max_timestamp_so_far.timestamp >= 0]
                 if not with_timestamps:
                     return None
-                latest = max(reversed(with_timestamps), key=lambda s: s.max_timestamp_so_far.timestamp)
+                latest = max(with_timestamps, key=lambda s: s.max_timestamp_so_far.timestamp)  # first of equals
                 found = latest.read_max_timestamp_record()
             elif timestamp_ms < 0:
                 raise OffsetOutOfRangeError(f"{timestamp_ms} is neither a timestamp nor a special ListOffsets target")
@@ -528,6 +557,7 @@ class PartitionLog:
             del self._bases[: len(doomed)]
             self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
+            self._set_leader_epochs(self._epochs_within(self.leader_epochs))
             for segment in doomed:
                 segment.rename_to_deleted()
             log.info(
@@ -562,6 +592,7 @@ class PartitionLog:
                     f"{self.name}'s high watermark is {self.high_watermark}"
                 )
             self.log_start_offset = max(self.log_start_offset, before_offset)
+            self._set_leader_epochs(self._epochs_within(self.leader_epochs))
         self._delete_segments_while(self._start_offset_breached, "delete records")
         return self.log_start_offset
 

@@ -46,6 +46,7 @@ class BatchLocation(NamedTuple):
     size: int
     last_offset: int
     max_timestamp: int
+    partition_leader_epoch: int
 
 
 class RecoveryResult(NamedTuple):
@@ -155,7 +156,9 @@ class LogSegment:
             peeked = peek_batch(chunk, relative)
             if peeked is None or position + peeked.size > end:
                 return
-            yield BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp)
+            yield BatchLocation(
+                position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.partition_leader_epoch
+            )
             position += peeked.size
 
     def translate_offset(self, target_offset: int, starting_position: int = 0) -> BatchLocation | None:

@@ -1,0 +1,433 @@
+"""OffsetIndex and TimeIndex on real files (kafka-storage.md §2: 8-byte and 12-byte entries, preallocation,
+warm/cold lookups, truncation, trim on close, reopen by length, the time index's reserved slot, sanity checks).
+
+Expected values are computed here independently (struct, bisect), never through the classes under test.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from pathlib import Path
+
+import pytest
+
+from tidelog.errors import CorruptIndexError
+from tidelog.storage.kafka.offset_index import OffsetIndex, OffsetPosition
+from tidelog.storage.kafka.time_index import TimeIndex, TimestampOffset
+
+OFFSET_ENTRY = struct.Struct(">ii")  # relativeOffset, position
+TIME_ENTRY = struct.Struct(">qi")  # timestamp, relativeOffset
+BASE = 1000
+TS = 1_700_000_000_000
+MANY = 3000  # > 8192/8 = 1024 (offset index) and > 8192/12 = 682 (time index) warm entries: both searches run
+
+
+def offset_entries(count: int) -> list[tuple[int, int]]:
+    """(absolute offset, position) with gaps, as a sparse index has."""
+    return [(BASE + 3 * i + 1, 100 * i + 7) for i in range(count)]
+
+
+def time_entries(count: int) -> list[tuple[int, int]]:
+    """(timestamp, absolute offset), both strictly growing, with gaps."""
+    return [(TS + 5 * i + 2, BASE + 3 * i + 1) for i in range(count)]
+
+
+def largest_lower_bound(entries: list[tuple[int, int]], target: int, missing: tuple[int, int]) -> tuple[int, int]:
+    """The last entry whose first field is <= target (entries sorted by it), or `missing`."""
+    slot = bisect.bisect_right(entries, (target, float("inf"))) - 1
+    return missing if slot < 0 else entries[slot]
+
+
+def expected_offset_lookup(entries: list[tuple[int, int]], target: int) -> tuple[int, int]:
+    return largest_lower_bound(entries, target, (BASE, 0))
+
+
+def expected_time_lookup(entries: list[tuple[int, int]], target: int) -> tuple[int, int]:
+    return largest_lower_bound(entries, target, (-1, BASE))
+
+
+def file_entries(path: Path, entry: struct.Struct) -> list[tuple[int, ...]]:
+    data = path.read_bytes()
+    assert len(data) % entry.size == 0
+    return [entry.unpack_from(data, i) for i in range(0, len(data), entry.size)]
+
+
+@pytest.fixture
+def index_path(tmp_path: Path) -> Path:
+    return tmp_path / f"{BASE:020d}.index"
+
+
+@pytest.fixture
+def time_index_path(tmp_path: Path) -> Path:
+    return tmp_path / f"{BASE:020d}.timeindex"
+
+
+# --- preallocation ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("max_size", "expected_length"), [(1001, 1000), (1000, 1000), (10 * 1024 * 1024, 10485760)])
+def test_offset_index_preallocated_to_whole_entries(index_path: Path, max_size: int, expected_length: int) -> None:
+    index = OffsetIndex(index_path, BASE, max_size)
+    try:
+        assert index_path.stat().st_size == expected_length
+        assert index.entries == 0
+        assert index.max_entries == expected_length // 8
+        assert index_path.read_bytes()[:64] == bytes(64)
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize(("max_size", "expected_length"), [(1001, 996), (1008, 1008), (10 * 1024 * 1024, 10485756)])
+def test_time_index_preallocated_to_whole_entries(time_index_path: Path, max_size: int, expected_length: int) -> None:
+    index = TimeIndex(time_index_path, BASE, max_size)
+    try:
+        assert time_index_path.stat().st_size == expected_length
+        assert index.entries == 0
+        assert index.max_entries == expected_length // 12
+    finally:
+        index.close()
+
+
+def test_empty_index_closes_to_zero_bytes(index_path: Path, time_index_path: Path) -> None:
+    OffsetIndex(index_path, BASE, 4096).close()
+    TimeIndex(time_index_path, BASE, 4096).close()
+    assert index_path.stat().st_size == 0
+    assert time_index_path.stat().st_size == 0
+
+
+# --- offset index: append and lookup -------------------------------------------------------------------------------
+
+
+def test_offset_index_entry_bytes(index_path: Path) -> None:
+    index = OffsetIndex(index_path, BASE, 4096)
+    index.append(BASE + 5, 0)
+    index.append(BASE + 9, 4200)
+    index.flush()
+    raw = index_path.read_bytes()
+    assert raw[:16] == OFFSET_ENTRY.pack(5, 0) + OFFSET_ENTRY.pack(9, 4200)
+    index.close()
+    assert index_path.read_bytes() == OFFSET_ENTRY.pack(5, 0) + OFFSET_ENTRY.pack(9, 4200)
+
+
+def test_offset_index_lookup_largest_lower_bound_warm_and_cold(index_path: Path) -> None:
+    entries = offset_entries(MANY)
+    index = OffsetIndex(index_path, BASE, MANY * 8)
+    try:
+        for offset, position in entries:
+            index.append(offset, position)
+        assert index.entries == MANY
+        assert index.is_full()
+        assert index.last_offset == entries[-1][0]
+        # every offset from below the base to past the last entry: cold section, warm section, both boundaries
+        for target in range(BASE - 3, entries[-1][0] + 5):
+            assert index.lookup(target) == expected_offset_lookup(entries, target), target
+        warm_start = MANY - 1 - 8192 // 8
+        for slot in (0, 1, warm_start - 1, warm_start, warm_start + 1, MANY - 1):
+            offset, position = entries[slot]
+            assert index.lookup(offset) == OffsetPosition(offset, position)
+            assert index.entry_at(slot) == OffsetPosition(offset, position)
+    finally:
+        index.close()
+
+
+def test_offset_index_rejects_non_increasing_offsets(index_path: Path) -> None:
+    index = OffsetIndex(index_path, BASE, 4096)
+    try:
+        index.append(BASE + 10, 0)
+        with pytest.raises(CorruptIndexError):
+            index.append(BASE + 10, 100)
+        with pytest.raises(CorruptIndexError):
+            index.append(BASE + 3, 100)
+        assert index.entries == 1
+    finally:
+        index.close()
+
+
+def test_offset_index_full_refuses_appends(index_path: Path) -> None:
+    index = OffsetIndex(index_path, BASE, 80)  # 10 entries
+    try:
+        for i in range(10):
+            assert not index.is_full()
+            index.append(BASE + i, i * 10)
+        assert index.is_full()
+        with pytest.raises(CorruptIndexError):
+            index.append(BASE + 10, 100)
+        assert index.entries == 10
+    finally:
+        index.close()
+
+
+# --- offset index: truncation, trim, reopen ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cut", [0, 1, 500, 1980, 2500, MANY - 1, MANY])
+def test_offset_index_truncate_to(index_path: Path, cut: int) -> None:
+    entries = offset_entries(MANY)
+    index = OffsetIndex(index_path, BASE, MANY * 8 + 80)
+    try:
+        for offset, position in entries:
+            index.append(offset, position)
+        truncate_offset = entries[cut][0] if cut < MANY else entries[-1][0] + 1
+        index.truncate_to(truncate_offset)
+        assert index.entries == cut
+        kept = entries[:cut]
+        assert index.last_offset == (kept[-1][0] if kept else BASE)
+        for target in (BASE, *(o for o, _ in entries[max(0, cut - 3) : cut + 3])):
+            assert index.lookup(target) == expected_offset_lookup(kept, target)
+        # an offset between two entries keeps the lower one
+        index.truncate_to(kept[-1][0] + 1 if kept else BASE)
+        assert index.entries == cut
+        index.append(truncate_offset, 10**6)  # appends resume right after the cut
+        assert index.entries == cut + 1
+        index.close()
+        assert file_entries(index_path, OFFSET_ENTRY) == [(o - BASE, p) for o, p in [*kept, (truncate_offset, 10**6)]]
+    finally:
+        index.close()
+
+
+def test_offset_index_truncate_between_entries(index_path: Path) -> None:
+    index = OffsetIndex(index_path, BASE, 4096)
+    for offset in (10, 20, 30):
+        index.append(BASE + offset, offset * 100)
+    index.truncate_to(BASE + 25)  # drops only entries >= 25
+    assert index.entries == 2
+    assert index.last_offset == BASE + 20
+    index.close()
+    assert file_entries(index_path, OFFSET_ENTRY) == [(10, 1000), (20, 2000)]
+
+
+def test_offset_index_trim_on_close_and_reopen_trusts_length(index_path: Path) -> None:
+    entries = offset_entries(MANY)
+    index = OffsetIndex(index_path, BASE, 10 * 1024 * 1024)
+    for offset, position in entries:
+        index.append(offset, position)
+    index.close()
+    assert index_path.stat().st_size == MANY * 8
+    assert file_entries(index_path, OFFSET_ENTRY) == [(o - BASE, p) for o, p in entries]
+
+    reopened = OffsetIndex(index_path, BASE, 10 * 1024 * 1024)
+    try:
+        assert index_path.stat().st_size == MANY * 8  # an existing file is not re-preallocated
+        assert reopened.entries == MANY
+        assert reopened.last_offset == entries[-1][0]
+        assert reopened.is_full()
+        for target in range(entries[-1][0] - 5000, entries[-1][0] + 3, 7):
+            assert reopened.lookup(target) == expected_offset_lookup(entries, target)
+        reopened.sanity_check(entries[-1][1] + 1)
+        reopened.expand()  # becoming the active segment again
+        assert index_path.stat().st_size == 10 * 1024 * 1024
+        assert reopened.entries == MANY
+        reopened.append(entries[-1][0] + 1, entries[-1][1] + 50)
+    finally:
+        reopened.close()
+    assert index_path.stat().st_size == (MANY + 1) * 8
+
+
+def test_reopen_counts_whatever_length_it_finds(index_path: Path) -> None:
+    """Kafka trusts the length: a preallocated file left untrimmed reads back as all its zero entries."""
+    index = OffsetIndex(index_path, BASE, 800)
+    index.append(BASE + 1, 10)
+    index.flush()
+    # the first instance is deliberately left open (not trimmed), as after a crash
+    reopened = OffsetIndex(index_path, BASE, 800)
+    try:
+        assert reopened.entries == 100
+    finally:
+        reopened.close()
+        index.delete()
+
+
+# --- offset index: sanity check ------------------------------------------------------------------------------------
+
+
+def test_offset_index_sanity_check_passes_for_good_index(index_path: Path) -> None:
+    index = OffsetIndex(index_path, BASE, 4096)
+    index.append(BASE + 3, 0)
+    index.append(BASE + 8, 500)
+    index.sanity_check(log_size=1000)
+    index.close()
+    reopened = OffsetIndex(index_path, BASE, 4096)
+    reopened.sanity_check(log_size=1000)
+    reopened.close()
+
+
+def test_offset_index_sanity_length_not_multiple(index_path: Path) -> None:
+    index_path.write_bytes(OFFSET_ENTRY.pack(1, 0) + b"\x00\x00\x00")
+    index = OffsetIndex(index_path, BASE, 4096)
+    try:
+        with pytest.raises(CorruptIndexError):
+            index.sanity_check(log_size=10_000)
+    finally:
+        index.close()
+
+
+def test_offset_index_sanity_last_offset_below_base(index_path: Path) -> None:
+    index_path.write_bytes(OFFSET_ENTRY.pack(1, 0) + OFFSET_ENTRY.pack(-5, 100))
+    index = OffsetIndex(index_path, BASE, 4096)
+    try:
+        with pytest.raises(CorruptIndexError):
+            index.sanity_check(log_size=10_000)
+    finally:
+        index.close()
+
+
+def test_offset_index_sanity_position_beyond_log(index_path: Path) -> None:
+    index_path.write_bytes(OFFSET_ENTRY.pack(1, 0) + OFFSET_ENTRY.pack(5, 20_000))
+    index = OffsetIndex(index_path, BASE, 4096)
+    try:
+        with pytest.raises(CorruptIndexError):
+            index.sanity_check(log_size=10_000)
+        index.sanity_check(log_size=20_001)
+    finally:
+        index.close()
+
+
+# --- time index ----------------------------------------------------------------------------------------------------
+
+
+def test_time_index_entry_bytes(time_index_path: Path) -> None:
+    index = TimeIndex(time_index_path, BASE, 4096)
+    index.maybe_append(TS, BASE + 4)
+    index.maybe_append(TS + 10, BASE + 9)
+    index.close()
+    assert time_index_path.read_bytes() == TIME_ENTRY.pack(TS, 4) + TIME_ENTRY.pack(TS + 10, 9)
+
+
+def test_time_index_lookup_largest_lower_bound_warm_and_cold(time_index_path: Path) -> None:
+    entries = time_entries(MANY)
+    index = TimeIndex(time_index_path, BASE, (MANY + 1) * 12)  # one slot stays free
+    try:
+        for timestamp, offset in entries:
+            index.maybe_append(timestamp, offset)
+        assert index.entries == MANY
+        assert index.is_full()
+        assert index.last_entry == TimestampOffset(*entries[-1])
+        for target in range(TS - 3, entries[-1][0] + 5):
+            assert index.lookup(target) == expected_time_lookup(entries, target), target
+        assert index.lookup(0) == TimestampOffset(-1, BASE)
+    finally:
+        index.close()
+
+
+def test_time_index_only_appends_growing_timestamps(time_index_path: Path) -> None:
+    index = TimeIndex(time_index_path, BASE, 4096)
+    try:
+        index.maybe_append(-1, BASE)  # NO_TIMESTAMP never becomes an entry
+        assert index.entries == 0
+        index.maybe_append(TS, BASE + 1)
+        index.maybe_append(TS, BASE + 2)  # same timestamp: nothing new
+        assert index.entries == 1
+        index.maybe_append(TS + 1, BASE + 2)
+        assert index.entries == 2
+        assert index.last_entry == TimestampOffset(TS + 1, BASE + 2)
+        with pytest.raises(CorruptIndexError):
+            index.maybe_append(TS + 5, BASE + 1)  # offsets must not go back
+        assert index.entries == 2
+    finally:
+        index.close()
+    assert file_entries(time_index_path, TIME_ENTRY) == [(TS, 1), (TS + 1, 2)]
+
+
+def test_time_index_keeps_one_slot_free(time_index_path: Path) -> None:
+    index = TimeIndex(time_index_path, BASE, 120)  # 10 slots: full at 9 entries
+    try:
+        for i in range(9):
+            assert not index.is_full()
+            index.maybe_append(TS + i, BASE + i)
+        assert index.entries == 9
+        assert index.is_full()
+        with pytest.raises(CorruptIndexError):
+            index.maybe_append(TS + 100, BASE + 100)
+        # the reserved slot takes the final entry of a roll or close
+        index.maybe_append(TS + 100, BASE + 100, skip_full_check=True)
+        assert index.entries == 10
+        index.maybe_append(TS + 200, BASE + 200, skip_full_check=True)  # no room at all: silently dropped
+        assert index.entries == 10
+    finally:
+        index.close()
+    assert time_index_path.stat().st_size == 120
+
+
+@pytest.mark.parametrize("cut", [0, 1, 1000, 2400, MANY - 1, MANY])
+def test_time_index_truncate_to(time_index_path: Path, cut: int) -> None:
+    entries = time_entries(MANY)
+    index = TimeIndex(time_index_path, BASE, (MANY + 10) * 12)
+    try:
+        for timestamp, offset in entries:
+            index.maybe_append(timestamp, offset)
+        truncate_offset = entries[cut][1] if cut < MANY else entries[-1][1] + 1
+        index.truncate_to(truncate_offset)
+        kept = entries[:cut]
+        assert index.entries == cut
+        assert index.last_entry == (TimestampOffset(*kept[-1]) if kept else TimestampOffset(-1, BASE))
+        for target in (TS, *(t for t, _ in entries[max(0, cut - 2) : cut + 2])):
+            assert index.lookup(target) == expected_time_lookup(kept, target)
+    finally:
+        index.close()
+    assert time_index_path.stat().st_size == cut * 12
+    assert file_entries(time_index_path, TIME_ENTRY) == [(t, o - BASE) for t, o in entries[:cut]]
+
+
+def test_time_index_trim_on_close_and_reopen_trusts_length(time_index_path: Path) -> None:
+    entries = time_entries(MANY)
+    index = TimeIndex(time_index_path, BASE, 10 * 1024 * 1024)
+    for timestamp, offset in entries:
+        index.maybe_append(timestamp, offset)
+    index.close()
+    assert time_index_path.stat().st_size == MANY * 12
+    reopened = TimeIndex(time_index_path, BASE, 10 * 1024 * 1024)
+    try:
+        assert reopened.entries == MANY
+        assert reopened.last_entry == TimestampOffset(*entries[-1])
+        reopened.sanity_check()
+        for target in range(TS - 1, entries[-1][0] + 2, 11):
+            assert reopened.lookup(target) == expected_time_lookup(entries, target)
+    finally:
+        reopened.close()
+    assert file_entries(time_index_path, TIME_ENTRY) == [(t, o - BASE) for t, o in entries]
+
+
+def test_time_index_sanity_length_not_multiple(time_index_path: Path) -> None:
+    time_index_path.write_bytes(TIME_ENTRY.pack(TS, 1) + b"\x00" * 5)
+    index = TimeIndex(time_index_path, BASE, 4096)
+    try:
+        with pytest.raises(CorruptIndexError):
+            index.sanity_check()
+    finally:
+        index.close()
+
+
+def test_time_index_sanity_last_offset_below_base(time_index_path: Path) -> None:
+    time_index_path.write_bytes(TIME_ENTRY.pack(TS, 1) + TIME_ENTRY.pack(TS + 1, -7))
+    index = TimeIndex(time_index_path, BASE, 4096)
+    try:
+        with pytest.raises(CorruptIndexError):
+            index.sanity_check()
+    finally:
+        index.close()
+
+
+def test_time_index_sanity_last_timestamp_below_first(time_index_path: Path) -> None:
+    time_index_path.write_bytes(TIME_ENTRY.pack(TS, 1) + TIME_ENTRY.pack(TS - 100, 2))
+    index = TimeIndex(time_index_path, BASE, 4096)
+    try:
+        with pytest.raises(CorruptIndexError):
+            index.sanity_check()
+    finally:
+        index.close()
+
+
+def test_sanity_check_accepts_empty_indexes(index_path: Path, time_index_path: Path) -> None:
+    index_path.write_bytes(b"")
+    time_index_path.write_bytes(b"")
+    index = OffsetIndex(index_path, BASE, 4096)
+    time_index = TimeIndex(time_index_path, BASE, 4096)
+    try:
+        index.sanity_check(log_size=0)
+        time_index.sanity_check()
+        assert index.lookup(BASE + 50) == OffsetPosition(BASE, 0)
+        assert time_index.lookup(TS) == TimestampOffset(-1, BASE)
+    finally:
+        index.close()
+        time_index.close()
