@@ -19,7 +19,7 @@ LONG_MAX = (1 << 63) - 1
 INT_MAX = (1 << 31) - 1
 
 
-def _parse_int(key: str, raw: Any) -> int:
+def parse_int(key: str, raw: Any) -> int:
     if isinstance(raw, bool):
         raise ConfigError(f"config {key}: expected an integer, got {raw!r}")
     if isinstance(raw, int):
@@ -32,7 +32,7 @@ def _parse_int(key: str, raw: Any) -> int:
     raise ConfigError(f"config {key}: expected an integer, got {raw!r}")
 
 
-def _parse_bool(key: str, raw: Any) -> bool:
+def parse_bool(key: str, raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw
     if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
@@ -40,13 +40,13 @@ def _parse_bool(key: str, raw: Any) -> bool:
     raise ConfigError(f"config {key}: expected true or false, got {raw!r}")
 
 
-def _parse_str(key: str, raw: Any) -> str:
+def parse_str(key: str, raw: Any) -> str:
     if not isinstance(raw, str):
         raise ConfigError(f"config {key}: expected a string, got {raw!r}")
     return raw.strip()
 
 
-def _parse_list(key: str, raw: Any) -> list[str]:
+def parse_list(key: str, raw: Any) -> list[str]:
     if isinstance(raw, str):
         items = [item.strip() for item in raw.split(",")]
     elif isinstance(raw, list | tuple):
@@ -86,19 +86,19 @@ class Key:
 TOPIC_KEYS: dict[str, Key] = {
     k.name: k
     for k in [
-        Key("segment.bytes", _parse_int, minimum=14, maximum=INT_MAX),
-        Key("segment.ms", _parse_int, minimum=1),
-        Key("segment.jitter.ms", _parse_int, minimum=0),
-        Key("segment.index.bytes", _parse_int, minimum=4, maximum=INT_MAX),
-        Key("index.interval.bytes", _parse_int, minimum=0, maximum=INT_MAX),
-        Key("flush.messages", _parse_int, minimum=1),
-        Key("flush.ms", _parse_int, minimum=0),
-        Key("retention.ms", _parse_int, minimum=-1),
-        Key("retention.bytes", _parse_int, minimum=-1),
-        Key("file.delete.delay.ms", _parse_int, minimum=0),
-        Key("max.message.bytes", _parse_int, minimum=0, maximum=INT_MAX),
-        Key("message.timestamp.type", _parse_str, choices=("CreateTime", "LogAppendTime")),
-        Key("cleanup.policy", _parse_list, choices=("delete",)),
+        Key("segment.bytes", parse_int, minimum=14, maximum=INT_MAX),
+        Key("segment.ms", parse_int, minimum=1),
+        Key("segment.jitter.ms", parse_int, minimum=0),
+        Key("segment.index.bytes", parse_int, minimum=4, maximum=INT_MAX),
+        Key("index.interval.bytes", parse_int, minimum=0, maximum=INT_MAX),
+        Key("flush.messages", parse_int, minimum=1),
+        Key("flush.ms", parse_int, minimum=0),
+        Key("retention.ms", parse_int, minimum=-1),
+        Key("retention.bytes", parse_int, minimum=-1),
+        Key("file.delete.delay.ms", parse_int, minimum=0),
+        Key("max.message.bytes", parse_int, minimum=0, maximum=INT_MAX),
+        Key("message.timestamp.type", parse_str, choices=("CreateTime", "LogAppendTime")),
+        Key("cleanup.policy", parse_list, choices=("delete",)),
     ]
 }
 
@@ -127,20 +127,20 @@ BROKER_TO_TOPIC: dict[str, tuple[str, int]] = {
 BROKER_KEYS: dict[str, Key] = {
     k.name: k
     for k in [
-        Key("log.dirs", _parse_list),
-        Key("log.dir", _parse_list),
-        Key("num.partitions", _parse_int, minimum=1),
-        Key("node.id", _parse_int, minimum=0),
-        Key("broker.id", _parse_int, minimum=0),
-        Key("log.retention.check.interval.ms", _parse_int, minimum=1),
-        Key("log.flush.scheduler.interval.ms", _parse_int, minimum=1),
-        Key("log.flush.offset.checkpoint.interval.ms", _parse_int, minimum=1),
-        Key("log.flush.start.offset.checkpoint.interval.ms", _parse_int, minimum=1),
-        Key("tidelog.storage.engine", _parse_str, choices=("kafka",)),
+        Key("log.dirs", parse_list),
+        Key("log.dir", parse_list),
+        Key("num.partitions", parse_int, minimum=1),
+        Key("node.id", parse_int, minimum=0),
+        Key("broker.id", parse_int, minimum=0),
+        Key("log.retention.check.interval.ms", parse_int, minimum=1),
+        Key("log.flush.scheduler.interval.ms", parse_int, minimum=1),
+        Key("log.flush.offset.checkpoint.interval.ms", parse_int, minimum=1),
+        Key("log.flush.start.offset.checkpoint.interval.ms", parse_int, minimum=1),
+        Key("tidelog.storage.engine", parse_str, choices=("kafka",)),
         *(
             replace(TOPIC_KEYS[topic], name=broker)
             if multiplier == 1
-            else Key(broker, _parse_int, minimum=TOPIC_KEYS[topic].minimum)
+            else Key(broker, parse_int, minimum=TOPIC_KEYS[topic].minimum)
             for broker, (topic, multiplier) in BROKER_TO_TOPIC.items()
         ),
     ]

@@ -234,6 +234,7 @@ def test_layout_of_a_new_log(data_dir: Path) -> None:
         "00000000000000000000.index",
         "00000000000000000000.log",
         "00000000000000000000.timeindex",
+        "00000000000000000005.snapshot",  # producer state at the log end, written by the clean close
         "leader-epoch-checkpoint",
         "partition.metadata",
     ]

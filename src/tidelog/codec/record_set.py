@@ -17,16 +17,14 @@ from typing import NamedTuple
 from tidelog.codec import legacy
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import (
+    HEADER,
     HEADER_SIZE,
-    LAST_OFFSET_DELTA_OFFSET,
     LOG_OVERHEAD,
     MAGIC_OFFSET,
     MAGIC_V2,
-    MAX_TIMESTAMP_OFFSET,
     MIN_BATCH_LENGTH,
     NO_PARTITION_LEADER_EPOCH,
     NO_TIMESTAMP,
-    PARTITION_LEADER_EPOCH_OFFSET,
     BatchHeader,
     Record,
     TimestampType,
@@ -38,7 +36,6 @@ from tidelog.codec.record_batch import (
 from tidelog.errors import CorruptRecordError, UnsupportedMagicError
 
 HEADER_SIZE_UP_TO_MAGIC = MAGIC_OFFSET + 1  # 17
-_INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
 
 
@@ -73,7 +70,11 @@ class BatchPeek(NamedTuple):
     magic: int
     last_offset: int
     max_timestamp: int
-    partition_leader_epoch: int  # -1 for legacy entries
+    header: BatchHeader | None  # the whole v2 header; None for legacy entries
+
+    @property
+    def partition_leader_epoch(self) -> int:
+        return self.header.partition_leader_epoch if self.header is not None else NO_PARTITION_LEADER_EPOCH
 
 
 _LEGACY_TIMESTAMP_END = 26  # offset, size, crc, magic, attributes, timestamp (magic 1)
@@ -94,17 +95,15 @@ def peek_batch(buf: bytes | bytearray | memoryview, pos: int) -> BatchPeek | Non
     if magic == MAGIC_V2:
         if remaining < HEADER_SIZE:
             return None
-        (last_offset_delta,) = _INT32.unpack_from(buf, pos + LAST_OFFSET_DELTA_OFFSET)
-        (max_timestamp,) = _INT64.unpack_from(buf, pos + MAX_TIMESTAMP_OFFSET)
-        (leader_epoch,) = _INT32.unpack_from(buf, pos + PARTITION_LEADER_EPOCH_OFFSET)
-        return BatchPeek(size + LOG_OVERHEAD, magic, offset + last_offset_delta, max_timestamp, leader_epoch)
+        header = BatchHeader._make(HEADER.unpack_from(buf, pos))
+        return BatchPeek(size + LOG_OVERHEAD, magic, header.last_offset, header.max_timestamp, header)
     if magic == 1:
         if remaining < _LEGACY_TIMESTAMP_END:
             return None
         (timestamp,) = _INT64.unpack_from(buf, pos + _LEGACY_TIMESTAMP_END - 8)
-        return BatchPeek(size + LOG_OVERHEAD, magic, offset, timestamp, NO_PARTITION_LEADER_EPOCH)
+        return BatchPeek(size + LOG_OVERHEAD, magic, offset, timestamp, None)
     if magic == 0:
-        return BatchPeek(size + LOG_OVERHEAD, magic, offset, NO_TIMESTAMP, NO_PARTITION_LEADER_EPOCH)
+        return BatchPeek(size + LOG_OVERHEAD, magic, offset, NO_TIMESTAMP, None)
     raise UnsupportedMagicError(f"entry at byte {pos} has unknown magic {magic}")
 
 

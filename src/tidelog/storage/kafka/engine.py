@@ -471,7 +471,11 @@ class KafkaEngine(StorageEngine):
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist") from None
 
     def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult:
-        return self.partition_log(topic, partition).append(batch_bytes)
+        partition_log = self.partition_log(topic, partition)
+        result = partition_log.append(batch_bytes)
+        if partition_log.flush_due():
+            partition_log.flush()
+        return result
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices:
         return self.partition_log(topic, partition).read(offset, max_bytes)

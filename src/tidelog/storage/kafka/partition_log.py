@@ -45,6 +45,7 @@ from tidelog.storage.api import (
     TimestampAndOffset,
 )
 from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.producer_state import ProducerStateManager
 from tidelog.storage.kafka.scheduler import Scheduler
 from tidelog.storage.kafka.segment import (
     DELETED_SUFFIX,
@@ -100,6 +101,7 @@ class PartitionLog:
         self._bases: list[int] = []
         self.last_flush_ms = clock()
         directory.mkdir(parents=True, exist_ok=True)
+        self.producer_state = ProducerStateManager(directory)
         self._load(recovery_point, log_start_offset, had_clean_shutdown)
 
     # --- loading and recovery ---------------------------------------------------------------------------------
@@ -175,10 +177,25 @@ class PartitionLog:
         self.log_start_offset = max(log_start_offset, self.segments[0].base_offset)
         self.recovery_point = self.log_end_offset if had_clean_shutdown else min(recovery_point, self.log_end_offset)
         self.high_watermark = self.log_end_offset
+        self._rebuild_producer_state()
         if stored_epochs is None:
             epochs = self._scan_leader_epochs()
         self.leader_epochs = stored_epochs or []
         self._set_leader_epochs(self._epochs_within(epochs), force_write=stored_epochs is None)
+
+    def _rebuild_producer_state(self) -> None:
+        """Newest snapshot, then the batches after it (after a clean shutdown there is nothing to replay)."""
+        start = max(self.producer_state.load_latest_snapshot(self.log_end_offset), self.log_start_offset)
+        if start >= self.log_end_offset:
+            return
+        for segment in self.segments[self._segment_slot(start) :]:
+            position = segment.index.lookup(start).position if segment.base_offset <= start else 0
+            for location in segment.batch_locations(position):
+                header = location.header
+                if header is not None and location.last_offset >= start:
+                    self.producer_state.update(
+                        header, location.last_offset - header.last_offset_delta, header.max_timestamp
+                    )
 
     def _check_partition_metadata(self) -> None:
         path = self.directory / checkpoints.PARTITION_METADATA
@@ -256,7 +273,7 @@ class PartitionLog:
         for segment in self.segments:
             next_offset = segment.base_offset
             for location in segment.batch_locations(0):
-                epoch = location.partition_leader_epoch
+                epoch = location.header.partition_leader_epoch if location.header is not None else -1
                 if epoch >= 0 and (not epochs or epoch > epochs[-1][0]):
                     epochs.append((epoch, next_offset))
                 next_offset = location.last_offset + 1
@@ -321,6 +338,7 @@ class PartitionLog:
             if active.base_offset == new_base and active.size == 0:
                 return active
             active.on_become_inactive()
+            self.producer_state.take_snapshot(new_base)
             segment = LogSegment(self.directory, new_base, self.config, now_ms=self.clock())
             self._add_segment(segment)
             log.debug("%s: rolled new segment at offset %d", self.name, new_base)
@@ -344,6 +362,17 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             now = self.clock()
+            if from_client and headers[0][1].producer_id >= 0:
+                duplicate = self.producer_state.check(headers[0][1])
+                if duplicate is not None:  # a retry of a batch already in the log: answer with its offsets
+                    return AppendResult(
+                        duplicate.first_offset,
+                        duplicate.last_offset,
+                        headers[0][1].records_count,
+                        -1,
+                        self.log_start_offset,
+                        0,
+                    )
             base_offset = self.log_end_offset
             total_size = sum(h.size_in_bytes for _, h in headers)
             count = sum(h.last_offset_delta + 1 for _, h in headers)
@@ -386,10 +415,13 @@ class PartitionLog:
             )
             self.log_end_offset = last_offset + 1
             self.high_watermark = self.log_end_offset
+            next_offset = base_offset
+            for _, header in headers:
+                self.producer_state.update(header, next_offset, now if log_append_time else header.max_timestamp)
+                next_offset += header.last_offset_delta + 1
             if not self.leader_epochs or self.leader_epochs[-1][0] < self.leader_epoch:
                 self.leader_epochs.append((self.leader_epoch, base_offset))
                 self._write_leader_epochs()
-            flush_due = self.log_end_offset - self.recovery_point >= self.config.flush_messages
             result = AppendResult(
                 base_offset=base_offset,
                 last_offset=last_offset,
@@ -398,9 +430,11 @@ class PartitionLog:
                 log_start_offset=self.log_start_offset,
                 size_in_bytes=total_size,
             )
-        if flush_due:
-            self.flush()
         return result
+
+    def flush_due(self) -> bool:
+        """Has `flush.messages` worth of records been appended since the last flush? (The caller flushes.)"""
+        return self.log_end_offset - self.recovery_point >= self.config.flush_messages
 
     def _validate(self, view: memoryview, from_client: bool) -> list[tuple[int, BatchHeader]]:
         headers: list[tuple[int, BatchHeader]] = []
@@ -606,5 +640,7 @@ class PartitionLog:
             if self._closed:
                 return
             self._closed = True
+            if flush:
+                self.producer_state.take_snapshot(self.log_end_offset)
             for segment in self.segments:
                 segment.close()

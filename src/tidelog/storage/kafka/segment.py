@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from tidelog.codec.record_batch import HEADER_SIZE
+from tidelog.codec.record_batch import HEADER_SIZE, BatchHeader
 from tidelog.codec.record_set import BatchInfo, decode_batch, is_valid, peek_batch, read_batch_info
 from tidelog.config import INT_MAX, LogConfig
 from tidelog.errors import KafkaStorageError, TidelogError
@@ -46,7 +46,7 @@ class BatchLocation(NamedTuple):
     size: int
     last_offset: int
     max_timestamp: int
-    partition_leader_epoch: int
+    header: BatchHeader | None  # v2 batches only
 
 
 class RecoveryResult(NamedTuple):
@@ -156,9 +156,7 @@ class LogSegment:
             peeked = peek_batch(chunk, relative)
             if peeked is None or position + peeked.size > end:
                 return
-            yield BatchLocation(
-                position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.partition_leader_epoch
-            )
+            yield BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.header)
             position += peeked.size
 
     def translate_offset(self, target_offset: int, starting_position: int = 0) -> BatchLocation | None:

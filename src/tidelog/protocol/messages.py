@@ -1,0 +1,264 @@
+"""Request and response messages of the Kafka protocol, through kio's generated schema classes (sans-I/O).
+
+A request payload is `header | body`; the header version (v1, or v2 with tagged fields) follows from the
+API and version, which kio's classes carry. Handlers answer with plain nested dicts whose keys are kio's
+field names; `build()` turns one into the entity class of the negotiated version, keeping the fields
+that version has, filling the others' defaults, and converting milliseconds, ids and error codes to
+kio's types. So one handler serves every version of its API.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import io
+import struct
+import typing
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import cache
+from types import NoneType, UnionType
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+
+from tidelog.errors import TidelogError
+
+_API_KEY_VERSION = struct.Struct(">hh")
+
+
+class ApiKey(IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
+    INIT_PRODUCER_ID = 22
+    DESCRIBE_CONFIGS = 32
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
+    OFFSET_DELETE = 47
+
+
+class MalformedRequestError(TidelogError):
+    """A request whose bytes do not decode; the connection that sent it is closed."""
+
+    kafka_error_code = 42  # INVALID_REQUEST
+
+
+class UnsupportedVersionError(TidelogError):
+    kafka_error_code = 35  # UNSUPPORTED_VERSION
+
+    def __init__(self, message: str, api_key: int, api_version: int, correlation_id: int) -> None:
+        super().__init__(message)
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any  # the kio request entity of this version
+
+
+def peek_api(payload: bytes) -> tuple[int, int, int]:
+    """(api key, api version, correlation id) from the fixed start of every request header."""
+    api_key, api_version = _API_KEY_VERSION.unpack_from(payload, 0)
+    (correlation_id,) = struct.unpack_from(">i", payload, 4)
+    return api_key, api_version, correlation_id
+
+
+def decode_request(payload: bytes, supported: Mapping[int, tuple[int, int]]) -> Request:
+    """Header and body of a request. Raises UnsupportedVersionError or MalformedRequestError."""
+    api_key, api_version, correlation_id = peek_api(payload)
+    versions = supported.get(api_key)
+    if versions is None or not versions[0] <= api_version <= versions[1]:
+        raise UnsupportedVersionError(
+            f"API key {api_key} version {api_version} is not supported", api_key, api_version, correlation_id
+        )
+    request_cls = _request_class(api_key, api_version)
+    try:
+        header, header_size = _reader(request_cls.__header_schema__)(payload, 0)
+        body, body_size = _reader(request_cls)(payload, header_size)
+    except Exception as exc:  # kio raises assorted errors (ValueError, KeyError for unknown tags, ...)
+        raise MalformedRequestError(
+            f"cannot decode {ApiKey(api_key).name if api_key in ApiKey._value2member_map_ else api_key} "
+            f"v{api_version} request: {exc!r}"
+        ) from exc
+    if header_size + body_size != len(payload):
+        raise MalformedRequestError(
+            f"request API {api_key} v{api_version} has {len(payload) - header_size - body_size} trailing bytes"
+        )
+    return Request(api_key, api_version, correlation_id, header.client_id, body)
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any]) -> bytes:
+    """The framed response: size | header (v0, or v1 with tagged fields) | body."""
+    response_cls = _response_class(api_key, api_version)
+    header_cls = response_cls.__header_schema__
+    buffer = io.BytesIO()
+    buffer.write(b"\x00\x00\x00\x00")
+    _writer(header_cls)(buffer, build(header_cls, {"correlation_id": correlation_id}))
+    _writer(response_cls)(buffer, build(response_cls, body))
+    data = buffer.getbuffer()
+    struct.pack_into(">i", data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def response_header(api_key: int, api_version: int, correlation_id: int) -> bytes:
+    """Just the response header bytes (for responses whose body is encoded by hand)."""
+    header_cls = _response_class(api_key, api_version).__header_schema__
+    buffer = io.BytesIO()
+    _writer(header_cls)(buffer, build(header_cls, {"correlation_id": correlation_id}))
+    return buffer.getvalue()
+
+
+@cache
+def _request_class(api_key: int, api_version: int) -> Any:
+    return load_request_schema(api_key, api_version)
+
+
+@cache
+def _response_class(api_key: int, api_version: int) -> Any:
+    return load_response_schema(api_key, api_version)
+
+
+@cache
+def _reader(cls: type) -> Callable[[bytes, int], tuple[Any, int]]:
+    return entity_reader(cls)  # type: ignore[no-any-return]
+
+
+@cache
+def _writer(cls: type) -> Callable[[Any, Any], None]:
+    return entity_writer(cls)  # type: ignore[no-any-return]
+
+
+# --- dict -> entity ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldSpec:
+    name: str
+    kafka_type: str | None
+    entity: type | None  # nested entity class, if any
+    is_array: bool
+    optional: bool
+    has_default: bool
+
+
+@cache
+def _fields(cls: type) -> tuple[_FieldSpec, ...]:
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for field in dataclasses.fields(cls):
+        field_type = hints[field.name]
+        optional = False
+        is_array = False
+        if typing.get_origin(field_type) is tuple:
+            is_array = True
+            field_type = typing.get_args(field_type)[0]
+        if typing.get_origin(field_type) in (UnionType, typing.Union):
+            args = [a for a in typing.get_args(field_type) if a is not NoneType]
+            optional = True
+            field_type = args[0]
+        entity = field_type if dataclasses.is_dataclass(field_type) else None
+        has_default = field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+        specs.append(_FieldSpec(field.name, field.metadata.get("kafka_type"), entity, is_array, optional, has_default))
+    return tuple(specs)
+
+
+def build(cls: type, data: Mapping[str, Any]) -> Any:
+    """An instance of kio entity `cls` from a dict; keys the version lacks are ignored."""
+    kwargs: dict[str, Any] = {}
+    for spec in _fields(cls):
+        if spec.name in data:
+            value = data[spec.name]
+            if spec.is_array:
+                kwargs[spec.name] = None if value is None else tuple(_convert(spec, item) for item in value)
+            else:
+                kwargs[spec.name] = _convert(spec, value)
+        elif not spec.has_default:
+            kwargs[spec.name] = _zero(spec)
+    return cls(**kwargs)
+
+
+def _convert(spec: _FieldSpec, value: Any) -> Any:
+    if value is None:
+        return None
+    if spec.entity is not None:
+        return build(spec.entity, value) if isinstance(value, Mapping) else value
+    kafka_type = spec.kafka_type
+    if kafka_type in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
+        return datetime.timedelta(milliseconds=value)
+    if kafka_type == "datetime_i64" and isinstance(value, int):
+        return datetime.datetime.fromtimestamp(value / 1000, tz=datetime.UTC)
+    if kafka_type == "error_code" and isinstance(value, int):
+        return ErrorCode(value)
+    if kafka_type == "uuid" and isinstance(value, str | bytes):
+        return _to_uuid(value)
+    return value
+
+
+def _zero(spec: _FieldSpec) -> Any:
+    if spec.is_array:
+        return ()
+    if spec.optional:
+        return None
+    if spec.entity is not None:
+        return build(spec.entity, {})
+    return {
+        "bool": False,
+        "bytes": b"",
+        "records": b"",
+        "string": "",
+        "error_code": ErrorCode.none,
+        "uuid": uuid.UUID(int=0),
+        "timedelta_i32": datetime.timedelta(0),
+        "timedelta_i64": datetime.timedelta(0),
+        "datetime_i64": datetime.datetime.fromtimestamp(0, tz=datetime.UTC),
+        "float64": 0.0,
+    }.get(spec.kafka_type or "", 0)
+
+
+def _to_uuid(value: str | bytes) -> uuid.UUID:
+    """Kafka renders Uuids as 22-char base64url; accept that, raw bytes, or a standard UUID string."""
+    if isinstance(value, bytes):
+        return uuid.UUID(bytes=value)
+    if len(value) == 22:
+        return uuid.UUID(bytes=base64.urlsafe_b64decode(value + "=="))
+    return uuid.UUID(value)
+
+
+def uuid_to_kafka(value: uuid.UUID | None) -> str:
+    raw = (value or uuid.UUID(int=0)).bytes
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def millis(value: datetime.timedelta | int | None) -> int:
+    """A kio timedelta field (or a plain int) as milliseconds."""
+    if value is None:
+        return 0
+    if isinstance(value, datetime.timedelta):
+        return round(value.total_seconds() * 1000)
+    return int(value)

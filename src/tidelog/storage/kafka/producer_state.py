@@ -1,0 +1,221 @@
+"""Idempotent-producer state of one partition, and its `<offset>.snapshot` files (Kafka's ProducerStateManager).
+
+Per producer id the log keeps the epoch and the metadata of its last 5 batches (the client's maximum
+in flight), so a retried batch is recognised and answered with its original offsets instead of being
+written twice. Rules (Kafka's ProducerAppendInfo): an older epoch is fenced (INVALID_PRODUCER_EPOCH);
+a new epoch must start at sequence 0; within an epoch each batch must continue the last sequence
+(else OUT_OF_ORDER_SEQUENCE); an unknown producer may start anywhere (KIP-360).
+
+Snapshot file, big-endian (non-flexible version 1):
+
+    version i16 = 1 | crc u32 (CRC-32C of the bytes after it) | entryCount i32
+    entry: producerId i64 | epoch i16 | lastSequence i32 | lastOffset i64 | offsetDelta i32
+           | timestamp i64 | coordinatorEpoch i32 | currentTxnFirstOffset i64
+
+Only each producer's latest batch is stored; the rest of the 5-batch window is rebuilt by replaying
+the log after the snapshot offset (the number in the file name, exclusive).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crc32c import crc32c
+
+from tidelog.codec.record_batch import NO_SEQUENCE, BatchHeader
+from tidelog.errors import CorruptCheckpointError, TidelogError
+
+log = logging.getLogger("tidelog.storage")
+
+SNAPSHOT_SUFFIX = ".snapshot"
+BATCHES_TO_RETAIN = 5
+_HEADER = struct.Struct(">hIi")
+_ENTRY = struct.Struct(">qhiqiqiq")
+_VERSION = 1
+INT_MAX = (1 << 31) - 1
+
+
+class OutOfOrderSequenceError(TidelogError):
+    kafka_error_code = 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class InvalidProducerEpochError(TidelogError):
+    kafka_error_code = 47  # INVALID_PRODUCER_EPOCH
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMetadata:
+    first_sequence: int
+    last_sequence: int
+    last_offset: int
+    offset_delta: int
+    timestamp: int
+
+    @property
+    def first_offset(self) -> int:
+        return self.last_offset - self.offset_delta
+
+
+@dataclass
+class ProducerEntry:
+    producer_id: int
+    epoch: int
+    batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_TO_RETAIN))
+    last_timestamp: int = -1
+    coordinator_epoch: int = -1
+    current_txn_first_offset: int = -1
+
+    @property
+    def last_sequence(self) -> int:
+        return self.batches[-1].last_sequence if self.batches else NO_SEQUENCE
+
+
+def _in_sequence(last_sequence: int, next_first: int) -> bool:
+    return next_first == last_sequence + 1 or (next_first == 0 and last_sequence == INT_MAX)
+
+
+class ProducerStateManager:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.producers: dict[int, ProducerEntry] = {}
+
+    # --- the append path ------------------------------------------------------------------------------------------
+
+    def check(self, header: BatchHeader) -> BatchMetadata | None:
+        """For a client batch with a producer id: the original metadata if it is a retried duplicate,
+        None if it may be appended; raises on a fenced epoch or a sequence gap."""
+        entry = self.producers.get(header.producer_id)
+        if entry is None or header.base_sequence == NO_SEQUENCE:
+            return None
+        if header.producer_epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"producer {header.producer_id} epoch {header.producer_epoch} is older than the current {entry.epoch}"
+            )
+        if header.producer_epoch == entry.epoch:
+            for batch in entry.batches:
+                if batch.first_sequence == header.base_sequence and batch.last_sequence == header.last_sequence:
+                    return batch
+        if header.producer_epoch > entry.epoch:
+            if header.base_sequence != 0:
+                raise OutOfOrderSequenceError(
+                    f"producer {header.producer_id} starts epoch {header.producer_epoch} at sequence "
+                    f"{header.base_sequence}; a new epoch must start at 0"
+                )
+        elif entry.batches and not _in_sequence(entry.last_sequence, header.base_sequence):
+            raise OutOfOrderSequenceError(
+                f"producer {header.producer_id} sent sequence {header.base_sequence} after {entry.last_sequence}"
+            )
+        return None
+
+    def update(self, header: BatchHeader, first_offset: int, timestamp: int) -> None:
+        """Record an appended batch of a producer (called for client appends and while replaying the log)."""
+        if header.producer_id < 0:
+            return
+        entry = self.producers.get(header.producer_id)
+        if entry is None or header.producer_epoch > entry.epoch:
+            entry = ProducerEntry(header.producer_id, header.producer_epoch)
+            self.producers[header.producer_id] = entry
+        if header.base_sequence != NO_SEQUENCE:
+            entry.batches.append(
+                BatchMetadata(
+                    header.base_sequence,
+                    header.last_sequence,
+                    first_offset + header.last_offset_delta,
+                    header.last_offset_delta,
+                    timestamp,
+                )
+            )
+        entry.last_timestamp = max(entry.last_timestamp, timestamp)
+
+    def remove_expired(self, now_ms: int, expiration_ms: int) -> None:
+        expired = [pid for pid, e in self.producers.items() if now_ms - e.last_timestamp >= expiration_ms]
+        for pid in expired:
+            del self.producers[pid]
+
+    # --- snapshots --------------------------------------------------------------------------------------------
+
+    def snapshot_files(self) -> list[tuple[int, Path]]:
+        found = []
+        for path in self.directory.glob(f"*{SNAPSHOT_SUFFIX}"):
+            stem = path.name[: -len(SNAPSHOT_SUFFIX)]
+            if len(stem) == 20 and stem.isdigit():
+                found.append((int(stem), path))
+        return sorted(found)
+
+    def take_snapshot(self, end_offset: int, *, keep: int = 2) -> None:
+        """Write `<end_offset>.snapshot` (tmp + fsync + rename) and delete all but the newest `keep`."""
+        entries = [
+            _ENTRY.pack(
+                e.producer_id,
+                e.epoch,
+                e.last_sequence,
+                e.batches[-1].last_offset if e.batches else -1,
+                e.batches[-1].offset_delta if e.batches else 0,
+                e.last_timestamp,
+                e.coordinator_epoch,
+                e.current_txn_first_offset,
+            )
+            for e in self.producers.values()
+        ]
+        body = struct.pack(">i", len(entries)) + b"".join(entries)
+        data = struct.pack(">h", _VERSION) + struct.pack(">I", crc32c(body)) + body
+        path = self.directory / f"{end_offset:020d}{SNAPSHOT_SUFFIX}"
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        for _offset, old in self.snapshot_files()[:-keep]:
+            old.unlink(missing_ok=True)
+
+    def load_latest_snapshot(self, log_end_offset: int) -> int:
+        """Load the newest readable snapshot at or below the log end; returns its offset (0 if none).
+
+        Snapshots beyond the log end (the log was truncated) and unreadable ones are deleted."""
+        for offset, path in reversed(self.snapshot_files()):
+            if offset > log_end_offset:
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                self.producers = {e.producer_id: e for e in read_snapshot(path)}
+                return offset
+            except CorruptCheckpointError as exc:
+                log.warning("%s; deleting it and replaying the log instead", exc)
+                path.unlink(missing_ok=True)
+        self.producers = {}
+        return 0
+
+
+def read_snapshot(path: Path) -> Iterable[ProducerEntry]:
+    data = path.read_bytes()
+    if len(data) < _HEADER.size:
+        raise CorruptCheckpointError(f"producer snapshot {path} is truncated ({len(data)} bytes)")
+    version, crc, count = _HEADER.unpack_from(data, 0)
+    if version != _VERSION:
+        raise CorruptCheckpointError(f"producer snapshot {path} has unknown version {version}")
+    if crc32c(data[6:]) != crc:
+        raise CorruptCheckpointError(f"producer snapshot {path} fails its CRC check")
+    if count < 0 or len(data) != _HEADER.size + count * _ENTRY.size:
+        raise CorruptCheckpointError(f"producer snapshot {path} declares {count} entries but has {len(data)} bytes")
+    entries = []
+    for fields in _ENTRY.iter_unpack(data[_HEADER.size :]):
+        producer_id, epoch, last_sequence, last_offset, offset_delta, timestamp, coordinator_epoch, txn_first = fields
+        entry = ProducerEntry(
+            producer_id,
+            epoch,
+            last_timestamp=timestamp,
+            coordinator_epoch=coordinator_epoch,
+            current_txn_first_offset=txn_first,
+        )
+        if last_sequence != NO_SEQUENCE and last_offset >= 0:
+            first_sequence = (last_sequence - offset_delta) & 0x7FFFFFFF
+            entry.batches.append(BatchMetadata(first_sequence, last_sequence, last_offset, offset_delta, timestamp))
+        entries.append(entry)
+    return entries
