@@ -31,6 +31,12 @@ def _dump_log(args: argparse.Namespace) -> int:
     return dump_files(files, options)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from tidelog.broker.run import serve
+
+    return serve(args.config, args.override)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from tidelog import demo
 
@@ -58,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--max-bytes", type=int, default=INT_MAX, help="read at most this many bytes of each .log file")
     dump.add_argument("--max-message-size", type=int, default=5 * 1024 * 1024, help="size of the largest batch")
     dump.set_defaults(handler=_dump_log)
+
+    serve = commands.add_parser("serve", help="run a broker that speaks the Kafka protocol")
+    serve.add_argument("-c", "--config", help="a server.properties file (Kafka's key names)")
+    serve.add_argument(
+        "--override", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)"
+    )
+    serve.set_defaults(handler=_serve)
 
     demo = commands.add_parser("demo", help="a short storage demo (what `make demo` runs)")
     demo.set_defaults(handler=_demo)

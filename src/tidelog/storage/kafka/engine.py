@@ -217,7 +217,7 @@ class KafkaEngine(StorageEngine):
 
     def _load_log_dir(self, log_dir: Path) -> None:
         clean = checkpoints.take_clean_shutdown_marker(log_dir)
-        if not clean:
+        if not clean and any(PARTITION_DIR.match(p.name) for p in log_dir.iterdir() if p.is_dir()):
             log.info("%s: no clean-shutdown marker; recovering unflushed segments", log_dir)
         recovery_points = self._read_checkpoint(log_dir / checkpoints.RECOVERY_POINT_CHECKPOINT)
         start_offsets = self._read_checkpoint(log_dir / checkpoints.LOG_START_OFFSET_CHECKPOINT)

@@ -1,0 +1,157 @@
+"""Fetch (with long polling) and ListOffsets.
+
+A Fetch reads file slices from each requested partition (at most `partition_max_bytes` each and
+`max_bytes` in all, but always one whole batch for the first partition that has data, KIP-74). If
+fewer than `min_bytes` are available it waits up to `max_wait_ms` for an append to one of its
+partitions - woken by the producer path, never by polling - then reads again. Record bytes go out
+with sendfile straight from the segment files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from tidelog.errors import TidelogError
+from tidelog.protocol.fetch_response import PartitionData, TopicData, encode_fetch_response
+from tidelog.protocol.messages import ApiKey, Request, millis, response_header
+
+if TYPE_CHECKING:
+    from tidelog.broker.server import ApiHandler, Broker, Connection, Response
+
+INT_MAX = (1 << 31) - 1
+PartitionKey = tuple[str, int]
+
+
+class AppendNotifier:
+    """Wakes long-polling fetches when one of their partitions receives data."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[PartitionKey, set[asyncio.Future[None]]] = defaultdict(set)
+
+    def notify(self, key: PartitionKey) -> None:
+        for waiter in self._waiters.pop(key, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def notify_all(self) -> None:
+        for key in list(self._waiters):
+            self.notify(key)
+
+    async def wait(self, keys: Iterable[PartitionKey], timeout: float) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        keys = list(keys)
+        for key in keys:
+            self._waiters[key].add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            for key in keys:
+                waiting = self._waiters.get(key)
+                if waiting is not None:
+                    waiting.discard(waiter)
+                    if not waiting:
+                        del self._waiters[key]
+
+
+class FetchApis:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.notifier = AppendNotifier()
+
+    def handlers(self) -> dict[int, ApiHandler]:
+        from tidelog.broker.server import ApiHandler
+
+        return {
+            ApiKey.FETCH: ApiHandler(4, 12, self.handle_fetch),
+            ApiKey.LIST_OFFSETS: ApiHandler(1, 8, self.handle_list_offsets),
+        }
+
+    def wake_all(self) -> None:
+        self.notifier.notify_all()
+
+    # --- Fetch ------------------------------------------------------------------------------------------------
+
+    async def handle_fetch(self, request: Request, connection: Connection) -> Response:
+        from tidelog.broker.server import RawResponse
+
+        body = request.body
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + millis(body.max_wait) / 1000
+        min_bytes = body.min_bytes
+        max_bytes = getattr(body, "max_bytes", INT_MAX)
+        while True:
+            topics, total, failed = self._read(body, max_bytes)
+            remaining = deadline - loop.time()
+            if total >= min_bytes or failed or remaining <= 0 or self.broker.stopping:
+                break
+            keys = [(t.topic, p.partition) for t in body.topics for p in t.partitions]
+            await self.notifier.wait(keys, remaining)
+        header = response_header(ApiKey.FETCH, request.api_version, request.correlation_id)
+        parts, size = encode_fetch_response(request.api_version, header, topics)
+        return RawResponse(parts, size)
+
+    def _read(self, body: Any, max_bytes: int) -> tuple[list[TopicData], int, bool]:
+        engine = self.broker.engine
+        remaining = max_bytes
+        total = 0
+        failed = False
+        topics = []
+        for fetch_topic in body.topics:
+            topic = TopicData(fetch_topic.topic)
+            for fetch_partition in fetch_topic.partitions:
+                data = PartitionData(fetch_partition.partition)
+                topic.partitions.append(data)
+                try:
+                    partition_log = engine.partition_log(fetch_topic.topic, fetch_partition.partition)
+                    data.high_watermark = data.last_stable_offset = partition_log.high_watermark
+                    data.log_start_offset = partition_log.log_start_offset
+                    limit = min(fetch_partition.partition_max_bytes, remaining)
+                    if limit <= 0 and total > 0:
+                        continue
+                    slices = partition_log.read(fetch_partition.fetch_offset, max(limit, 0), min_one_message=total == 0)
+                except TidelogError as exc:
+                    data.error_code = exc.kafka_error_code
+                    failed = True
+                    continue
+                data.slices = slices.slices
+                size = data.records_size
+                total += size
+                remaining -= size
+            topics.append(topic)
+        return topics, total, failed
+
+    # --- ListOffsets ------------------------------------------------------------------------------------------
+
+    async def handle_list_offsets(self, request: Request, connection: Connection) -> Response:
+        engine = self.broker.engine
+        topics = []
+        for list_topic in request.body.topics:
+            partitions = []
+            for list_partition in list_topic.partitions:
+                answer: dict[str, Any] = {
+                    "partition_index": list_partition.partition_index,
+                    "error_code": 0,
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": -1,
+                }
+                try:
+                    found = engine.offset_for_timestamp(
+                        list_topic.name, list_partition.partition_index, list_partition.timestamp
+                    )
+                    if found is not None:  # no record at or after the timestamp: offset -1, as Kafka answers
+                        answer.update(
+                            timestamp=found.timestamp,
+                            offset=found.offset,
+                            leader_epoch=found.leader_epoch if found.leader_epoch is not None else -1,
+                        )
+                except TidelogError as exc:
+                    answer["error_code"] = exc.kafka_error_code
+                partitions.append(answer)
+            topics.append({"name": list_topic.name, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}

@@ -1,0 +1,221 @@
+"""Produce and InitProducerId.
+
+A Produce request's batch goes to the partition log as received (layout and CRC checked, offsets
+assigned by rewriting baseOffset, a retried idempotent batch answered with its original offsets).
+acks=0 gets no response, acks=1 an answer once the batch is in the log, acks=all an answer once the
+flush policy is satisfied: when `flush.messages` says the batch must be on disk, the producer waits
+for a group commit - one fsync round in a worker thread covers every producer waiting at that
+moment - so the event loop never blocks on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tidelog.codec.record_batch import read_header
+from tidelog.errors import InvalidRecordError, InvalidTopicError, TidelogError
+from tidelog.protocol.messages import ApiKey, Request
+from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.partition_log import PartitionLog
+
+if TYPE_CHECKING:
+    from tidelog.broker.server import ApiHandler, Broker, Connection, Response
+
+log = logging.getLogger("tidelog.broker")
+
+PRODUCER_ID_BLOCK_FILE = "tidelog-producer-id-block"
+PRODUCER_ID_BLOCK_SIZE = 1000
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
+class InvalidTxnStateError(TidelogError):
+    kafka_error_code = 48  # INVALID_TXN_STATE
+
+
+class TransactionsUnsupportedError(TidelogError):
+    kafka_error_code = 42  # INVALID_REQUEST: tidelog has no transaction coordinator yet
+
+
+@dataclass
+class _Waiter:
+    log: PartitionLog
+    offset: int
+    future: asyncio.Future[None]
+
+
+@dataclass
+class Flusher:
+    """Group commit: callers wait until their offset is durable; fsync rounds run in a worker thread."""
+
+    _waiting: list[_Waiter] = field(default_factory=list)
+    _round: asyncio.Task[None] | None = None
+
+    async def wait_durable(self, partition_log: PartitionLog, offset: int) -> None:
+        if partition_log.recovery_point < offset:
+            await self._enqueue(partition_log, offset)
+
+    def flush_later(self, partition_log: PartitionLog) -> None:
+        """Start a flush round without waiting for it (the policy says flush, the producer asked acks=1)."""
+        if partition_log.recovery_point < partition_log.log_end_offset:
+            future = self._enqueue(partition_log, partition_log.log_end_offset)
+            future.add_done_callback(lambda done: done.exception())  # failures are logged by the round
+
+    def _enqueue(self, partition_log: PartitionLog, offset: int) -> asyncio.Future[None]:
+        waiter = _Waiter(partition_log, offset, asyncio.get_running_loop().create_future())
+        self._waiting.append(waiter)
+        if self._round is None or self._round.done():
+            self._round = asyncio.create_task(self._run())
+        return waiter.future
+
+    async def _run(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            targets: dict[PartitionLog, int] = {}
+            for waiter in batch:
+                targets[waiter.log] = max(targets.get(waiter.log, 0), waiter.offset)
+            errors = await asyncio.to_thread(_flush_all, targets)
+            for waiter in batch:
+                if waiter.future.done():
+                    continue
+                error = errors.get(waiter.log)
+                if error is None:
+                    waiter.future.set_result(None)
+                else:
+                    waiter.future.set_exception(error)
+
+    async def drain(self) -> None:
+        if self._round is not None:
+            await asyncio.gather(self._round, return_exceptions=True)
+
+
+def _flush_all(targets: dict[PartitionLog, int]) -> dict[PartitionLog, Exception]:
+    errors: dict[PartitionLog, Exception] = {}
+    for partition_log, offset in targets.items():
+        try:
+            partition_log.flush(offset)
+        except Exception as exc:  # reported to the waiting producers as KAFKA_STORAGE_ERROR or similar
+            log.error("flush of %s failed: %s", partition_log.name, exc)
+            errors[partition_log] = exc
+    return errors
+
+
+class ProducerIdAllocator:
+    """Hands out producer ids; blocks of ids are reserved in a file so ids are never reused after a restart."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.path = log_dir / PRODUCER_ID_BLOCK_FILE
+        try:
+            self._next = int(self.path.read_text().strip()) if self.path.exists() else 0
+        except ValueError:
+            log.warning("%s is unreadable; starting producer ids after a safe gap", self.path)
+            self._next = 1 << 40
+        self._block_end = self._next
+
+    def allocate(self) -> int:
+        if self._next >= self._block_end:
+            self._block_end = self._next + PRODUCER_ID_BLOCK_SIZE
+            checkpoints.write_atomically(self.path, f"{self._block_end}\n")
+        producer_id = self._next
+        self._next += 1
+        return producer_id
+
+
+class ProduceApis:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.flusher = Flusher()
+        self.producer_ids = ProducerIdAllocator(broker.engine.log_dirs[0])
+
+    def handlers(self) -> dict[int, ApiHandler]:
+        from tidelog.broker.server import ApiHandler
+
+        return {
+            ApiKey.PRODUCE: ApiHandler(3, 11, self.handle_produce),
+            ApiKey.INIT_PRODUCER_ID: ApiHandler(0, 5, self.handle_init_producer_id),
+        }
+
+    async def handle_produce(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        acks = body.acks
+        pending: list[tuple[dict[str, Any], PartitionLog, int]] = []
+        responses = []
+        for topic_data in body.topic_data:
+            partition_responses = []
+            for partition_data in topic_data.partition_data:
+                answer: dict[str, Any] = {
+                    "index": partition_data.index,
+                    "error_code": 0,
+                    "base_offset": -1,
+                    "log_append_time": None,
+                    "log_start_offset": -1,
+                }
+                partition_responses.append(answer)
+                try:
+                    partition_log = self._append(
+                        topic_data.name, partition_data.index, partition_data.records, body.transactional_id, answer
+                    )
+                except TidelogError as exc:
+                    answer["error_code"] = exc.kafka_error_code
+                    answer["error_message"] = str(exc)
+                    log.debug("produce to %s-%d failed: %s", topic_data.name, partition_data.index, exc)
+                    continue
+                if partition_log.flush_due():
+                    if acks == -1:
+                        pending.append((answer, partition_log, partition_log.log_end_offset))
+                    else:
+                        self.flusher.flush_later(partition_log)
+            responses.append({"name": topic_data.name, "partition_responses": partition_responses})
+        for answer, partition_log, offset in pending:
+            try:
+                await self.flusher.wait_durable(partition_log, offset)
+            except TidelogError as exc:
+                answer["error_code"] = exc.kafka_error_code
+            except Exception as exc:
+                answer["error_code"] = 56  # KAFKA_STORAGE_ERROR
+                answer["error_message"] = str(exc)
+        if acks == 0:
+            return None
+        return {"responses": responses, "throttle_time": 0}
+
+    def _append(
+        self, topic: str, partition: int, records: bytes | None, transactional_id: str | None, answer: dict[str, Any]
+    ) -> PartitionLog:
+        if topic in INTERNAL_TOPICS:
+            raise InvalidTopicError(f"clients may not produce to the internal topic {topic}")
+        if not records:
+            raise InvalidRecordError("produce request carries no record batch")
+        header = read_header(records)
+        if header.is_transactional or transactional_id is not None:
+            raise InvalidTxnStateError("transactions are not supported by this broker yet")
+        partition_log = self.broker.engine.partition_log(topic, partition)
+        result = partition_log.append(records)
+        answer["base_offset"] = result.base_offset
+        answer["log_start_offset"] = result.log_start_offset
+        if result.log_append_time_ms >= 0:
+            answer["log_append_time"] = result.log_append_time_ms
+        if result.size_in_bytes:
+            self.broker.fetch.notifier.notify((topic, partition))
+        return partition_log
+
+    async def handle_init_producer_id(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        answer: dict[str, Any] = {"throttle_time": 0, "error_code": 0, "producer_id": -1, "producer_epoch": -1}
+        if body.transactional_id is not None:
+            answer["error_code"] = TransactionsUnsupportedError.kafka_error_code
+            log.info(
+                "client %s asked for transactional id %r: transactions are not supported yet",
+                request.client_id,
+                body.transactional_id,
+            )
+            return answer
+        producer_id = getattr(body, "producer_id", -1)
+        epoch = getattr(body, "producer_epoch", -1)
+        if producer_id >= 0 and 0 <= epoch < 32766:  # KIP-360: an idempotent producer bumps its epoch
+            answer.update(producer_id=producer_id, producer_epoch=epoch + 1)
+        else:
+            answer.update(producer_id=self.producer_ids.allocate(), producer_epoch=0)
+        return answer

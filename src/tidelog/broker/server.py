@@ -1,0 +1,217 @@
+"""`tidelog serve`: an asyncio server that speaks the Kafka protocol over the storage engine.
+
+Each connection reads frames one at a time and answers them in order (as Kafka does, a connection's
+next request waits for the current response; clients pipeline across connections). A frame that is
+too large, too small or does not decode closes that connection and is logged; a handler failure
+closes that connection too. Nothing a client sends stops the broker or touches stored data.
+Shutdown (SIGTERM/SIGINT or `stop()`): stop accepting, let in-flight requests finish, wake long
+polls, then flush and close the engine, which writes the clean-shutdown marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidelog.broker.config import BrokerConfig, Listener
+from tidelog.errors import TidelogError
+from tidelog.protocol.fetch_response import Part
+from tidelog.protocol.framing import SIZE, FrameError, check_frame_size
+from tidelog.protocol.messages import (
+    ApiKey,
+    MalformedRequestError,
+    Request,
+    UnsupportedVersionError,
+    decode_request,
+    encode_response,
+)
+from tidelog.storage.api import FileSlice
+from tidelog.storage.kafka.engine import KafkaEngine
+
+log = logging.getLogger("tidelog.broker")
+
+
+@dataclass
+class RawResponse:
+    """A response encoded by its handler: bytes and file slices, already framed."""
+
+    parts: list[Part]
+    size: int
+
+
+Response = dict[str, Any] | RawResponse | None
+Handler = Callable[[Request, "Connection"], Awaitable[Response]]
+
+
+@dataclass
+class ApiHandler:
+    min_version: int
+    max_version: int
+    handle: Handler
+
+
+@dataclass(eq=False)
+class Connection:
+    listener: Listener
+    advertised_host: str
+    advertised_port: int
+    peer: str
+    busy: bool = False
+    closing: bool = False
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        from tidelog.broker.fetch import FetchApis
+        from tidelog.broker.produce import ProduceApis
+        from tidelog.broker.topics import TopicApis
+
+        self.config = config
+        self.engine = KafkaEngine(config.engine)
+        self.stopping = False
+        self._servers: list[tuple[Listener, asyncio.Server, int]] = []
+        self._connections: set[Connection] = set()
+        self.fetch = FetchApis(self)
+        self.produce = ProduceApis(self)
+        self.topics = TopicApis(self)
+        self.handlers: dict[int, ApiHandler] = {ApiKey.API_VERSIONS: ApiHandler(0, 4, self._api_versions)}
+        for area in (self.fetch, self.produce, self.topics):
+            self.handlers.update(area.handlers())
+        self.supported = {key: (h.min_version, h.max_version) for key, h in self.handlers.items()}
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for listener in self.config.listeners:
+            server = await asyncio.start_server(
+                lambda r, w, listener=listener: self._accept(listener, r, w),
+                listener.host,
+                listener.port,
+                reuse_address=True,
+            )
+            port = server.sockets[0].getsockname()[1]
+            self._servers.append((listener, server, port))
+            log.info("listening on %s://%s:%d", listener.name, listener.host, port)
+
+    @property
+    def bound_ports(self) -> list[int]:
+        return [port for _, _, port in self._servers]
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight requests, close connections, flush and close the log."""
+        if self.stopping:
+            return
+        self.stopping = True
+        for _, server, _ in self._servers:
+            server.close()
+        self.fetch.wake_all()
+        deadline = asyncio.get_running_loop().time() + self.config.shutdown_timeout_ms / 1000
+        for connection in list(self._connections):
+            if not connection.busy and connection.task is not None:
+                connection.task.cancel()
+        while any(c.busy for c in self._connections) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        for connection in list(self._connections):
+            if connection.task is not None:
+                connection.task.cancel()
+        for _, server, _ in self._servers:
+            await server.wait_closed()
+        await self.produce.flusher.drain()
+        await asyncio.to_thread(self.engine.close)
+        log.info("stopped cleanly")
+
+    # --- connections ------------------------------------------------------------------------------------------
+
+    async def _accept(self, listener: Listener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        port = next(p for lst, _, p in self._servers if lst is listener)
+        host, advertised_port = self.config.advertised_for(listener, port)
+        peer = writer.get_extra_info("peername")
+        connection = Connection(listener, host, advertised_port, f"{peer[0]}:{peer[1]}" if peer else "?")
+        connection.task = asyncio.current_task()  # type: ignore[assignment]
+        self._connections.add(connection)
+        try:
+            await self._serve(connection, reader, writer)
+        except asyncio.CancelledError:
+            pass
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client went away
+        except (FrameError, MalformedRequestError, UnsupportedVersionError) as exc:
+            log.warning("closing connection from %s: %s", connection.peer, exc)
+        except Exception:
+            log.exception("closing connection from %s after an unexpected error", connection.peer)
+        finally:
+            self._connections.discard(connection)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, connection: Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        max_bytes = self.config.socket_request_max_bytes
+        while not self.stopping:
+            (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
+            check_frame_size(size, max_bytes)
+            payload = await reader.readexactly(size)
+            connection.busy = True
+            try:
+                response = await self._handle(payload, connection)
+                if response is not None:
+                    await self._send(writer, response)
+            finally:
+                connection.busy = False
+
+    async def _handle(self, payload: bytes, connection: Connection) -> bytes | RawResponse | None:
+        try:
+            request = decode_request(payload, self.supported)
+        except UnsupportedVersionError as exc:
+            if exc.api_key == ApiKey.API_VERSIONS:  # answered with v0 and the versions we do speak
+                return encode_response(ApiKey.API_VERSIONS, 0, exc.correlation_id, self._versions_body(35))
+            raise
+        body = await self.handlers[request.api_key].handle(request, connection)
+        if body is None or isinstance(body, RawResponse):
+            return body
+        return encode_response(request.api_key, request.api_version, request.correlation_id, body)
+
+    async def _send(self, writer: asyncio.StreamWriter, response: bytes | RawResponse) -> None:
+        if isinstance(response, bytes):
+            writer.write(response)
+            await writer.drain()
+            return
+        loop = asyncio.get_running_loop()
+        for part in response.parts:
+            if isinstance(part, FileSlice):
+                await writer.drain()
+                try:
+                    await loop.sendfile(writer.transport, part.file, part.position, part.length, fallback=False)
+                except (NotImplementedError, asyncio.SendfileNotAvailableError):
+                    writer.write(part.read())  # no zero-copy on this transport (e.g. TLS): pread and write
+            else:
+                writer.write(part)
+        await writer.drain()
+
+    # --- ApiVersions ------------------------------------------------------------------------------------------
+
+    def _versions_body(self, error_code: int = 0) -> dict[str, Any]:
+        return {
+            "error_code": error_code,
+            "api_keys": [
+                {"api_key": key, "min_version": h.min_version, "max_version": h.max_version}
+                for key, h in sorted(self.handlers.items())
+            ],
+            "throttle_time": 0,
+        }
+
+    async def _api_versions(self, request: Request, connection: Connection) -> Response:
+        return self._versions_body()
+
+
+def error_code_of(exc: BaseException) -> int:
+    """The Kafka error code for a failure (UNKNOWN_SERVER_ERROR for anything unexpected)."""
+    if isinstance(exc, TidelogError):
+        return exc.kafka_error_code
+    log.error("unexpected error while handling a request", exc_info=exc)
+    return -1
