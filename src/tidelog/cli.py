@@ -79,11 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(console=Console(stderr=True), show_path=False, markup=False)],
-    )
+    if sys.stderr.isatty():
+        handler: logging.Handler = RichHandler(console=Console(stderr=True), show_path=False, markup=False)
+        logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[handler])
+    else:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return args.handler(args)
 
 

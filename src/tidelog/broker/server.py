@@ -68,6 +68,8 @@ class Connection:
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         from tidelog.broker.fetch import FetchApis
+        from tidelog.broker.groups import GroupCoordinator
+        from tidelog.broker.offset_store import OffsetStore
         from tidelog.broker.produce import ProduceApis
         from tidelog.broker.topics import TopicApis
 
@@ -79,14 +81,18 @@ class Broker:
         self.fetch = FetchApis(self)
         self.produce = ProduceApis(self)
         self.topics = TopicApis(self)
+        self.offset_store = OffsetStore(self.engine, config.offsets_topic_num_partitions, self.produce.flusher)
+        self.groups = GroupCoordinator(self, self.offset_store)
         self.handlers: dict[int, ApiHandler] = {ApiKey.API_VERSIONS: ApiHandler(0, 4, self._api_versions)}
-        for area in (self.fetch, self.produce, self.topics):
+        for area in (self.fetch, self.produce, self.topics, self.groups):
             self.handlers.update(area.handlers())
         self.supported = {key: (h.min_version, h.max_version) for key, h in self.handlers.items()}
 
     # --- lifecycle --------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.offset_store.open()
+        self.groups.start()
         for listener in self.config.listeners:
             server = await asyncio.start_server(
                 lambda r, w, listener=listener: self._accept(listener, r, w),
@@ -121,6 +127,7 @@ class Broker:
                 connection.task.cancel()
         for _, server, _ in self._servers:
             await server.wait_closed()
+        await self.groups.stop()
         await self.produce.flusher.drain()
         await asyncio.to_thread(self.engine.close)
         log.info("stopped cleanly")

@@ -194,7 +194,9 @@ def build(cls: type, data: Mapping[str, Any]) -> Any:
     for spec in _fields(cls):
         if spec.name in data:
             value = data[spec.name]
-            if spec.is_array:
+            if value is None and not spec.optional:  # e.g. a name that older versions cannot leave null
+                kwargs[spec.name] = _zero(spec)
+            elif spec.is_array:
                 kwargs[spec.name] = None if value is None else tuple(_convert(spec, item) for item in value)
             else:
                 kwargs[spec.name] = _convert(spec, value)

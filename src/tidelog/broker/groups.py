@@ -1,0 +1,740 @@
+"""The group coordinator, classic protocol (Kafka's GroupCoordinator and GroupMetadata).
+
+A group moves Empty -> PreparingRebalance -> CompletingRebalance -> Stable and back:
+- JoinGroup puts the group into PreparingRebalance; the join phase ends when every known member has
+  rejoined, or after the rebalance timeout (members that did not rejoin are dropped), or for a new
+  group after `group.initial.rebalance.delay.ms`. Then the generation goes up, a protocol every
+  member supports is chosen, and the leader gets the member list to compute an assignment.
+- SyncGroup from the leader hands each member its assignment; the group is Stable.
+- Heartbeats keep members alive; one silent for longer than its session timeout is removed and the
+  others rebalance. LeaveGroup removes at once.
+- Since JoinGroup v4 a new member first gets MEMBER_ID_REQUIRED with an id to rejoin with.
+Committed offsets and each generation are written to `__consumer_offsets` (offset_store.py) and
+reloaded on start, members included, so a restarted broker keeps its groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from tidelog.codec import group_records as records
+from tidelog.protocol.messages import ApiKey, Request, millis
+
+if TYPE_CHECKING:
+    from tidelog.broker.offset_store import OffsetStore
+    from tidelog.broker.server import ApiHandler, Broker, Connection, Response
+
+log = logging.getLogger("tidelog.broker")
+
+NONE = 0
+COORDINATOR_NOT_AVAILABLE = 15
+ILLEGAL_GENERATION = 22
+INCONSISTENT_GROUP_PROTOCOL = 23
+INVALID_GROUP_ID = 24
+UNKNOWN_MEMBER_ID = 25
+INVALID_SESSION_TIMEOUT = 26
+REBALANCE_IN_PROGRESS = 27
+OFFSET_METADATA_TOO_LARGE = 12
+NON_EMPTY_GROUP = 68
+GROUP_ID_NOT_FOUND = 69
+MEMBER_ID_REQUIRED = 79
+GROUP_SUBSCRIBED_TO_TOPIC = 86
+UNKNOWN_SERVER_ERROR = -1
+OFFSET_METADATA_MAX_BYTES = 4096
+EXPIRY_CHECK_SECONDS = 0.25
+
+
+class GroupState(Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+@dataclass(eq=False)
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    join_future: asyncio.Future[dict[str, Any]] | None = None
+    sync_future: asyncio.Future[dict[str, Any]] | None = None
+
+    def metadata_for(self, protocol: str | None) -> bytes:
+        return next((meta for name, meta in self.protocols if name == protocol), b"")
+
+    def fail_waiters(self, error_code: int) -> None:
+        if self.join_future is not None and not self.join_future.done():
+            self.join_future.set_result(GroupCoordinator._join_error(error_code, self.member_id))
+        if self.sync_future is not None and not self.sync_future.done():
+            self.sync_future.set_result(GroupCoordinator._sync_response(error_code))
+        self.join_future = self.sync_future = None
+
+
+@dataclass(eq=False)
+class Group:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol: str | None = None
+    leader: str | None = None
+    members: dict[str, Member] = field(default_factory=dict)
+    pending_member_ids: set[str] = field(default_factory=set)
+    join_timer: asyncio.TimerHandle | None = None
+    initial_delay_pending: bool = False
+
+    def all_members_joined(self) -> bool:
+        return all(m.join_future is not None for m in self.members.values())
+
+    def supported_protocols(self) -> set[str]:
+        common: set[str] | None = None
+        for member in self.members.values():
+            names = {name for name, _ in member.protocols}
+            common = names if common is None else common & names
+        return common or set()
+
+
+class GroupCoordinator:
+    def __init__(self, broker: Broker, store: OffsetStore) -> None:
+        self.broker = broker
+        self.store = store
+        self.config = broker.config
+        self.groups: dict[str, Group] = {}
+        self._expiry_task: asyncio.Task[None] | None = None
+
+    def handlers(self) -> dict[int, ApiHandler]:
+        from tidelog.broker.server import ApiHandler
+
+        return {
+            ApiKey.FIND_COORDINATOR: ApiHandler(0, 5, self.handle_find_coordinator),
+            ApiKey.JOIN_GROUP: ApiHandler(0, 9, self.handle_join_group),
+            ApiKey.SYNC_GROUP: ApiHandler(0, 5, self.handle_sync_group),
+            ApiKey.HEARTBEAT: ApiHandler(0, 4, self.handle_heartbeat),
+            ApiKey.LEAVE_GROUP: ApiHandler(0, 5, self.handle_leave_group),
+            ApiKey.OFFSET_COMMIT: ApiHandler(2, 9, self.handle_offset_commit),
+            ApiKey.OFFSET_FETCH: ApiHandler(1, 9, self.handle_offset_fetch),
+            ApiKey.DESCRIBE_GROUPS: ApiHandler(0, 5, self.handle_describe_groups),
+            ApiKey.LIST_GROUPS: ApiHandler(0, 4, self.handle_list_groups),
+            ApiKey.DELETE_GROUPS: ApiHandler(0, 2, self.handle_delete_groups),
+            ApiKey.OFFSET_DELETE: ApiHandler(0, 0, self.handle_offset_delete),
+        }
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Rebuild groups from the store (members come back alive, as after a Kafka coordinator failover)."""
+        for group_id, stored in self.store.groups.items():
+            group = self._group(group_id)
+            metadata = stored.metadata
+            if metadata is None:
+                continue
+            group.generation = metadata.generation
+            group.protocol_type = metadata.protocol_type or None
+            group.protocol = metadata.protocol
+            group.leader = metadata.leader
+            for m in metadata.members:
+                group.members[m.member_id] = Member(
+                    m.member_id,
+                    m.group_instance_id,
+                    m.client_id,
+                    m.client_host,
+                    m.session_timeout_ms,
+                    m.rebalance_timeout_ms,
+                    metadata.protocol_type,
+                    [(metadata.protocol or "", m.subscription)],
+                    m.assignment,
+                )
+            group.state = GroupState.STABLE if group.members else GroupState.EMPTY
+        self._expiry_task = asyncio.create_task(self._expire_members())
+
+    async def stop(self) -> None:
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+        for group in self.groups.values():
+            if group.join_timer is not None:
+                group.join_timer.cancel()
+            for member in group.members.values():
+                member.fail_waiters(COORDINATOR_NOT_AVAILABLE)
+
+    def _group(self, group_id: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        return group
+
+    # --- FindCoordinator --------------------------------------------------------------------------------------
+
+    async def handle_find_coordinator(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        node = {"node_id": self.config.node_id, "host": connection.advertised_host, "port": connection.advertised_port}
+        key_type = getattr(body, "key_type", 0)
+        error = NONE if key_type == 0 else COORDINATOR_NOT_AVAILABLE  # no transaction coordinator yet
+        message = None if error == NONE else "transactions are not supported by this broker"
+        if request.api_version >= 4:
+            coordinators = [
+                {"key": key, **node, "error_code": error, "error_message": message} for key in body.coordinator_keys
+            ]
+            return {"throttle_time": 0, "coordinators": coordinators}
+        return {"throttle_time": 0, "error_code": error, "error_message": message, **node}
+
+    # --- JoinGroup --------------------------------------------------------------------------------------------
+
+    async def handle_join_group(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        session_ms = millis(body.session_timeout)
+        rebalance_ms = millis(getattr(body, "rebalance_timeout", None)) or session_ms
+        instance_id = getattr(body, "group_instance_id", None)
+        if not body.group_id:
+            return self._join_error(INVALID_GROUP_ID, body.member_id)
+        if not self.config.group_min_session_timeout_ms <= session_ms <= self.config.group_max_session_timeout_ms:
+            return self._join_error(INVALID_SESSION_TIMEOUT, body.member_id)
+        group = self._group(body.group_id)
+        protocols = [(p.name, bytes(p.metadata)) for p in body.protocols]
+        if (
+            group.state is not GroupState.EMPTY
+            and group.members
+            and (
+                body.protocol_type != group.protocol_type
+                or not {name for name, _ in protocols} & group.supported_protocols()
+            )
+        ):
+            return self._join_error(INCONSISTENT_GROUP_PROTOCOL, body.member_id)
+
+        member_id = body.member_id
+        if not member_id:
+            member_id = (
+                self._existing_static_member(group, instance_id) or f"{request.client_id or 'member'}-{uuid.uuid4()}"
+            )
+            if instance_id is None and request.api_version >= 4:
+                group.pending_member_ids.add(member_id)
+                return self._join_error(MEMBER_ID_REQUIRED, member_id)
+        elif member_id not in group.members and member_id not in group.pending_member_ids:
+            return self._join_error(UNKNOWN_MEMBER_ID, member_id)
+        group.pending_member_ids.discard(member_id)
+
+        member = group.members.get(member_id)
+        host = connection.peer.rsplit(":", 1)[0]
+        if member is None:
+            member = Member(
+                member_id,
+                instance_id,
+                request.client_id or "",
+                f"/{host}",
+                session_ms,
+                rebalance_ms,
+                body.protocol_type,
+                protocols,
+            )
+            group.members[member_id] = member
+            changed = True
+        else:
+            changed = member.protocols != protocols
+            member.protocols, member.session_timeout_ms, member.rebalance_timeout_ms = (
+                protocols,
+                session_ms,
+                rebalance_ms,
+            )
+        member.last_heartbeat = time.monotonic()
+        if group.protocol_type is None or len(group.members) == 1:
+            group.protocol_type = body.protocol_type
+
+        unchanged_follower = not changed and member_id != group.leader
+        if (group.state is GroupState.COMPLETING_REBALANCE and not changed) or (
+            group.state is GroupState.STABLE and unchanged_follower
+        ):
+            return self._join_response(group, member)  # nothing to rebalance: the current generation stands
+        if member.join_future is not None and not member.join_future.done():
+            member.join_future.set_result(self._join_error(UNKNOWN_MEMBER_ID, member_id))  # superseded
+        future = member.join_future = asyncio.get_running_loop().create_future()
+        if group.state is not GroupState.PREPARING_REBALANCE:
+            self._prepare_rebalance(group, f"member {member_id} joined")
+        self._maybe_complete_join(group)
+        return await future
+
+    def _existing_static_member(self, group: Group, instance_id: str | None) -> str | None:
+        if instance_id is None:
+            return None
+        return next((m.member_id for m in group.members.values() if m.group_instance_id == instance_id), None)
+
+    @staticmethod
+    def _join_error(error_code: int, member_id: str) -> dict[str, Any]:
+        return {
+            "throttle_time": 0,
+            "error_code": error_code,
+            "generation_id": -1,
+            "protocol_type": None,
+            "protocol_name": None,
+            "leader": "",
+            "member_id": member_id,
+            "members": [],
+        }
+
+    def _join_response(self, group: Group, member: Member) -> dict[str, Any]:
+        members = []
+        if member.member_id == group.leader:
+            members = [
+                {
+                    "member_id": m.member_id,
+                    "group_instance_id": m.group_instance_id,
+                    "metadata": m.metadata_for(group.protocol),
+                }
+                for m in group.members.values()
+            ]
+        return {
+            "throttle_time": 0,
+            "error_code": NONE,
+            "generation_id": group.generation,
+            "protocol_type": group.protocol_type,
+            "protocol_name": group.protocol,
+            "leader": group.leader or "",
+            "skip_assignment": False,
+            "member_id": member.member_id,
+            "members": members,
+        }
+
+    def _prepare_rebalance(self, group: Group, reason: str) -> None:
+        log.info("group %s rebalancing (generation %d): %s", group.group_id, group.generation, reason)
+        if group.state is GroupState.COMPLETING_REBALANCE:
+            for member in group.members.values():
+                member.assignment = b""
+                if member.sync_future is not None and not member.sync_future.done():
+                    member.sync_future.set_result(self._sync_response(REBALANCE_IN_PROGRESS))
+                member.sync_future = None
+        loop = asyncio.get_running_loop()
+        if group.join_timer is not None:
+            group.join_timer.cancel()
+        if group.state is GroupState.EMPTY and self.config.group_initial_rebalance_delay_ms > 0:
+            group.initial_delay_pending = True
+            delay = self.config.group_initial_rebalance_delay_ms / 1000
+        else:
+            delay = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000
+        group.state = GroupState.PREPARING_REBALANCE
+        group.join_timer = loop.call_later(delay, self._join_deadline, group)
+
+    def _join_deadline(self, group: Group) -> None:
+        group.join_timer = None
+        group.initial_delay_pending = False
+        if group.state is GroupState.PREPARING_REBALANCE:
+            self._complete_join(group)
+
+    def _maybe_complete_join(self, group: Group) -> None:
+        if (
+            group.state is GroupState.PREPARING_REBALANCE
+            and not group.initial_delay_pending
+            and group.all_members_joined()
+        ):
+            self._complete_join(group)
+
+    def _complete_join(self, group: Group) -> None:
+        if group.join_timer is not None:
+            group.join_timer.cancel()
+            group.join_timer = None
+        for member_id in [m.member_id for m in group.members.values() if m.join_future is None]:
+            log.info("group %s: member %s did not rejoin in time; removing it", group.group_id, member_id)
+            group.members.pop(member_id).fail_waiters(UNKNOWN_MEMBER_ID)
+        group.generation += 1
+        if not group.members:
+            group.state = GroupState.EMPTY
+            group.protocol = group.leader = None
+            self._persist_group_later(group)
+            return
+        group.protocol = self._select_protocol(group)
+        if group.leader not in group.members:
+            group.leader = next(iter(group.members))
+        group.state = GroupState.COMPLETING_REBALANCE
+        now = time.monotonic()
+        for member in group.members.values():
+            member.last_heartbeat = now
+            future, member.join_future = member.join_future, None
+            if future is not None and not future.done():
+                future.set_result(self._join_response(group, member))
+        log.info(
+            "group %s: generation %d with %d member(s), leader %s, protocol %s",
+            group.group_id,
+            group.generation,
+            len(group.members),
+            group.leader,
+            group.protocol,
+        )
+
+    @staticmethod
+    def _select_protocol(group: Group) -> str | None:
+        candidates = group.supported_protocols()
+        votes: Counter[str] = Counter()
+        for member in group.members.values():
+            choice = next((name for name, _ in member.protocols if name in candidates), None)
+            if choice is not None:
+                votes[choice] += 1
+        return votes.most_common(1)[0][0] if votes else None
+
+    # --- SyncGroup --------------------------------------------------------------------------------------------
+
+    async def handle_sync_group(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        group = self.groups.get(body.group_id)
+        member = group.members.get(body.member_id) if group is not None else None
+        if group is None or member is None:
+            return self._sync_response(UNKNOWN_MEMBER_ID)
+        if body.generation_id != group.generation:
+            return self._sync_response(ILLEGAL_GENERATION)
+        protocol_type = getattr(body, "protocol_type", None)
+        protocol_name = getattr(body, "protocol_name", None)
+        if (protocol_type is not None and protocol_type != group.protocol_type) or (
+            protocol_name is not None and protocol_name != group.protocol
+        ):
+            return self._sync_response(INCONSISTENT_GROUP_PROTOCOL)
+        if group.state is GroupState.PREPARING_REBALANCE:
+            return self._sync_response(REBALANCE_IN_PROGRESS)
+        if group.state is GroupState.STABLE:
+            return self._sync_response(NONE, group, member.assignment)
+        member.last_heartbeat = time.monotonic()
+        member.sync_future = asyncio.get_running_loop().create_future()
+        future = member.sync_future
+        if member.member_id == group.leader:
+            assignments = {a.member_id: bytes(a.assignment) for a in body.assignments}
+            for m in group.members.values():
+                m.assignment = assignments.get(m.member_id, b"")
+            await self._persist_group(group)
+            if group.state is GroupState.COMPLETING_REBALANCE and body.generation_id == group.generation:
+                group.state = GroupState.STABLE
+                for m in group.members.values():
+                    waiter, m.sync_future = m.sync_future, None
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(self._sync_response(NONE, group, m.assignment))
+        return await future
+
+    @staticmethod
+    def _sync_response(error_code: int, group: Group | None = None, assignment: bytes = b"") -> dict[str, Any]:
+        return {
+            "throttle_time": 0,
+            "error_code": error_code,
+            "protocol_type": group.protocol_type if group else None,
+            "protocol_name": group.protocol if group else None,
+            "assignment": assignment,
+        }
+
+    # --- Heartbeat and LeaveGroup -----------------------------------------------------------------------------
+
+    async def handle_heartbeat(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        group = self.groups.get(body.group_id)
+        member = group.members.get(body.member_id) if group is not None else None
+        if group is None or member is None:
+            error = UNKNOWN_MEMBER_ID
+        elif body.generation_id != group.generation:
+            error = ILLEGAL_GENERATION
+        else:
+            member.last_heartbeat = time.monotonic()
+            error = REBALANCE_IN_PROGRESS if group.state is GroupState.PREPARING_REBALANCE else NONE
+        return {"throttle_time": 0, "error_code": error}
+
+    async def handle_leave_group(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        group = self.groups.get(body.group_id)
+        if request.api_version < 3:
+            leaving = [(body.member_id, None)]
+        else:
+            leaving = [(m.member_id, m.group_instance_id) for m in body.members]
+        results = []
+        for member_id, instance_id in leaving:
+            if not member_id and instance_id is not None and group is not None:
+                member_id = self._existing_static_member(group, instance_id) or ""
+            if group is None or member_id not in group.members:
+                results.append(
+                    {"member_id": member_id, "group_instance_id": instance_id, "error_code": UNKNOWN_MEMBER_ID}
+                )
+                continue
+            self._remove_member(group, member_id, "left the group")
+            results.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": NONE})
+        top_error = NONE
+        if request.api_version < 3 and results and results[0]["error_code"] != NONE:
+            top_error = results[0]["error_code"]
+        return {"throttle_time": 0, "error_code": top_error, "members": results}
+
+    def _remove_member(self, group: Group, member_id: str, reason: str) -> None:
+        member = group.members.pop(member_id)
+        member.fail_waiters(UNKNOWN_MEMBER_ID)
+        log.info("group %s: member %s %s", group.group_id, member_id, reason)
+        if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            if group.members:
+                self._prepare_rebalance(group, f"member {member_id} {reason}")
+            else:
+                group.state = GroupState.EMPTY
+                group.generation += 1
+                group.protocol = group.leader = None
+                self._persist_group_later(group)
+        elif group.state is GroupState.PREPARING_REBALANCE:
+            self._maybe_complete_join(group)
+
+    async def _expire_members(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_CHECK_SECONDS)
+            now = time.monotonic()
+            for group in list(self.groups.values()):
+                for member in list(group.members.values()):
+                    waiting = member.join_future is not None or member.sync_future is not None
+                    if not waiting and now - member.last_heartbeat > member.session_timeout_ms / 1000:
+                        self._remove_member(group, member.member_id, "timed out (no heartbeat within the session)")
+
+    # --- persistence ------------------------------------------------------------------------------------------
+
+    def _group_value(self, group: Group) -> records.GroupValue:
+        return records.GroupValue(
+            group.protocol_type or "",
+            group.generation,
+            group.protocol,
+            group.leader,
+            int(time.time() * 1000),
+            tuple(
+                records.MemberValue(
+                    m.member_id,
+                    m.group_instance_id,
+                    m.client_id,
+                    m.client_host,
+                    m.rebalance_timeout_ms,
+                    m.session_timeout_ms,
+                    m.metadata_for(group.protocol),
+                    m.assignment,
+                )
+                for m in group.members.values()
+            ),
+        )
+
+    async def _persist_group(self, group: Group) -> None:
+        await self.store.write(
+            group.group_id, [(records.GroupKey(group.group_id), records.encode_group_value(self._group_value(group)))]
+        )
+
+    def _persist_group_later(self, group: Group) -> None:
+        task = asyncio.ensure_future(self._persist_group(group))
+        task.add_done_callback(
+            lambda done: done.exception() and log.error("persisting group failed: %s", done.exception())
+        )
+
+    # --- offsets ----------------------------------------------------------------------------------------------
+
+    async def handle_offset_commit(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        generation = body.generation_id_or_member_epoch
+        group = self.groups.get(body.group_id)
+        error = NONE
+        if not body.group_id:
+            error = INVALID_GROUP_ID
+        elif generation < 0:
+            if group is not None and group.members:
+                error = UNKNOWN_MEMBER_ID if body.member_id not in group.members else ILLEGAL_GENERATION
+        elif group is None or body.member_id not in group.members:
+            error = UNKNOWN_MEMBER_ID
+        elif generation != group.generation:
+            error = ILLEGAL_GENERATION
+        elif group.state is GroupState.COMPLETING_REBALANCE:
+            error = REBALANCE_IN_PROGRESS
+        now_ms = int(time.time() * 1000)
+        entries: list[tuple[records.OffsetKey | records.GroupKey, bytes | None]] = []
+        topics = []
+        for topic in body.topics:
+            partitions = []
+            for partition in topic.partitions:
+                code = error
+                metadata = partition.committed_metadata or ""
+                if code == NONE and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                    code = OFFSET_METADATA_TOO_LARGE
+                if code == NONE:
+                    value = records.OffsetValue(
+                        partition.committed_offset, getattr(partition, "committed_leader_epoch", -1), metadata, now_ms
+                    )
+                    entries.append(
+                        (
+                            records.OffsetKey(body.group_id, topic.name, partition.partition_index),
+                            records.encode_offset_value(value),
+                        )
+                    )
+                partitions.append({"partition_index": partition.partition_index, "error_code": code})
+            topics.append({"name": topic.name, "partitions": partitions})
+        if entries:
+            try:
+                await self.store.write(body.group_id, entries)
+                self._group(body.group_id)
+                if group is not None and group.members and body.member_id in group.members:
+                    group.members[body.member_id].last_heartbeat = time.monotonic()
+            except Exception as exc:
+                log.error("committing offsets of group %s failed: %s", body.group_id, exc)
+                code = getattr(exc, "kafka_error_code", UNKNOWN_SERVER_ERROR)
+                for topic_result in topics:
+                    for partition_result in topic_result["partitions"]:
+                        if partition_result["error_code"] == NONE:
+                            partition_result["error_code"] = code
+        return {"throttle_time": 0, "topics": topics}
+
+    async def handle_offset_fetch(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        if request.api_version >= 8:
+            groups = [
+                {"group_id": g.group_id, "topics": self._fetch_offsets(g.group_id, g.topics), "error_code": 0}
+                for g in body.groups
+            ]
+            return {"throttle_time": 0, "groups": groups}
+        return {"throttle_time": 0, "topics": self._fetch_offsets(body.group_id, body.topics), "error_code": 0}
+
+    def _fetch_offsets(self, group_id: str, requested: Any) -> list[dict[str, Any]]:
+        stored = self.store.groups.get(group_id)
+        offsets = stored.offsets if stored is not None else {}
+        if requested is None:
+            wanted: dict[str, list[int]] = {}
+            for topic, partition in sorted(offsets):
+                wanted.setdefault(topic, []).append(partition)
+        else:
+            wanted = {t.name: list(t.partition_indexes) for t in requested}
+        topics = []
+        for topic, partitions in wanted.items():
+            answers = []
+            for partition in partitions:
+                value = offsets.get((topic, partition))
+                answers.append(
+                    {
+                        "partition_index": partition,
+                        "committed_offset": value.offset if value else -1,
+                        "committed_leader_epoch": value.leader_epoch if value else -1,
+                        "metadata": value.metadata if value else "",
+                        "error_code": NONE,
+                    }
+                )
+            topics.append({"name": topic, "partitions": answers})
+        return topics
+
+    async def handle_offset_delete(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        stored = self.store.groups.get(body.group_id)
+        group = self.groups.get(body.group_id)
+        if stored is None and group is None:
+            return {"error_code": GROUP_ID_NOT_FOUND, "throttle_time": 0, "topics": []}
+        subscribed = self._subscribed_topics(group)
+        entries: list[tuple[records.OffsetKey | records.GroupKey, bytes | None]] = []
+        topics = []
+        for topic in body.topics:
+            partitions = []
+            for partition in topic.partitions:
+                code = GROUP_SUBSCRIBED_TO_TOPIC if topic.name in subscribed else NONE
+                if code == NONE:
+                    entries.append((records.OffsetKey(body.group_id, topic.name, partition.partition_index), None))
+                partitions.append({"partition_index": partition.partition_index, "error_code": code})
+            topics.append({"name": topic.name, "partitions": partitions})
+        await self.store.write(body.group_id, entries)
+        return {"error_code": NONE, "throttle_time": 0, "topics": topics}
+
+    def _subscribed_topics(self, group: Group | None) -> set[str]:
+        """Topics an active consumer group subscribes to (from the consumer protocol's subscription)."""
+        if group is None or not group.members or group.protocol_type != "consumer":
+            return set()
+        topics: set[str] = set()
+        for member in group.members.values():
+            topics |= _subscription_topics(member.metadata_for(group.protocol))
+        return topics
+
+    # --- describe, list, delete -------------------------------------------------------------------------------
+
+    async def handle_describe_groups(self, request: Request, connection: Connection) -> Response:
+        described = []
+        for group_id in request.body.groups:
+            group = self.groups.get(group_id)
+            if group is None:
+                described.append(
+                    {
+                        "error_code": NONE,
+                        "group_id": group_id,
+                        "group_state": GroupState.DEAD.value,
+                        "protocol_type": "",
+                        "protocol_data": "",
+                        "members": [],
+                        "authorized_operations": -(1 << 31),
+                    }
+                )
+                continue
+            stable = group.state is GroupState.STABLE
+            members = [
+                {
+                    "member_id": m.member_id,
+                    "group_instance_id": m.group_instance_id,
+                    "client_id": m.client_id,
+                    "client_host": m.client_host,
+                    "member_metadata": m.metadata_for(group.protocol) if stable else b"",
+                    "member_assignment": m.assignment if stable else b"",
+                }
+                for m in group.members.values()
+            ]
+            described.append(
+                {
+                    "error_code": NONE,
+                    "group_id": group_id,
+                    "group_state": group.state.value,
+                    "protocol_type": group.protocol_type or "",
+                    "protocol_data": (group.protocol or "") if stable else "",
+                    "members": members,
+                    "authorized_operations": -(1 << 31),
+                }
+            )
+        return {"throttle_time": 0, "groups": described}
+
+    async def handle_list_groups(self, request: Request, connection: Connection) -> Response:
+        wanted = {s.lower() for s in getattr(request.body, "states_filter", ()) or ()}
+        names = set(self.groups) | set(self.store.groups)
+        listed = []
+        for group_id in sorted(names):
+            group = self.groups.get(group_id) or Group(group_id)
+            if wanted and group.state.value.lower() not in wanted:
+                continue
+            listed.append(
+                {"group_id": group_id, "protocol_type": group.protocol_type or "", "group_state": group.state.value}
+            )
+        return {"throttle_time": 0, "error_code": NONE, "groups": listed}
+
+    async def handle_delete_groups(self, request: Request, connection: Connection) -> Response:
+        results = []
+        for group_id in request.body.groups_names:
+            group = self.groups.get(group_id)
+            stored = self.store.groups.get(group_id)
+            if group is None and stored is None:
+                results.append({"group_id": group_id, "error_code": GROUP_ID_NOT_FOUND})
+                continue
+            if group is not None and group.members:
+                results.append({"group_id": group_id, "error_code": NON_EMPTY_GROUP})
+                continue
+            entries: list[tuple[records.OffsetKey | records.GroupKey, bytes | None]] = [
+                (records.OffsetKey(group_id, topic, partition), None)
+                for topic, partition in (stored.offsets if stored else {})
+            ]
+            entries.append((records.GroupKey(group_id), None))
+            await self.store.write(group_id, entries)
+            self.groups.pop(group_id, None)
+            results.append({"group_id": group_id, "error_code": NONE})
+        return {"throttle_time": 0, "results": results}
+
+
+def _subscription_topics(metadata: bytes) -> set[str]:
+    """Topic names of a consumer-protocol Subscription: version i16 | topics [string] | ..."""
+    try:
+        (count,) = struct.unpack_from(">i", metadata, 2)
+        pos, topics = 6, set()
+        for _ in range(max(count, 0)):
+            (length,) = struct.unpack_from(">h", metadata, pos)
+            topics.add(metadata[pos + 2 : pos + 2 + length].decode("utf-8", "replace"))
+            pos += 2 + length
+        return topics
+    except struct.error:
+        return set()
