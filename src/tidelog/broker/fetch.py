@@ -91,6 +91,10 @@ class FetchApis:
                 break
             keys = [(t.topic, p.partition) for t in body.topics for p in t.partitions]
             await self.notifier.wait(keys, remaining)
+        for topic in topics:
+            sent = sum(p.records_size for p in topic.partitions)
+            if sent:
+                self.broker.metrics.bytes_out.labels(topic.name).inc(sent)
         header = response_header(ApiKey.FETCH, request.api_version, request.correlation_id)
         parts, size = encode_fetch_response(request.api_version, header, topics)
         return RawResponse(parts, size)

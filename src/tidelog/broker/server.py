@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tidelog.broker.config import BrokerConfig, Listener
+from tidelog.broker.metrics import Metrics
 from tidelog.errors import TidelogError
 from tidelog.protocol.fetch_response import Part
 from tidelog.protocol.framing import SIZE, FrameError, check_frame_size
@@ -87,12 +89,19 @@ class Broker:
         for area in (self.fetch, self.produce, self.topics, self.groups):
             self.handlers.update(area.handlers())
         self.supported = {key: (h.min_version, h.max_version) for key, h in self.handlers.items()}
+        self.metrics = Metrics(self)
+        self._api_names = {key: ApiKey(key).name.lower() for key in self.handlers}
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         self.offset_store.open()
         self.groups.start()
+        self.metrics.serve(self.config.metrics_port)
         for listener in self.config.listeners:
             server = await asyncio.start_server(
                 lambda r, w, listener=listener: self._accept(listener, r, w),
@@ -128,6 +137,7 @@ class Broker:
         for _, server, _ in self._servers:
             await server.wait_closed()
         await self.groups.stop()
+        self.metrics.close()
         await self.produce.flusher.drain()
         await asyncio.to_thread(self.engine.close)
         log.info("stopped cleanly")
@@ -178,10 +188,14 @@ class Broker:
             if exc.api_key == ApiKey.API_VERSIONS:  # answered with v0 and the versions we do speak
                 return encode_response(ApiKey.API_VERSIONS, 0, exc.correlation_id, self._versions_body(35))
             raise
+        started = time.perf_counter()
         body = await self.handlers[request.api_key].handle(request, connection)
         if body is None or isinstance(body, RawResponse):
-            return body
-        return encode_response(request.api_key, request.api_version, request.correlation_id, body)
+            response = body
+        else:
+            response = encode_response(request.api_key, request.api_version, request.correlation_id, body)
+        self.metrics.request_latency.labels(self._api_names[request.api_key]).observe(time.perf_counter() - started)
+        return response
 
     async def _send(self, writer: asyncio.StreamWriter, response: bytes | RawResponse) -> None:
         if isinstance(response, bytes):

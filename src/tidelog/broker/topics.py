@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from tidelog.config import TOPIC_KEYS
 from tidelog.errors import (
     ConfigError,
+    InvalidPartitionsError,
     InvalidTopicError,
     TidelogError,
     TopicExistsError,
@@ -49,6 +51,9 @@ class TopicApis:
             ApiKey.METADATA: ApiHandler(0, 12, self.handle_metadata),
             ApiKey.CREATE_TOPICS: ApiHandler(2, 7, self.handle_create_topics),
             ApiKey.DELETE_TOPICS: ApiHandler(1, 6, self.handle_delete_topics),
+            ApiKey.CREATE_PARTITIONS: ApiHandler(0, 3, self.handle_create_partitions),
+            ApiKey.DELETE_RECORDS: ApiHandler(0, 2, self.handle_delete_records),
+            ApiKey.DESCRIBE_CONFIGS: ApiHandler(1, 4, self.handle_describe_configs),
         }
 
     # --- Metadata ---------------------------------------------------------------------------------------------
@@ -186,3 +191,147 @@ class TopicApis:
                 result.update(error_code=exc.kafka_error_code, error_message=str(exc))
             responses.append(result)
         return {"throttle_time": 0, "responses": responses}
+
+    # --- CreatePartitions, DeleteRecords ----------------------------------------------------------------------
+
+    async def handle_create_partitions(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        engine = self.broker.engine
+        results = []
+        for topic in body.topics:
+            result: dict[str, Any] = {"name": topic.name, "error_code": 0, "error_message": None}
+            try:
+                if topic.name in INTERNAL_TOPICS:
+                    raise InvalidTopicError(f"the internal topic {topic.name} cannot get more partitions")
+                current = engine.topics().get(topic.name)
+                if current is None:
+                    raise UnknownTopicOrPartitionError(f"topic {topic.name!r} does not exist")
+                if topic.count <= current.partitions:
+                    raise InvalidPartitionsError(
+                        f"topic {topic.name} has {current.partitions} partitions; {topic.count} is not more"
+                    )
+                if not body.validate_only:
+                    engine.create_partitions(topic.name, topic.count)
+            except TidelogError as exc:
+                result.update(error_code=exc.kafka_error_code, error_message=str(exc))
+            results.append(result)
+        return {"throttle_time": 0, "results": results}
+
+    async def handle_delete_records(self, request: Request, connection: Connection) -> Response:
+        engine = self.broker.engine
+        topics = []
+        for topic in request.body.topics:
+            partitions = []
+            for partition in topic.partitions:
+                result: dict[str, Any] = {
+                    "partition_index": partition.partition_index,
+                    "low_watermark": -1,
+                    "error_code": 0,
+                }
+                try:
+                    partition_log = engine.partition_log(topic.name, partition.partition_index)
+                    offset = partition_log.high_watermark if partition.offset == -1 else partition.offset
+                    result["low_watermark"] = partition_log.delete_records(offset)
+                except TidelogError as exc:
+                    result["error_code"] = exc.kafka_error_code
+                partitions.append(result)
+            topics.append({"name": topic.name, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
+
+    # --- DescribeConfigs --------------------------------------------------------------------------------------
+
+    async def handle_describe_configs(self, request: Request, connection: Connection) -> Response:
+        results = []
+        for resource in request.body.resources:
+            result: dict[str, Any] = {
+                "error_code": 0,
+                "error_message": None,
+                "resource_type": resource.resource_type,
+                "resource_name": resource.resource_name,
+                "configs": [],
+            }
+            wanted = set(resource.configuration_keys) if resource.configuration_keys is not None else None
+            if resource.resource_type == RESOURCE_TOPIC:
+                description = self.broker.engine.topics().get(resource.resource_name)
+                if description is None:
+                    result.update(
+                        error_code=UnknownTopicOrPartitionError.kafka_error_code,
+                        error_message=f"topic {resource.resource_name!r} does not exist",
+                    )
+                else:
+                    result["configs"] = self._topic_configs(description.configs, wanted)
+            elif resource.resource_type == RESOURCE_BROKER:
+                result["configs"] = self._broker_configs(wanted)
+            else:
+                result.update(
+                    error_code=INVALID_REQUEST, error_message=f"resource type {resource.resource_type} is not supported"
+                )
+            results.append(result)
+        return {"throttle_time": 0, "results": results}
+
+    def _topic_configs(self, overrides: dict[str, Any], wanted: set[str] | None) -> list[dict[str, Any]]:
+        effective = self.broker.engine.config.log_defaults.with_overrides(overrides)
+        configs = []
+        for name in sorted(TOPIC_KEYS):
+            if wanted is not None and name not in wanted:
+                continue
+            value = getattr(effective, name.replace(".", "_"))
+            text = ",".join(value) if isinstance(value, tuple) else str(value)
+            source = SOURCE_TOPIC if name in overrides else SOURCE_DEFAULT
+            configs.append(
+                {
+                    "name": name,
+                    "value": text,
+                    "read_only": False,
+                    "config_source": source,
+                    "is_sensitive": False,
+                    "synonyms": [],
+                    "config_type": _config_type(value),
+                    "documentation": None,
+                }
+            )
+        return configs
+
+    def _broker_configs(self, wanted: set[str] | None) -> list[dict[str, Any]]:
+        config = self.broker.config
+        values = {
+            "node.id": config.node_id,
+            "log.dirs": ",".join(config.engine.log_dirs),
+            "num.partitions": config.engine.num_partitions,
+            "auto.create.topics.enable": str(config.auto_create_topics_enable).lower(),
+            "socket.request.max.bytes": config.socket_request_max_bytes,
+            "offsets.topic.num.partitions": config.offsets_topic_num_partitions,
+        }
+        return [
+            {
+                "name": name,
+                "value": str(value),
+                "read_only": True,
+                "config_source": SOURCE_STATIC_BROKER,
+                "is_sensitive": False,
+                "synonyms": [],
+                "config_type": _config_type(value),
+                "documentation": None,
+            }
+            for name, value in sorted(values.items())
+            if wanted is None or name in wanted
+        ]
+
+
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+SOURCE_TOPIC = 1
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT = 5
+INVALID_REQUEST = 42
+
+
+def _config_type(value: object) -> int:
+    """Kafka's ConfigType: 1 BOOLEAN, 2 STRING, 5 LONG, 7 LIST."""
+    if isinstance(value, bool) or value in ("true", "false"):
+        return 1
+    if isinstance(value, int):
+        return 5
+    if isinstance(value, tuple):
+        return 7
+    return 2

@@ -106,10 +106,8 @@ def decode_request(payload: bytes, supported: Mapping[int, tuple[int, int]]) -> 
             f"cannot decode {ApiKey(api_key).name if api_key in ApiKey._value2member_map_ else api_key} "
             f"v{api_version} request: {exc!r}"
         ) from exc
-    if header_size + body_size != len(payload):
-        raise MalformedRequestError(
-            f"request API {api_key} v{api_version} has {len(payload) - header_size - body_size} trailing bytes"
-        )
+    # Bytes after the body are ignored, as Kafka's parser does (librdkafka sends some in Metadata v12).
+    del body_size
     return Request(api_key, api_version, correlation_id, header.client_id, body)
 
 

@@ -1,0 +1,80 @@
+"""Prometheus metrics of a broker, served at `http://127.0.0.1:<tidelog.metrics.port>/metrics`.
+
+Counters are updated on the request path (cheap increments); sizes are read from the engine when
+Prometheus scrapes. Each broker has its own registry, so several brokers can live in one process.
+Port 0 picks a free port (see `Metrics.port`); -1 (the default) serves nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from tidelog.broker.server import Broker
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _StateCollector(Collector):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        sizes = GaugeMetricFamily(
+            "tidelog_partition_size_bytes", "Bytes in a partition's segments", labels=["topic", "partition"]
+        )
+        ends = GaugeMetricFamily(
+            "tidelog_partition_log_end_offset", "Next offset of a partition", labels=["topic", "partition"]
+        )
+        for (topic, partition), partition_log in list(self.broker.engine.logs.items()):
+            sizes.add_metric([topic, str(partition)], partition_log.size_in_bytes)
+            ends.add_metric([topic, str(partition)], partition_log.log_end_offset)
+        yield sizes
+        yield ends
+        groups = GaugeMetricFamily("tidelog_consumer_groups", "Consumer groups known to the coordinator")
+        groups.add_metric([], len(self.broker.groups.groups))
+        yield groups
+        connections = GaugeMetricFamily("tidelog_connections", "Open client connections")
+        connections.add_metric([], self.broker.connection_count)
+        yield connections
+
+
+class Metrics:
+    def __init__(self, broker: Broker) -> None:
+        self.registry = CollectorRegistry()
+        self.bytes_in = Counter(
+            "tidelog_bytes_in", "Record bytes appended by producers", ["topic"], registry=self.registry
+        )
+        self.messages_in = Counter(
+            "tidelog_messages_in", "Records appended by producers", ["topic"], registry=self.registry
+        )
+        self.bytes_out = Counter(
+            "tidelog_bytes_out", "Record bytes sent to fetchers", ["topic"], registry=self.registry
+        )
+        self.request_latency = Histogram(
+            "tidelog_request_latency_seconds",
+            "Time to answer a request",
+            ["api"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_StateCollector(broker))
+        self._server = None
+        self.port: int | None = None
+
+    def serve(self, port: int) -> None:
+        if port < 0:
+            return
+        self._server, _thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+        self.port = self._server.server_address[1]
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
