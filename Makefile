@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench bench-append bench-produce bench-read bench-recovery clean
+.PHONY: demo test system-deps lint bench bench-append bench-produce bench-read bench-recovery clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/tidelog demo
 
-test: $(STAMP)
+# Debian packages the tests use with real clients (kcat). Installed once, as root or through sudo.
+system-deps:
+	@command -v kcat >/dev/null 2>&1 || { \
+	  echo "installing Debian package kcat for the client tests"; \
+	  SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -q kcat >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q kcat >/dev/null; }; }
+
+test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check src tests bench
 	$(PY) -m pytest -q tests -m "not slow"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$status
