@@ -30,6 +30,7 @@ SERVER_KEYS: dict[str, Key] = {
         Key("group.initial.rebalance.delay.ms", parse_int, minimum=0),
         Key("offsets.topic.num.partitions", parse_int, minimum=1),
         Key("offsets.retention.minutes", parse_int, minimum=1),
+        Key("offsets.retention.check.interval.ms", parse_int, minimum=1),
         Key("producer.id.expiration.ms", parse_int, minimum=1),
         Key("tidelog.metrics.port", parse_int, minimum=-1, maximum=65535),
         Key("tidelog.shutdown.timeout.ms", parse_int, minimum=0),
@@ -66,6 +67,7 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = 3_000
     offsets_topic_num_partitions: int = 50
     offsets_retention_ms: int = 7 * 24 * 3_600_000
+    offsets_retention_check_interval_ms: int = 600_000
     producer_id_expiration_ms: int = 86_400_000
     metrics_port: int = -1
     shutdown_timeout_ms: int = 30_000
@@ -112,6 +114,9 @@ class BrokerConfig:
             ),
             offsets_retention_ms=server.get("offsets.retention.minutes", defaults.offsets_retention_ms // 60_000)
             * 60_000,
+            offsets_retention_check_interval_ms=server.get(
+                "offsets.retention.check.interval.ms", defaults.offsets_retention_check_interval_ms
+            ),
             producer_id_expiration_ms=server.get("producer.id.expiration.ms", defaults.producer_id_expiration_ms),
             metrics_port=server.get("tidelog.metrics.port", defaults.metrics_port),
             shutdown_timeout_ms=server.get("tidelog.shutdown.timeout.ms", defaults.shutdown_timeout_ms),

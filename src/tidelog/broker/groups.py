@@ -117,6 +117,7 @@ class GroupCoordinator:
         self.config = broker.config
         self.groups: dict[str, Group] = {}
         self._expiry_task: asyncio.Task[None] | None = None
+        self._offsets_task: asyncio.Task[None] | None = None
 
     def handlers(self) -> dict[int, ApiHandler]:
         from tidelog.broker.server import ApiHandler
@@ -162,10 +163,12 @@ class GroupCoordinator:
                 )
             group.state = GroupState.STABLE if group.members else GroupState.EMPTY
         self._expiry_task = asyncio.create_task(self._expire_members())
+        self._offsets_task = asyncio.create_task(self._expire_offsets_periodically())
 
     async def stop(self) -> None:
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
+        for task in (self._expiry_task, self._offsets_task):
+            if task is not None:
+                task.cancel()
         for group in self.groups.values():
             if group.join_timer is not None:
                 group.join_timer.cancel()
@@ -491,6 +494,29 @@ class GroupCoordinator:
                     waiting = member.join_future is not None or member.sync_future is not None
                     if not waiting and now - member.last_heartbeat > member.session_timeout_ms / 1000:
                         self._remove_member(group, member.member_id, "timed out (no heartbeat within the session)")
+
+    async def _expire_offsets_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
+            try:
+                await self.expire_offsets(int(time.time() * 1000))
+            except Exception:
+                log.exception("expiring old offsets failed")
+
+    async def expire_offsets(self, now_ms: int) -> int:
+        """Drop offsets of groups without members committed longer than `offsets.retention.minutes` ago."""
+        expired = 0
+        for group_id, stored in list(self.store.groups.items()):
+            group = self.groups.get(group_id)
+            if group is not None and group.members:
+                continue
+            old = [key for key, value in stored.offsets.items()
+                   if now_ms - value.commit_timestamp > self.config.offsets_retention_ms]
+            if old:
+                await self.store.write(group_id, [(records.OffsetKey(group_id, t, p), None) for t, p in old])
+                expired += len(old)
+                log.info("group %s: %d committed offset(s) expired (offsets.retention.minutes)", group_id, len(old))
+        return expired
 
     # --- persistence ------------------------------------------------------------------------------------------
 
