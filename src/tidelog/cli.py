@@ -1,7 +1,13 @@
 """The `tidelog` command: one subcommand per tool.
 
 tidelog dump-log --files F[,F...] [--print-data-log] [--verify-index-only] [--index-sanity-check]
+tidelog serve [-c server.properties] [--override KEY=VALUE ...]
+tidelog topics --bootstrap-server H:P --create|--list|--describe|--delete [--topic T] ...
+tidelog produce --bootstrap-server H:P --topic T [--property parse.key=true ...] < lines
+tidelog consume --bootstrap-server H:P --topic T [--group G] [--from-beginning] [--property print.key=true ...]
 tidelog demo
+
+A usage error is one line on stderr (`tidelog produce: error: ...`) and exit code 2.
 """
 
 from __future__ import annotations
@@ -9,12 +15,32 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from rich.console import Console
 from rich.logging import RichHandler
 
 from tidelog.tools.dump_log import INT_MAX, DumpOptions, dump_files
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (argparse prints the whole usage first) naming the subcommand."""
+
+    def error(self, message: str) -> NoReturn:
+        self._fail(self.prog, message)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: None = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:  # argparse reports these from the top parser; say which subcommand did not know them
+            command = getattr(parsed, "command", None)
+            self._fail(
+                f"{self.prog} {command}" if command else self.prog, f"unrecognized arguments: {' '.join(extras)}"
+            )
+        return parsed
+
+    def _fail(self, prog: str, message: str) -> NoReturn:
+        self.exit(2, f"{prog}: error: {message} (see {prog} --help)\n")
 
 
 def _dump_log(args: argparse.Namespace) -> int:
@@ -44,8 +70,184 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _console_tool(handler: Handler) -> Handler:
+    """A console tool's failure is one line on stderr and its exit code; Ctrl-C outside a consume loop is 130."""
+
+    def run(args: argparse.Namespace) -> int:
+        from tidelog.tools.console import ToolError
+
+        try:
+            return handler(args)
+        except ToolError as exc:
+            print(f"tidelog {args.command}: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        except KeyboardInterrupt:
+            return 130
+
+    return run
+
+
+def _topics(args: argparse.Namespace) -> int:
+    from tidelog.config import load_properties
+    from tidelog.errors import ConfigError
+    from tidelog.tools import console
+
+    try:
+        client_config = load_properties(args.command_config) if args.command_config else {}
+    except (ConfigError, OSError) as exc:
+        raise console.ToolError(f"--command-config: {exc}", console.USAGE) from None
+    options = console.TopicsOptions(
+        bootstrap_server=args.bootstrap_server,
+        action=args.action,
+        topic=args.topic,
+        partitions=args.partitions,
+        replication_factor=args.replication_factor,
+        configs=console.parse_key_values(args.config, "--config"),
+        if_not_exists=args.if_not_exists,
+        if_exists=args.if_exists,
+        client_config=client_config,
+        connect_timeout_ms=args.connect_timeout_ms,
+    )
+    return console.topics(options)
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from tidelog.tools import console
+
+    options = console.ProduceOptions(
+        bootstrap_server=args.bootstrap_server,
+        topic=args.topic,
+        line_format=console.LineFormat.from_properties(console.parse_key_values(args.property, "--property")),
+        partition=args.partition,
+        acks=args.acks,
+        compression_type=args.compression_type,
+        producer_config=console.parse_key_values(args.producer_property, "--producer-property"),
+        connect_timeout_ms=args.connect_timeout_ms,
+    )
+    return console.produce(options)
+
+
+def _consume(args: argparse.Namespace) -> int:
+    from tidelog.tools import console
+
+    options = console.ConsumeOptions(
+        bootstrap_server=args.bootstrap_server,
+        topic=args.topic,
+        record_format=console.RecordFormat.from_properties(console.parse_key_values(args.property, "--property")),
+        group=args.group,
+        from_beginning=args.from_beginning,
+        partition=args.partition,
+        offset=args.offset,
+        max_messages=args.max_messages,
+        timeout_ms=args.timeout_ms,
+        consumer_config=console.parse_key_values(args.consumer_property, "--consumer-property"),
+        connect_timeout_ms=args.connect_timeout_ms,
+    )
+    return console.consume(options)
+
+
+def _add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,...]", help="the brokers to contact")
+    parser.add_argument(
+        "--connect-timeout-ms",
+        type=int,
+        default=10_000,
+        metavar="MS",
+        help="give up when no broker answers within this time (default 10000)",
+    )
+
+
+def _add_topics_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    topics = commands.add_parser(
+        "topics",
+        help="create, list, describe and delete topics, as kafka-topics.sh does",
+        description="Create, list, describe and delete topics on any Kafka-protocol broker (kafka-topics.sh).",
+    )
+    _add_client_arguments(topics)
+    actions = topics.add_mutually_exclusive_group(required=True)
+    for action, text in [
+        ("create", "create a topic"),
+        ("list", "list the topic names"),
+        ("describe", "describe the --topic, or every topic"),
+        ("delete", "delete a topic"),
+    ]:
+        actions.add_argument(f"--{action}", dest="action", action="store_const", const=action, help=text)
+    topics.add_argument("--topic", help="the topic's name")
+    topics.add_argument("--partitions", type=int, help="partition count of a new topic (default: the broker's)")
+    topics.add_argument("--replication-factor", type=int, help="replicas per partition (default: the broker's)")
+    topics.add_argument(
+        "--config", action="append", default=[], metavar="KEY=VALUE", help="a topic config of a new topic (repeatable)"
+    )
+    topics.add_argument("--if-not-exists", action="store_true", help="with --create: succeed if the topic exists")
+    topics.add_argument("--if-exists", action="store_true", help="with --describe/--delete: succeed if it does not")
+    topics.add_argument("--command-config", metavar="FILE", help="a properties file of client configs (librdkafka)")
+    topics.set_defaults(handler=_console_tool(_topics))
+
+
+def _add_produce_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    produce = commands.add_parser(
+        "produce",
+        help="send stdin lines as records, as kafka-console-producer.sh does",
+        description="Send one record per stdin line (kafka-console-producer.sh). --property keys: parse.key, "
+        "key.separator, parse.headers, headers.delimiter, headers.separator, headers.key.separator, ignore.error, "
+        "null.marker.",
+    )
+    _add_client_arguments(produce)
+    produce.add_argument("--topic", required=True, help="the topic to write to")
+    produce.add_argument(
+        "--property", action="append", default=[], metavar="KEY=VALUE", help="how lines are parsed (repeatable)"
+    )
+    produce.add_argument("--partition", type=int, help="write every record to this partition")
+    produce.add_argument("--acks", choices=["0", "1", "all", "-1"], help="acknowledgements to wait for")
+    produce.add_argument(
+        "--compression-type", choices=["none", "gzip", "snappy", "lz4", "zstd"], help="compression of batches"
+    )
+    produce.add_argument(
+        "--producer-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka producer config (repeatable)",
+    )
+    produce.set_defaults(handler=_console_tool(_produce))
+
+
+def _add_consume_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    consume = commands.add_parser(
+        "consume",
+        help="print records, as kafka-console-consumer.sh does",
+        description="Print a topic's records (kafka-console-consumer.sh). --property keys: print.timestamp, "
+        "print.partition, print.offset, print.headers, print.key, print.value, key.separator, line.separator, "
+        "headers.separator, null.literal.",
+    )
+    _add_client_arguments(consume)
+    consume.add_argument("--topic", required=True, help="the topic to read")
+    consume.add_argument("--group", help="consumer group (offsets are committed); default: a random group")
+    consume.add_argument(
+        "--from-beginning", action="store_true", help="start at the earliest record when there is no committed offset"
+    )
+    consume.add_argument("--partition", type=int, help="read only this partition (no group)")
+    consume.add_argument("--offset", help="with --partition: earliest, latest or an offset (default latest)")
+    consume.add_argument("--max-messages", type=int, help="stop after this many records")
+    consume.add_argument("--timeout-ms", type=int, help="stop when no record arrives for this long")
+    consume.add_argument(
+        "--property", action="append", default=[], metavar="KEY=VALUE", help="what is printed (repeatable)"
+    )
+    consume.add_argument(
+        "--consumer-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka consumer config (repeatable)",
+    )
+    consume.set_defaults(handler=_console_tool(_consume))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tidelog", description="A durable, partitioned, Kafka-compatible log.")
+    parser = _Parser(prog="tidelog", description="A durable, partitioned, Kafka-compatible log.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     dump = commands.add_parser(
@@ -71,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--override", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)"
     )
     serve.set_defaults(handler=_serve)
+
+    _add_topics_parser(commands)
+    _add_produce_parser(commands)
+    _add_consume_parser(commands)
 
     demo = commands.add_parser("demo", help="a short storage demo (what `make demo` runs)")
     demo.set_defaults(handler=_demo)
