@@ -503,6 +503,13 @@ class GroupCoordinator:
             except Exception:
                 log.exception("expiring old offsets failed")
 
+    async def forget_topic(self, topic: str) -> None:
+        """A deleted topic takes its committed offsets with it (Kafka's onPartitionsDeleted)."""
+        for group_id, stored in list(self.store.groups.items()):
+            doomed = [(t, p) for t, p in stored.offsets if t == topic]
+            if doomed:
+                await self.store.write(group_id, [(records.OffsetKey(group_id, t, p), None) for t, p in doomed])
+
     async def expire_offsets(self, now_ms: int) -> int:
         """Drop offsets of groups without members committed longer than `offsets.retention.minutes` ago."""
         expired = 0

@@ -64,7 +64,7 @@ class TopicApis:
         node_id = self.broker.config.node_id
         requested = body.topics
         if requested is None or (request.api_version == 0 and not requested):
-            names = [name for name in engine.topics() if name not in INTERNAL_TOPICS]
+            names = list(engine.topics())  # internal topics too, marked is_internal, as Kafka answers
         else:
             names = [t.name for t in requested if t.name is not None]
         allow_create = getattr(body, "allow_auto_topic_creation", True) and self.broker.config.auto_create_topics_enable
@@ -187,6 +187,7 @@ class TopicApis:
                 if description is not None:
                     result["topic_id"] = description.topic_id
                 engine.delete_topic(name)
+                await self.broker.groups.forget_topic(name)
             except TidelogError as exc:
                 result.update(error_code=exc.kafka_error_code, error_message=str(exc))
             responses.append(result)
