@@ -84,12 +84,12 @@ class FetchApis:
         deadline = loop.time() + millis(body.max_wait) / 1000
         min_bytes = body.min_bytes
         max_bytes = getattr(body, "max_bytes", INT_MAX)
+        keys = [(t.topic, p.partition) for t in body.topics for p in t.partitions]
         while True:
             topics, total, failed = self._read(body, max_bytes)
             remaining = deadline - loop.time()
-            if total >= min_bytes or failed or remaining <= 0 or self.broker.stopping:
-                break
-            keys = [(t.topic, p.partition) for t in body.topics for p in t.partitions]
+            if total >= min_bytes or failed or not keys or remaining <= 0 or self.broker.stopping:
+                break  # (nothing to wait for without partitions: answered at once, as Kafka does)
             await self.notifier.wait(keys, remaining)
         for topic in topics:
             sent = sum(p.records_size for p in topic.partitions)

@@ -1,0 +1,397 @@
+"""Raw bytes against the broker's socket: bad frames, bad requests, random garbage, and raw Produce semantics.
+
+Whatever a client sends, the broker answers it or closes that connection - never hangs on a complete frame,
+never dies - and afterwards still serves a fresh connection (an ApiVersions round trip and a confluent-kafka
+produce and consume), with the data stored before intact. Requests are encoded by hand here (big-endian,
+Kafka's non-flexible versions) so nothing of the broker's own codec is trusted.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+SEED_TOPIC = "robustness-seed"
+PROBE_TOPIC = "robustness-probe"
+SEED_RECORDS = [(f"key-{i}".encode(), f"value-{i}".encode() * (i % 7 + 1)) for i in range(60)]
+DEFAULT_REQUEST_MAX_BYTES = 104_857_600  # socket.request.max.bytes
+TS = 1_700_000_000_000
+
+API_VERSIONS, PRODUCE, FETCH, METADATA, INIT_PRODUCER_ID = 18, 0, 1, 3, 22
+UNSUPPORTED_VERSION, CORRUPT_MESSAGE, OUT_OF_ORDER_SEQUENCE, INVALID_PRODUCER_EPOCH = 35, 2, 45, 47
+UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+# --- encoding by hand ----------------------------------------------------------------------------------------
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack(">i", len(payload)) + payload
+
+
+def string(value: str | None) -> bytes:
+    if value is None:
+        return struct.pack(">h", -1)
+    raw = value.encode()
+    return struct.pack(">h", len(raw)) + raw
+
+
+def header(api_key: int, api_version: int, correlation_id: int, client_id: str | None = "robustness") -> bytes:
+    """Request header v1 (the non-flexible one)."""
+    return struct.pack(">hhi", api_key, api_version, correlation_id) + string(client_id)
+
+
+def api_versions_v0(correlation_id: int) -> bytes:
+    return frame(header(API_VERSIONS, 0, correlation_id))
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    """n bytes, or None if the peer closed first."""
+    data = bytearray()
+    while len(data) < n:
+        try:
+            chunk = sock.recv(n - len(data))
+        except ConnectionResetError:
+            return None
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+@dataclass
+class Outcome:
+    kind: str  # "answered", "closed" or "open" (neither within the timeout)
+    payload: bytes | None = None
+
+
+def outcome(sock: socket.socket, timeout: float = 5.0) -> Outcome:
+    sock.settimeout(timeout)
+    try:
+        head = recv_exactly(sock, 4)
+        if head is None:
+            return Outcome("closed")
+        (size,) = struct.unpack(">i", head)
+        assert 4 <= size <= 10_000_000, f"answer with an impossible size {size}"
+        payload = recv_exactly(sock, size)
+        assert payload is not None, "the broker closed the connection in the middle of a response"
+        return Outcome("answered", payload)
+    except TimeoutError:
+        return Outcome("open")
+
+
+def connect(broker) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", broker.port), timeout=10)
+
+
+@dataclass
+class ApiVersionsV0:
+    correlation_id: int
+    error_code: int
+    versions: dict[int, tuple[int, int]]
+
+
+def parse_api_versions_v0(payload: bytes) -> ApiVersionsV0:
+    correlation_id, error_code, count = struct.unpack_from(">ihi", payload, 0)
+    entries = struct.iter_unpack(">hhh", payload[10 : 10 + 6 * count])
+    assert len(payload) == 10 + 6 * count, "an ApiVersions v0 body is exactly its entries"
+    return ApiVersionsV0(correlation_id, error_code, {key: (low, high) for key, low, high in entries})
+
+
+# --- health checks -------------------------------------------------------------------------------------------
+
+
+def api_versions_round_trip(broker) -> ApiVersionsV0:
+    with connect(broker) as sock:
+        sock.sendall(api_versions_v0(4242))
+        answer = outcome(sock)
+    assert answer.kind == "answered", f"a fresh connection got no ApiVersions answer ({answer.kind})"
+    parsed = parse_api_versions_v0(answer.payload)
+    assert (parsed.correlation_id, parsed.error_code) == (4242, 0)
+    assert {API_VERSIONS, PRODUCE, FETCH, METADATA} <= set(parsed.versions)
+    return parsed
+
+
+def consume_partition(bootstrap: str, topic: str, start: int, count: int) -> list[tuple[bytes, bytes, int]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"robust-{topic}", "enable.auto.commit": False})
+    got: list[tuple[bytes, bytes, int]] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, start)])
+        deadline = time.monotonic() + 20
+        while len(got) < count and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=count - len(got), timeout=0.5):
+                assert msg.error() is None, msg.error()
+                got.append((msg.key(), msg.value(), msg.offset()))
+    finally:
+        consumer.close()
+    return got
+
+
+def assert_broker_healthy(broker, *, clients: bool = True) -> None:
+    assert broker.running, f"the broker died\n{broker.stderr_tail()}"
+    api_versions_round_trip(broker)
+    if not clients:
+        return
+    value = f"probe-{time.monotonic_ns()}".encode()
+    reports = []
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    producer.produce(PROBE_TOPIC, key=b"probe", value=value, on_delivery=lambda err, msg: reports.append((err, msg)))
+    assert producer.flush(20) == 0
+    [(err, msg)] = reports
+    assert err is None, err
+    assert consume_partition(broker.bootstrap, PROBE_TOPIC, msg.offset(), 1) == [(b"probe", value, msg.offset())]
+    stored = consume_partition(broker.bootstrap, SEED_TOPIC, 0, len(SEED_RECORDS))
+    assert stored == [(k, v, i) for i, (k, v) in enumerate(SEED_RECORDS)], "the seeded records changed"
+
+
+def create_topics(bootstrap: str, *names: str) -> None:
+    client = AdminClient({"bootstrap.servers": bootstrap})
+    for future in client.create_topics([NewTopic(t, 1, 1) for t in names], request_timeout=15).values():
+        future.result(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def seeded(broker):
+    """The module broker with SEED_RECORDS stored and one probe topic."""
+    create_topics(broker.bootstrap, SEED_TOPIC, PROBE_TOPIC)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
+    for key, value in SEED_RECORDS:
+        producer.produce(SEED_TOPIC, key=key, value=value)
+    assert producer.flush(20) == 0
+    return broker
+
+
+# --- bad frames and requests ---------------------------------------------------------------------------------
+
+
+def _truncated_frame(sock: socket.socket) -> None:
+    sock.sendall(struct.pack(">i", 100) + header(METADATA, 1, 1))  # promises 100 bytes, sends 16, then EOF
+    sock.shutdown(socket.SHUT_WR)
+
+
+BAD_INPUTS: dict[str, Callable[[socket.socket], None]] = {
+    "negative size": lambda s: s.sendall(struct.pack(">i", -1) + b"\x00" * 16),
+    "most negative size": lambda s: s.sendall(struct.pack(">i", -(2**31)) + b"\x00" * 16),
+    "zero size": lambda s: s.sendall(struct.pack(">i", 0)),
+    "size below a header": lambda s: s.sendall(frame(b"\x00\x12\x00\x00\x00")),
+    "size over socket.request.max.bytes": lambda s: s.sendall(struct.pack(">i", DEFAULT_REQUEST_MAX_BYTES + 1) + b"x"),
+    "size 2**31-1": lambda s: s.sendall(struct.pack(">i", 2**31 - 1) + b"x" * 100),
+    "unknown api key": lambda s: s.sendall(frame(header(9999, 0, 1))),
+    "negative api key": lambda s: s.sendall(frame(header(-1, 0, 1))),
+    "unsupported version of Metadata": lambda s: s.sendall(frame(header(METADATA, 99, 1))),
+    "negative api version": lambda s: s.sendall(frame(header(METADATA, -1, 1))),
+    "truncated request body": lambda s: s.sendall(frame(header(METADATA, 1, 1) + struct.pack(">i", 5))),
+    "client id longer than the frame": lambda s: s.sendall(frame(struct.pack(">hhih", METADATA, 1, 1, 500) + b"ab")),
+    "client id not utf-8": lambda s: s.sendall(
+        frame(struct.pack(">hhih", METADATA, 1, 1, 2) + b"\xff\xfe" + b"\0" * 4)
+    ),
+    "array count of 2**31-1": lambda s: s.sendall(frame(header(METADATA, 1, 1) + struct.pack(">i", 2**31 - 1))),
+    "trailing bytes after a request": lambda s: s.sendall(frame(header(API_VERSIONS, 0, 1) + b"trailing")),
+    "truncated frame then EOF": _truncated_frame,
+}
+
+
+@pytest.mark.parametrize("send", list(BAD_INPUTS.values()), ids=list(BAD_INPUTS))
+def test_bad_input_is_answered_or_closed(seeded, send: Callable[[socket.socket], None]) -> None:
+    with connect(seeded) as sock:
+        send(sock)
+        result = outcome(sock)
+    assert result.kind in ("answered", "closed"), "the broker neither answered nor closed the connection"
+    assert_broker_healthy(seeded)
+
+
+@pytest.mark.parametrize("client_id", ["robustness", None, ""], ids=["client-id", "null-client-id", "empty-client-id"])
+def test_api_versions_with_unsupported_version_is_answered_in_v0(seeded, client_id: str | None) -> None:
+    """KIP-511: an ApiVersions version the broker does not know gets a v0 response with UNSUPPORTED_VERSION and the
+    versions it does support, and the connection stays open for the client's retry at a version it can speak."""
+    with connect(seeded) as sock:
+        sock.sendall(frame(header(API_VERSIONS, 99, 77, client_id) + b"\x00" * 7))  # a future body we cannot read
+        answer = outcome(sock)
+        assert answer.kind == "answered", f"ApiVersions v99 was {answer.kind}, not answered"
+        parsed = parse_api_versions_v0(answer.payload)
+        assert (parsed.correlation_id, parsed.error_code) == (77, UNSUPPORTED_VERSION)
+        low, high = parsed.versions[API_VERSIONS]
+        assert low == 0 and high >= 3
+        sock.sendall(api_versions_v0(78))  # the retry, on the same connection
+        retry = outcome(sock)
+        assert retry.kind == "answered"
+        assert parse_api_versions_v0(retry.payload).error_code == 0
+    assert_broker_healthy(seeded, clients=False)
+
+
+def test_requests_on_one_connection_are_answered_in_order(seeded) -> None:
+    with connect(seeded) as sock:
+        sock.sendall(b"".join(api_versions_v0(cid) for cid in range(100, 120)))  # pipelined
+        ids = [parse_api_versions_v0(outcome(sock).payload).correlation_id for _ in range(20)]
+    assert ids == list(range(100, 120))
+
+
+def test_a_stalled_client_does_not_block_others(seeded) -> None:
+    stalled = [connect(seeded) for _ in range(5)]
+    try:
+        for sock in stalled:
+            sock.sendall(struct.pack(">i", 1000) + header(METADATA, 1, 1))  # half a frame, then silence
+        api_versions_round_trip(seeded)
+        assert_broker_healthy(seeded)
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_connection_churn(seeded) -> None:
+    for i in range(200):
+        with connect(seeded) as sock:
+            if i % 2:
+                sock.sendall(struct.pack(">i", 50) + b"\x00\x03")  # leave mid-frame
+    assert_broker_healthy(seeded)
+
+
+def test_fetch_without_partitions_is_answered_at_once(seeded) -> None:
+    body = struct.pack(">iiiib", -1, 3000, 1, 1 << 20, 0) + struct.pack(">i", 0)  # Fetch v4, max_wait 3 s, no topics
+    with connect(seeded) as sock:
+        start = time.monotonic()
+        sock.sendall(frame(header(FETCH, 4, 5) + body))
+        answer = outcome(sock)
+        elapsed = time.monotonic() - start
+    assert answer.kind == "answered"
+    assert elapsed < 1.0, f"an empty Fetch was answered after {elapsed:.2f} s"
+
+
+# --- random garbage ------------------------------------------------------------------------------------------
+
+API_KEYS = [PRODUCE, FETCH, 2, METADATA, 8, 9, 10, 11, 12, 13, 14, API_VERSIONS, 19, 20, INIT_PRODUCER_ID]
+
+garbage = st.one_of(
+    st.binary(max_size=300),
+    st.builds(
+        lambda key, version, cid, tail: struct.pack(">hhi", key, version, cid) + tail,
+        st.one_of(st.sampled_from(API_KEYS), st.integers(-(2**15), 2**15 - 1)),
+        st.integers(-1, 16),
+        st.integers(-(2**31), 2**31 - 1),
+        st.binary(max_size=300),
+    ),
+    st.builds(  # a well-formed header, then garbage: reaches the body decoders
+        lambda key, version, tail: header(key, version, 1) + tail,
+        st.sampled_from(API_KEYS),
+        st.integers(0, 12),
+        st.binary(max_size=300),
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(payload=garbage)
+def test_random_frames_never_hurt_the_broker(seeded, payload: bytes) -> None:
+    with connect(seeded) as sock:
+        sock.sendall(frame(payload))
+        result = outcome(sock, timeout=3.0)
+    if result.kind == "open":
+        # Only legal for requests that may wait or stay silent: a long-polling Fetch, a Produce with acks=0
+        assert len(payload) >= 8 and struct.unpack_from(">h", payload)[0] in (PRODUCE, FETCH), payload
+    assert_broker_healthy(seeded, clients=False)
+
+
+def test_after_garbage_clients_and_data_are_fine(seeded) -> None:
+    """Runs after the random test (file order): real clients still work and the seeded records are unchanged."""
+    assert_broker_healthy(seeded)
+
+
+# --- raw Produce: CRC and idempotence rules ------------------------------------------------------------------
+
+
+def produce_v3(sock: socket.socket, correlation_id: int, topic: str, partition: int, records: bytes) -> tuple[int, int]:
+    """(error code, base offset) of a one-partition Produce v3 with acks=-1."""
+    body = (
+        string(None)
+        + struct.pack(">hi", -1, 10_000)
+        + struct.pack(">i", 1)
+        + string(topic)
+        + struct.pack(">i", 1)
+        + struct.pack(">ii", partition, len(records))
+        + records
+    )
+    sock.sendall(frame(header(PRODUCE, 3, correlation_id) + body))
+    answer = outcome(sock)
+    assert answer.kind == "answered", answer.kind
+    payload = answer.payload
+    (cid, topics, name_len) = struct.unpack_from(">iih", payload, 0)
+    assert (cid, topics) == (correlation_id, 1)
+    pos = 10 + name_len
+    count, index, error_code, base_offset = struct.unpack_from(">iihq", payload, pos)
+    assert (count, index) == (1, partition)
+    return error_code, base_offset
+
+
+def init_producer_id_v0(sock: socket.socket) -> tuple[int, int]:
+    sock.sendall(frame(header(INIT_PRODUCER_ID, 0, 9) + string(None) + struct.pack(">i", 60_000)))
+    answer = outcome(sock)
+    assert answer.kind == "answered"
+    cid, _throttle, error_code, producer_id, epoch = struct.unpack(">iihqh", answer.payload)
+    assert (cid, error_code) == (9, 0)
+    return producer_id, epoch
+
+
+def batch(values: list[bytes], producer_id: int = -1, epoch: int = -1, sequence: int = -1) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, 0, False, producer_id, epoch, sequence, 1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=TS + i, key=b"k", value=value, headers=[])
+    return bytes(builder.build())
+
+
+def test_raw_produce_to_a_missing_topic_or_partition(seeded) -> None:
+    """Produce never creates topics (only Metadata may): UNKNOWN_TOPIC_OR_PARTITION, and nothing appears."""
+    create_topics(seeded.bootstrap, "robustness-one-partition")
+    with connect(seeded) as sock:
+        assert produce_v3(sock, 1, "robustness-no-such-topic", 0, batch([b"a"])) == (UNKNOWN_TOPIC_OR_PARTITION, -1)
+        assert produce_v3(sock, 2, "robustness-one-partition", 1, batch([b"a"])) == (UNKNOWN_TOPIC_OR_PARTITION, -1)
+        assert produce_v3(sock, 3, "robustness-one-partition", 0, batch([b"a"])) == (0, 0)
+    topics = AdminClient({"bootstrap.servers": seeded.bootstrap}).list_topics(timeout=10).topics
+    assert "robustness-no-such-topic" not in topics
+    assert len(topics["robustness-one-partition"].partitions) == 1
+
+
+def test_raw_produce_rejects_a_bad_crc_and_keeps_the_connection(seeded) -> None:
+    topic = "robustness-crc"
+    create_topics(seeded.bootstrap, topic)
+    good = batch([b"a", b"b"])
+    bad = bytearray(good)
+    bad[-1] ^= 0xFF  # last byte of the last record: covered by the CRC
+    with connect(seeded) as sock:
+        assert produce_v3(sock, 1, topic, 0, good) == (0, 0)
+        assert produce_v3(sock, 2, topic, 0, bytes(bad))[0] == CORRUPT_MESSAGE
+        assert produce_v3(sock, 3, topic, 0, good) == (0, 2)  # the connection still works, nothing was stored
+    assert [v for _, v, _ in consume_partition(seeded.bootstrap, topic, 0, 4)] == [b"a", b"b", b"a", b"b"]
+
+
+def test_raw_idempotent_produce_dedups_and_checks_sequences(seeded) -> None:
+    topic = "robustness-idempotent"
+    create_topics(seeded.bootstrap, topic)
+    with connect(seeded) as sock:
+        producer_id, epoch = init_producer_id_v0(sock)
+        assert epoch == 0
+        first = batch([b"0", b"1", b"2"], producer_id, 0, 0)
+        assert produce_v3(sock, 1, topic, 0, first) == (0, 0)
+        assert produce_v3(sock, 2, topic, 0, first) == (0, 0), "a retried batch gets its original offset"
+        assert produce_v3(sock, 3, topic, 0, batch([b"3"], producer_id, 0, 3)) == (0, 3)
+        assert produce_v3(sock, 4, topic, 0, first) == (0, 0), "still within the 5-batch window"
+        gap = produce_v3(sock, 5, topic, 0, batch([b"x"], producer_id, 0, 10))
+        assert gap[0] == OUT_OF_ORDER_SEQUENCE
+        assert produce_v3(sock, 6, topic, 0, batch([b"4"], producer_id, 1, 0)) == (0, 4), "a new epoch starts at 0"
+        fenced = produce_v3(sock, 7, topic, 0, batch([b"y"], producer_id, 0, 4))
+        assert fenced[0] == INVALID_PRODUCER_EPOCH
+    got = consume_partition(seeded.bootstrap, topic, 0, 5)
+    assert [v for _, v, _ in got] == [b"0", b"1", b"2", b"3", b"4"]
+    assert_broker_healthy(seeded, clients=False)
