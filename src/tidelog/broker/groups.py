@@ -517,8 +517,11 @@ class GroupCoordinator:
             group = self.groups.get(group_id)
             if group is not None and group.members:
                 continue
-            old = [key for key, value in stored.offsets.items()
-                   if now_ms - value.commit_timestamp > self.config.offsets_retention_ms]
+            old = [
+                key
+                for key, value in stored.offsets.items()
+                if now_ms - value.commit_timestamp > self.config.offsets_retention_ms
+            ]
             if old:
                 await self.store.write(group_id, [(records.OffsetKey(group_id, t, p), None) for t, p in old])
                 expired += len(old)

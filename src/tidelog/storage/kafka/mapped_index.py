@@ -92,6 +92,18 @@ class MappedIndex:
         assert self._map is not None
         return self.entry.unpack_from(self._map, n * self.entry.size)
 
+    def _write_entries(self, flat_fields: list[int]) -> None:
+        """Append many entries at once (recovery); `flat_fields` holds each entry's fields in a row."""
+        count = len(flat_fields) // len(self.entry.format.lstrip(">"))
+        if not count:
+            return
+        packed = struct.pack(">" + self.entry.format.lstrip(">") * count, *flat_fields)
+        with self._guard:
+            assert self._map is not None
+            start = self.entries * self.entry.size
+            self._map[start : start + len(packed)] = packed
+            self.entries += count
+
     def _write_entry(self, *fields: int) -> None:
         with self._guard:
             assert self._map is not None

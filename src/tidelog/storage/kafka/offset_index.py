@@ -51,6 +51,13 @@ class OffsetIndex(MappedIndex):
         self._write_entry(offset - self.base_offset, position)
         self.last_offset = offset
 
+    def append_entries(self, entries: list[tuple[int, int]]) -> None:
+        """Bulk append of (offset, position) pairs already known to increase and to fit (recovery)."""
+        entries = entries[: self.max_entries - self.entries]
+        if entries:
+            self._write_entries([v for offset, position in entries for v in (offset - self.base_offset, position)])
+            self.last_offset = entries[-1][0]
+
     def lookup(self, target_offset: int) -> OffsetPosition:
         slot = self._largest_lower_bound(target_offset - self.base_offset, self._relative_offset)
         if slot < 0:

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tidelog.codec.record_batch import HEADER_SIZE, BatchHeader
-from tidelog.codec.record_set import BatchInfo, decode_batch, is_valid, peek_batch, read_batch_info
+from tidelog.codec.record_set import decode_batch, peek_batch, read_batch_info, scan_stored_batches
 from tidelog.config import INT_MAX, LogConfig
-from tidelog.errors import KafkaStorageError, TidelogError
+from tidelog.errors import KafkaStorageError
 from tidelog.storage.api import FileSlice
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
@@ -226,72 +226,55 @@ class LogSegment:
         and truncate at the first invalid byte. Returns what was cut and the leader epochs seen."""
         self.index.reset()
         self.time_index.reset()
-        max_timestamp = TimestampOffset(NO_TIMESTAMP, self.base_offset)
+        interval = self.config.index_interval_bytes
         file_size = os.fstat(self._fd).st_size
+        max_ts, max_ts_offset = NO_TIMESTAMP, self.base_offset
+        indexed_ts = NO_TIMESTAMP
+        offset_entries: list[tuple[int, int]] = []
+        time_entries: list[tuple[int, int]] = []
+        epochs: list[tuple[int, int]] = []
         valid_bytes = 0
         last_index_entry_position = 0
         last_offset = max(previous_last_offset, self.base_offset - 1)
-        epochs: list[tuple[int, int]] = []
         reason: str | None = None
         read_size = RECOVERY_CHUNK_BYTES
-        while valid_bytes < file_size and reason is None:
-            chunk = os.pread(self._fd, min(read_size, file_size - valid_bytes), valid_bytes)
-            read_size = RECOVERY_CHUNK_BYTES
-            position = 0
-            while reason is None:
-                try:
-                    info = read_batch_info(chunk, position)
-                except TidelogError as exc:
-                    reason = str(exc)
-                    break
-                if info is None:
-                    if valid_bytes - position + len(chunk) >= file_size:
-                        reason = f"a partial batch of {file_size - valid_bytes} bytes ends the file"
-                    else:  # the batch straddles the chunk boundary: read again from its start
-                        peeked = peek_batch(chunk, position)
-                        read_size = max(RECOVERY_CHUNK_BYTES, peeked.size if peeked else HEADER_SIZE)
-                    break
-                reason = self._invalid_reason(chunk, info, last_offset)
-                if reason is not None:
-                    break
-                if info.max_timestamp > max_timestamp.timestamp:
-                    max_timestamp = TimestampOffset(info.max_timestamp, info.last_offset)
-                if (
-                    valid_bytes - last_index_entry_position > self.config.index_interval_bytes
-                    and not self.index.is_full()
-                ):
-                    self.index.append(info.last_offset, valid_bytes)
-                    self.time_index.maybe_append(*max_timestamp, skip_full_check=True)
-                    last_index_entry_position = valid_bytes
-                if (
-                    info.magic >= 2
-                    and info.partition_leader_epoch >= 0
-                    and (not epochs or info.partition_leader_epoch > epochs[-1][0])
-                ):
-                    epochs.append((info.partition_leader_epoch, info.base_offset))
-                last_offset = info.last_offset
-                valid_bytes += info.size
-                position += info.size
+        while valid_bytes < file_size:
+            chunk_start = valid_bytes
+            chunk = os.pread(self._fd, min(read_size, file_size - chunk_start), chunk_start)
+            scan = scan_stored_batches(chunk, 0, last_offset, self.base_offset)
+            for batch in scan.batches:
+                if batch.max_timestamp > max_ts:
+                    max_ts, max_ts_offset = batch.max_timestamp, batch.last_offset
+                position = chunk_start + batch.position
+                if position - last_index_entry_position > interval:
+                    offset_entries.append((batch.last_offset, position))
+                    if max_ts > indexed_ts:
+                        time_entries.append((max_ts, max_ts_offset))
+                        indexed_ts = max_ts
+                    last_index_entry_position = position
+                if batch.partition_leader_epoch >= 0 and (not epochs or batch.partition_leader_epoch > epochs[-1][0]):
+                    epochs.append((batch.partition_leader_epoch, batch.base_offset))
+            if scan.batches:
+                last_offset = scan.batches[-1].last_offset
+            valid_bytes = chunk_start + scan.end
+            if scan.problem is not None:
+                reason = f"{scan.problem} (counting from byte {chunk_start} of the file)"
+                break
+            if valid_bytes < file_size and chunk_start + len(chunk) >= file_size:
+                reason = f"a partial batch of {file_size - valid_bytes} bytes ends the file"
+                break
+            # a batch straddling the chunk boundary is read again from its start, all of it
+            read_size = max(RECOVERY_CHUNK_BYTES, scan.partial_size or HEADER_SIZE)
+        self.index.append_entries(offset_entries)
+        self.time_index.append_entries(time_entries)
         truncated = file_size - valid_bytes
         if truncated:
             self.truncate_log_file(valid_bytes)
-        self.max_timestamp_so_far = max_timestamp
-        self.time_index.maybe_append(*max_timestamp, skip_full_check=True)
+        self.max_timestamp_so_far = TimestampOffset(max_ts, max_ts_offset)
+        self.time_index.maybe_append(max_ts, max_ts_offset, skip_full_check=True)
         self.bytes_since_last_index_entry = valid_bytes - last_index_entry_position
         self._rolling_based_timestamp = None
         return RecoveryResult(truncated, epochs, reason if truncated else None)
-
-    def _invalid_reason(self, chunk: bytes, info: BatchInfo, last_offset: int) -> str | None:
-        where = f"batch at byte {info.position} of {self.log_path.name}"
-        if not is_valid(chunk, info):
-            return f"{where} fails its CRC check"
-        if info.last_offset <= last_offset or (info.base_offset >= 0 and info.base_offset <= last_offset):
-            return f"{where} has offset {info.last_offset}, not above the previous {last_offset}"
-        if not self.can_convert_to_relative_offset(info.last_offset):
-            return f"{where} has offset {info.last_offset}, outside this segment's range"
-        if info.base_offset >= 0 and info.last_offset < info.base_offset:
-            return f"{where} ends (offset {info.last_offset}) before it starts ({info.base_offset})"
-        return None
 
     def truncate_log_file(self, size: int) -> None:
         os.ftruncate(self._fd, size)

@@ -60,6 +60,13 @@ class TimeIndex(MappedIndex):
         self._write_entry(timestamp, offset - self.base_offset)
         self.last_entry = TimestampOffset(timestamp, offset)
 
+    def append_entries(self, entries: list[tuple[int, int]]) -> None:
+        """Bulk append of (timestamp, offset) pairs with growing timestamps (recovery); keeps the last slot free."""
+        entries = entries[: max(0, self.max_entries - 1 - self.entries)]
+        if entries:
+            self._write_entries([v for timestamp, offset in entries for v in (timestamp, offset - self.base_offset)])
+            self.last_entry = TimestampOffset(*entries[-1])
+
     def lookup(self, target_timestamp: int) -> TimestampOffset:
         """Greatest entry with timestamp <= target, or (-1, base offset)."""
         slot = self._largest_lower_bound(target_timestamp, self._timestamp)

@@ -1,0 +1,402 @@
+"""Read-only access to Kafka-layout log directories, for readers that must not disturb a writer.
+
+The storage engine takes an exclusive lock on its log directory and keeps writable memory maps of the index
+files; a Spark executor reading segments while `tidelog serve` (or Kafka) appends to them can do neither. This
+module only lists directories and reads files with `pread`:
+
+- partitions are the `<topic>-<n>` directories (deleted and future ones skipped), segments the `<20 digits>.log`
+  files in them; the log start offset is the larger of the first segment's base and the log-dir level
+  `log-start-offset-checkpoint` entry;
+- `.index` (8-byte entries: relative offset, position) and `.timeindex` (12-byte entries: timestamp, relative
+  offset) are read into numpy arrays. The active segment's index files are preallocated and zero-filled past the
+  last entry, so only the prefix of entries that increase is trusted; an index only narrows where a scan starts,
+  so a short or damaged index costs time, never records;
+- the log end offset is found by scanning batch headers from the last index entry of the last segment to the
+  last *complete* batch (a batch being written shows up as a partial tail and is not counted);
+- `PartitionFiles.read(start, end)` yields chunks of whole batches holding offsets [start, end), planned on the
+  driver: bytes a writer appends later are never looked at, and a segment removed by retention in between
+  raises DataLossError or is skipped, as `failOnDataLoss` says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tidelog.codec.columnar import BatchTable, scan_batches
+from tidelog.codec.record_batch import LOG_OVERHEAD
+from tidelog.codec.record_set import decode_batch, read_batch_info
+from tidelog.errors import CorruptCheckpointError, TidelogError, UnknownTopicOrPartitionError
+from tidelog.storage.kafka.checkpoints import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
+
+PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
+SEGMENT_LOG = re.compile(r"^(\d{20})\.log$")
+FOREIGN_PARTITION_DIRS = {"__cluster_metadata-0"}
+TAIL_SCAN_BYTES = 1 << 20
+
+
+class DataLossError(TidelogError):
+    """Offsets a query planned to read are gone (retention, deletion, truncation) and failOnDataLoss is true."""
+
+
+class LogFilesError(TidelogError):
+    """A log directory or file that cannot be read; the message names it."""
+
+
+def data_loss_message(what: str) -> str:
+    return (
+        f"{what}. Some data may have been lost because it is not in the log any more: it was aged out by "
+        "retention, or the topic was deleted before all its data was processed. If you don't want your query "
+        'to fail in such cases, set the source option "failOnDataLoss" to "false".'
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntries:
+    """Trusted entries of one segment's offset index (absolute offsets) and time index."""
+
+    offsets: np.ndarray  # int64, absolute last offset of the batch starting at `positions`
+    positions: np.ndarray  # int64
+    timestamps: np.ndarray  # int64
+    time_offsets: np.ndarray  # int64, absolute
+
+
+def _pread_exact(fd: int, length: int, position: int) -> bytes:
+    data = os.pread(fd, length, position)
+    while len(data) < length:
+        more = os.pread(fd, length - len(data), position + len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def _read_entries(path: Path, entry_size: int) -> bytes:
+    """The leading non-zero entries of an index file (a preallocated active index is zero-filled after them)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    try:
+        count = os.fstat(fd).st_size // entry_size
+        zero = bytes(entry_size)
+        lo, hi = 0, count  # entries [0, lo) are non-zero, [hi, count) zero: binary search for the boundary
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if os.pread(fd, entry_size, mid * entry_size) == zero:
+                hi = mid
+            else:
+                lo = mid + 1
+        return _pread_exact(fd, lo * entry_size, 0)
+    finally:
+        os.close(fd)
+
+
+def _increasing_prefix(values: np.ndarray) -> int:
+    """Length of the strictly increasing prefix of `values`."""
+    if len(values) <= 1:
+        return len(values)
+    breaks = np.nonzero(np.diff(values) <= 0)[0]
+    return int(breaks[0]) + 1 if len(breaks) else len(values)
+
+
+class PartitionFiles:
+    """One partition directory, read without locks. Cheap to build; file contents are read on demand."""
+
+    def __init__(self, directory: Path, topic: str, partition: int, checkpointed_start: int = 0) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.checkpointed_start = checkpointed_start
+        self._indexes: dict[int, IndexEntries] = {}
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    # --- files ---------------------------------------------------------------------------------------------
+
+    def segment_bases(self) -> list[int]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            raise UnknownTopicOrPartitionError(
+                f"partition directory {self.directory} is gone (the topic was deleted?)"
+            ) from None
+        return sorted(int(m.group(1)) for name in names if (m := SEGMENT_LOG.match(name)))
+
+    def log_path(self, base: int) -> Path:
+        return self.directory / f"{base:020d}.log"
+
+    def index(self, base: int) -> IndexEntries:
+        entries = self._indexes.get(base)
+        if entries is None:
+            entries = self._load_index(base)
+            self._indexes[base] = entries
+        return entries
+
+    def _load_index(self, base: int) -> IndexEntries:
+        raw = _read_entries(self.directory / f"{base:020d}.index", 8)
+        pairs = np.frombuffer(raw, dtype=">i4").reshape(-1, 2).astype(np.int64)
+        offsets, positions = pairs[:, 0] + base, pairs[:, 1]
+        keep = min(_increasing_prefix(offsets), _increasing_prefix(positions))
+        raw_time = _read_entries(self.directory / f"{base:020d}.timeindex", 12)
+        time_entries = np.frombuffer(raw_time, dtype=np.dtype([("ts", ">i8"), ("rel", ">i4")]))
+        timestamps = time_entries["ts"].astype(np.int64)
+        time_offsets = time_entries["rel"].astype(np.int64) + base
+        keep_time = _increasing_prefix(timestamps)
+        if keep_time > 1:  # offsets must not decrease either
+            ok = np.diff(time_offsets[:keep_time]) >= 0
+            keep_time = min(keep_time, int(np.argmin(ok)) + 1 if not ok.all() else keep_time)
+        return IndexEntries(offsets[:keep], positions[:keep], timestamps[:keep_time], time_offsets[:keep_time])
+
+    def position_for(self, base: int, target_offset: int, file_size: int | None = None) -> int:
+        """Byte position in segment `base` from which a scan reaches the batch holding `target_offset`."""
+        entries = self.index(base)
+        slot = int(np.searchsorted(entries.offsets, target_offset, side="right")) - 1
+        while slot >= 0 and file_size is not None and entries.positions[slot] >= file_size:
+            slot -= 1
+        return int(entries.positions[slot]) if slot >= 0 else 0
+
+    # --- offsets -------------------------------------------------------------------------------------------
+
+    def log_start_offset(self, bases: Sequence[int] | None = None) -> int:
+        bases = self.segment_bases() if bases is None else bases
+        if not bases:
+            return self.checkpointed_start
+        return max(bases[0], self.checkpointed_start)
+
+    def log_end_offset(self, bases: Sequence[int] | None = None) -> int:
+        """One past the last offset of the last complete batch (Kafka's high watermark on a single node)."""
+        bases = self.segment_bases() if bases is None else bases
+        if not bases:
+            return self.checkpointed_start
+        for base in reversed(bases):  # an empty newest segment: its base is the end
+            path = self.log_path(base)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                position = self.position_for(base, 1 << 62, size)
+                last = -1
+                while position < size:
+                    chunk = os.pread(fd, min(TAIL_SCAN_BYTES, size - position), position)
+                    table = _scan(chunk, path, position)
+                    if len(table) == 0:
+                        needed = _entry_size(chunk)
+                        if needed is None or position + needed > size:
+                            break  # a partial batch being written, or a torn tail
+                        chunk = _pread_exact(fd, needed, position)
+                        table = _scan(chunk, path, position)
+                        if len(table) == 0:
+                            break
+                    last = int(table.last_offset[-1])
+                    position += table.end
+                return max(last + 1, base)
+            finally:
+                os.close(fd)
+        return bases[-1]
+
+    def offset_for_timestamp(self, timestamp_ms: int, start_offset: int | None = None) -> int | None:
+        """The first offset whose record timestamp is >= `timestamp_ms` (ListOffsets semantics), or None."""
+        bases = self.segment_bases()
+        log_start = self.log_start_offset(bases)
+        start_offset = log_start if start_offset is None else max(start_offset, log_start)
+        for slot, base in enumerate(bases):
+            next_base = bases[slot + 1] if slot + 1 < len(bases) else None
+            if next_base is not None and next_base <= start_offset:
+                continue
+            entries = self.index(base)
+            if next_base is not None and len(entries.timestamps) and entries.timestamps[-1] < timestamp_ms:
+                continue  # a rolled segment's last time-index entry is its largest timestamp
+            found = self._find_in_segment(base, timestamp_ms, start_offset, entries)
+            if found is not None:
+                return found
+        return None
+
+    def _find_in_segment(self, base: int, timestamp_ms: int, start_offset: int, entries: IndexEntries) -> int | None:
+        slot = int(np.searchsorted(entries.timestamps, timestamp_ms, side="right")) - 1
+        indexed_offset = int(entries.time_offsets[slot]) if slot >= 0 else base
+        path = self.log_path(base)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            position = self.position_for(base, max(indexed_offset, start_offset), size)
+            for chunk, table in _chunks(fd, path, position, size, TAIL_SCAN_BYTES):
+                last = table.last_offset
+                hit = np.nonzero((table.max_timestamp >= timestamp_ms) & (last >= start_offset) & ~table.is_control)[0]
+                for i in hit.tolist():
+                    pos = int(table.position[i])
+                    info = read_batch_info(chunk, pos)
+                    if info is None:
+                        continue
+                    for record in decode_batch(chunk, info):
+                        if (
+                            record.offset >= start_offset
+                            and record.timestamp_ms is not None
+                            and record.timestamp_ms >= timestamp_ms
+                        ):
+                            return record.offset
+            return None
+        finally:
+            os.close(fd)
+
+    def split_points(self, start: int, end: int) -> list[int]:
+        """Offsets in (start, end) at which a batch starts, known from index entries (cheap split boundaries)."""
+        points: list[int] = []
+        bases = self.segment_bases()
+        for slot, base in enumerate(bases):
+            next_base = bases[slot + 1] if slot + 1 < len(bases) else None
+            if (next_base is not None and next_base <= start) or base >= end:
+                continue
+            if start < base:
+                points.append(base)
+            nexts = self.index(base).offsets + 1  # entry (O, P): the batch at P ends at O, the next starts after
+            points += nexts[(nexts > start) & (nexts < end)].tolist()
+        return sorted(set(points))
+
+    # --- reading -------------------------------------------------------------------------------------------
+
+    def read(
+        self, start: int, end: int, *, fail_on_data_loss: bool, chunk_bytes: int = 16 << 20
+    ) -> Iterator[tuple[bytes, BatchTable]]:
+        """Chunks of whole batches overlapping [start, end), in offset order (the caller filters records)."""
+        bases = self.segment_bases()
+        log_start = self.log_start_offset(bases)
+        if start < log_start:
+            if fail_on_data_loss:
+                raise DataLossError(
+                    data_loss_message(
+                        f"{self.name}: offsets {start} to {min(end, log_start) - 1} planned for reading are below the "
+                        f"log start offset {log_start}"
+                    )
+                )
+            start = log_start
+        if start >= end:
+            return
+        last_seen = start - 1
+        for slot, base in enumerate(bases):
+            next_base = bases[slot + 1] if slot + 1 < len(bases) else None
+            if next_base is not None and next_base <= start:
+                continue
+            if base >= end:
+                break
+            path = self.log_path(base)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:  # removed by retention since it was listed
+                if fail_on_data_loss:
+                    raise DataLossError(
+                        data_loss_message(f"{self.name}: segment {path.name} was deleted while it was being read")
+                    ) from None
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                position = self.position_for(base, max(start, base), size) if start > base else 0
+                for chunk, table in _chunks(fd, path, position, size, chunk_bytes):
+                    last = table.last_offset
+                    yield chunk, table
+                    last_seen = max(last_seen, int(last[-1]))
+                    if last_seen >= end - 1:
+                        return
+            finally:
+                os.close(fd)
+        if last_seen < end - 1 and fail_on_data_loss:
+            raise DataLossError(
+                data_loss_message(
+                    f"{self.name}: offsets up to {end - 1} were planned but the log ends at {last_seen} "
+                    "(it was truncated or deleted since)"
+                )
+            )
+
+
+def _entry_size(chunk: bytes) -> int | None:
+    """Total size of the entry at the start of `chunk`, or None when even its prefix is not there."""
+    if len(chunk) < LOG_OVERHEAD:
+        return None
+    return int.from_bytes(chunk[8:12], "big", signed=True) + LOG_OVERHEAD
+
+
+def _scan(chunk: bytes, path: Path, file_position: int) -> BatchTable:
+    try:
+        return scan_batches(chunk)
+    except TidelogError as exc:
+        raise LogFilesError(f"{path}: at file byte {file_position}: {exc}") from exc
+
+
+def _chunks(fd: int, path: Path, position: int, size: int, chunk_bytes: int) -> Iterator[tuple[bytes, BatchTable]]:
+    """Whole batches from `position` to `size`, about `chunk_bytes` at a time; stops at a partial tail."""
+    while position < size:
+        chunk = os.pread(fd, min(chunk_bytes, size - position), position)
+        table = _scan(chunk, path, position)
+        if len(table) == 0:
+            needed = _entry_size(chunk)
+            if needed is None or position + needed > size:
+                return  # a partial batch at the tail (being written, or torn)
+            chunk = _pread_exact(fd, needed, position)
+            table = _scan(chunk, path, position)
+            if len(table) == 0:
+                return
+        yield chunk, table
+        position += table.end
+
+
+class LogFiles:
+    """The partitions of one or more log directories (Kafka's `log.dirs`)."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = [Path(p) for p in paths]
+        for path in self.paths:
+            if not path.is_dir():
+                raise LogFilesError(
+                    f"path '{path}' is not a directory (expected a tidelog or Kafka log directory, log.dirs)"
+                )
+        self._start_offsets: dict[tuple[str, int], int] = {}
+        for path in self.paths:
+            checkpoint = path / LOG_START_OFFSET_CHECKPOINT
+            # Only a hint (written every minute): the first segment's base offset still bounds the log start.
+            if checkpoint.exists():
+                with contextlib.suppress(CorruptCheckpointError, OSError):
+                    self._start_offsets.update(read_offset_checkpoint(checkpoint))
+
+    def _partition_dirs(self) -> dict[tuple[str, int], Path]:
+        found: dict[tuple[str, int], Path] = {}
+        for path in self.paths:
+            for entry in os.scandir(path):
+                match = PARTITION_DIR.match(entry.name)
+                if match is None or entry.name in FOREIGN_PARTITION_DIRS or not entry.is_dir():
+                    continue
+                found.setdefault((match["topic"], int(match["partition"])), Path(entry.path))
+        return found
+
+    def topics(self, include_internal: bool = True) -> dict[str, list[int]]:
+        topics: dict[str, list[int]] = {}
+        for topic, partition in self._partition_dirs():
+            if include_internal or not topic.startswith("__"):
+                topics.setdefault(topic, []).append(partition)
+        return {topic: sorted(partitions) for topic, partitions in sorted(topics.items())}
+
+    def partition(self, topic: str, partition: int) -> PartitionFiles:
+        for path in self.paths:
+            directory = path / f"{topic}-{partition}"
+            if directory.is_dir():
+                return PartitionFiles(directory, topic, partition, self._start_offsets.get((topic, partition), 0))
+        raise UnknownTopicOrPartitionError(
+            f"no partition directory {topic}-{partition} in {', '.join(str(p) for p in self.paths)}"
+        )
+
+
+def locate(paths: Sequence[str], topic: str, partition: int) -> PartitionFiles:
+    """The partition's files without listing the whole log directory (what a task needs)."""
+    return LogFiles(paths).partition(topic, partition)
