@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)  # no wrapping in logs
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # no wrapping in logs
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -95,10 +95,21 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def source_revision() -> str:
+    """The commit the benchmarked code comes from, "+changes" when src/ differs from it (read-only git calls)."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = run_quiet(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"]).stdout.strip()
+        dirty = run_quiet(["git", "--no-optional-locks", "-C", str(repo), "status", "--porcelain", "--", "src"]).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown revision"
+    return f"commit {commit}{' +changes in src/' if dirty.strip() else ''}"
+
+
 def print_machine(data_dir: Path) -> None:
     console.print(
         f"machine: {os.cpu_count()} CPUs ({cpu_model()}), data dir {data_dir} on {filesystem_type(data_dir)}, "
-        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M %Z')}"
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M %Z')}; tidelog {source_revision()}"
     )
 
 
