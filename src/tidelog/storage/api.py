@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, build_batch
@@ -31,8 +31,10 @@ MAX_TIMESTAMP = -3
 CONSUME_CHUNK_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class FileSlice:
+# The answer types are NamedTuples: immutable, and cheap to build on the hot paths.
+
+
+class FileSlice(NamedTuple):
     """`length` bytes at `position` of a segment file; `file` stays open for as long as the slice may be sent."""
 
     file: BinaryIO
@@ -41,12 +43,10 @@ class FileSlice:
     length: int
 
     def read(self) -> bytes:
-        data = os.pread(self.file.fileno(), self.length, self.position)
-        return data
+        return os.pread(self.file.fileno(), self.length, self.position)
 
 
-@dataclass(frozen=True, slots=True)
-class FileSlices:
+class FileSlices(NamedTuple):
     """The answer to a read: slices in offset order, possibly from several segments."""
 
     slices: tuple[FileSlice, ...] = ()
@@ -61,8 +61,7 @@ class FileSlices:
         return b"".join(s.read() for s in self.slices)
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+class AppendResult(NamedTuple):
     base_offset: int
     last_offset: int
     record_count: int
@@ -71,8 +70,7 @@ class AppendResult:
     size_in_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class TimestampAndOffset:
+class TimestampAndOffset(NamedTuple):
     timestamp: int
     offset: int
     leader_epoch: int | None = None
