@@ -200,18 +200,26 @@ def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int
 def check_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """read_header plus the CRC: the test Kafka's ensureValid() applies to every stored batch."""
     header = read_header(buf, pos)
-    actual = compute_crc(buf, pos, header.size_in_bytes)
+    check_crc(header, compute_crc(buf, pos, header.size_in_bytes), pos)
+    check_header_fields(header, pos)
+    return header
+
+
+def check_crc(header: BatchHeader, actual: int, pos: int) -> None:
     if actual != header.crc:
         raise CrcMismatchError(
             f"batch at byte {pos} (baseOffset {header.base_offset}) has CRC {header.crc:#010x} "
             f"but its bytes hash to {actual:#010x}"
         )
+
+
+def check_header_fields(header: BatchHeader, pos: int) -> None:
+    """The checks of check_batch that do not need the CRC: count, attribute bits, codec."""
     if header.records_count < 0:
         raise CorruptRecordError(f"batch at byte {pos} declares a negative record count {header.records_count}")
     if header.attributes & ~KNOWN_ATTRIBUTE_BITS:
         raise CorruptRecordError(f"batch at byte {pos} sets unknown attribute bits {header.attributes:#06x}")
     Compression.from_id(header.attributes & COMPRESSION_MASK)  # raises for codec ids 5-7
-    return header
 
 
 def check_producer_batch(header: BatchHeader) -> None:

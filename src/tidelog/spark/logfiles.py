@@ -67,6 +67,20 @@ class IndexEntries:
     time_offsets: np.ndarray  # int64, absolute
 
 
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Whole batches read from `path` at `file_position`, with their parsed table."""
+
+    data: bytes
+    table: BatchTable
+    path: Path
+    file_position: int
+
+    def describe(self, position: int) -> str:
+        """Names the batch at `position` of `data` by file and file byte, for error messages."""
+        return f"{self.path}: batch at file byte {self.file_position + position}"
+
+
 def _pread_exact(fd: int, length: int, position: int) -> bytes:
     data = os.pread(fd, length, position)
     while len(data) < length:
@@ -233,7 +247,7 @@ class PartitionFiles:
         try:
             size = os.fstat(fd).st_size
             position = self.position_for(base, max(indexed_offset, start_offset), size)
-            for chunk, table in _chunks(fd, path, position, size, TAIL_SCAN_BYTES):
+            for chunk, table, _ in _chunks(fd, path, position, size, TAIL_SCAN_BYTES):
                 last = table.last_offset
                 hit = np.nonzero((table.max_timestamp >= timestamp_ms) & (last >= start_offset) & ~table.is_control)[0]
                 for i in hit.tolist():
@@ -268,9 +282,7 @@ class PartitionFiles:
 
     # --- reading -------------------------------------------------------------------------------------------
 
-    def read(
-        self, start: int, end: int, *, fail_on_data_loss: bool, chunk_bytes: int = 16 << 20
-    ) -> Iterator[tuple[bytes, BatchTable]]:
+    def read(self, start: int, end: int, *, fail_on_data_loss: bool, chunk_bytes: int = 16 << 20) -> Iterator[Chunk]:
         """Chunks of whole batches overlapping [start, end), in offset order (the caller filters records)."""
         bases = self.segment_bases()
         log_start = self.log_start_offset(bases)
@@ -304,9 +316,9 @@ class PartitionFiles:
             try:
                 size = os.fstat(fd).st_size
                 position = self.position_for(base, max(start, base), size) if start > base else 0
-                for chunk, table in _chunks(fd, path, position, size, chunk_bytes):
+                for chunk, table, chunk_position in _chunks(fd, path, position, size, chunk_bytes):
                     last = table.last_offset
-                    yield chunk, table
+                    yield Chunk(chunk, table, path, chunk_position)
                     last_seen = max(last_seen, int(last[-1]))
                     if last_seen >= end - 1:
                         return
@@ -335,7 +347,7 @@ def _scan(chunk: bytes, path: Path, file_position: int) -> BatchTable:
         raise LogFilesError(f"{path}: at file byte {file_position}: {exc}") from exc
 
 
-def _chunks(fd: int, path: Path, position: int, size: int, chunk_bytes: int) -> Iterator[tuple[bytes, BatchTable]]:
+def _chunks(fd: int, path: Path, position: int, size: int, chunk_bytes: int) -> Iterator[tuple[bytes, BatchTable, int]]:
     """Whole batches from `position` to `size`, about `chunk_bytes` at a time; stops at a partial tail."""
     while position < size:
         chunk = os.pread(fd, min(chunk_bytes, size - position), position)
@@ -348,7 +360,7 @@ def _chunks(fd: int, path: Path, position: int, size: int, chunk_bytes: int) -> 
             table = _scan(chunk, path, position)
             if len(table) == 0:
                 return
-        yield chunk, table
+        yield chunk, table, position
         position += table.end
 
 

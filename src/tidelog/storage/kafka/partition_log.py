@@ -18,12 +18,16 @@ import re
 import struct
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from tidelog.codec.record_batch import (
     BatchHeader,
-    check_batch,
+    check_crc,
+    check_header_fields,
     check_producer_batch,
+    compute_crc,
+    read_header,
     set_log_append_time,
 )
 from tidelog.config import LogConfig
@@ -65,6 +69,23 @@ SEGMENT_FILE = re.compile(r"^\d{20}\.(log|index|timeindex|txnindex|snapshot)$")
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 DEFAULT_LEADER_EPOCH = 0
+
+
+CRC_IN_PARALLEL_BYTES = 256 * 1024
+_PendingCrc = tuple[int, BatchHeader, Future[int]]
+_crc_executor: ThreadPoolExecutor | None = None
+
+
+def _crc_pool() -> ThreadPoolExecutor:
+    global _crc_executor
+    if _crc_executor is None:
+        _crc_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidelog-crc")
+    return _crc_executor
+
+
+def _check_pending(pending: list[_PendingCrc]) -> None:
+    for position, header, crc in pending:
+        check_crc(header, crc.result(), position)
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -357,7 +378,7 @@ class PartitionLog:
     def append(self, data: bytes | bytearray | memoryview, *, from_client: bool = True) -> AppendResult:
         """Validate and append one or more v2 batches as received; returns the offsets they got."""
         view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
-        headers = self._validate(view, from_client)
+        headers, pending_crcs = self._validate(view, from_client)
         log_append_time = self.config.message_timestamp_type == "LogAppendTime"
         with self._lock:
             self._check_open()
@@ -411,7 +432,13 @@ class PartitionLog:
                 next_offset += header.last_offset_delta + 1
 
             self.active_segment.append(
-                chunks, total_size, last_offset, max_timestamp, offset_of_max, first_batch_timestamp
+                chunks,
+                total_size,
+                last_offset,
+                max_timestamp,
+                offset_of_max,
+                first_batch_timestamp,
+                verify=(lambda: _check_pending(pending_crcs)) if pending_crcs else None,
             )
             self.log_end_offset = last_offset + 1
             self.high_watermark = self.log_end_offset
@@ -436,11 +463,22 @@ class PartitionLog:
         """Has `flush.messages` worth of records been appended since the last flush? (The caller flushes.)"""
         return self.log_end_offset - self.recovery_point >= self.config.flush_messages
 
-    def _validate(self, view: memoryview, from_client: bool) -> list[tuple[int, BatchHeader]]:
+    def _validate(self, view: memoryview, from_client: bool) -> tuple[list[tuple[int, BatchHeader]], list[_PendingCrc]]:
+        """Headers of the batches in `view`, checked; CRCs of large batches are computed on a worker thread
+        while the batch is written (crc32c releases the GIL), and must match before the append counts."""
         headers: list[tuple[int, BatchHeader]] = []
+        pending: list[_PendingCrc] = []
         position = 0
         while position < len(view):
-            header = check_batch(view, position)
+            header = read_header(view, position)
+            if header.size_in_bytes >= CRC_IN_PARALLEL_BYTES:
+                check_header_fields(header, position)
+                pending.append(
+                    (position, header, _crc_pool().submit(compute_crc, view, position, header.size_in_bytes))
+                )
+            else:
+                check_crc(header, compute_crc(view, position, header.size_in_bytes), position)
+                check_header_fields(header, position)
             if from_client:
                 check_producer_batch(header)
             if header.size_in_bytes > self.config.max_message_bytes:
@@ -454,7 +492,7 @@ class PartitionLog:
             raise InvalidRecordError("an append needs at least one record batch")
         if from_client and len(headers) > 1:
             raise InvalidRecordError(f"a producer must send exactly one batch per partition, got {len(headers)}")
-        return headers
+        return headers, pending
 
     # --- reads ------------------------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import contextlib
 import os
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -87,18 +87,27 @@ class LogSegment:
         largest_timestamp: int,
         offset_of_largest_timestamp: int,
         first_batch_max_timestamp: int,
+        verify: Callable[[], None] | None = None,
     ) -> None:
-        """Write `chunks` (one or more whole batches, `size` bytes) at the end; all or nothing."""
+        """Write `chunks` (one or more whole batches, `size` bytes) at the end; all or nothing.
+
+        `verify`, if given, runs after the write; if it raises, the bytes are cut off again and nothing
+        counts (readers never saw them: `size` moves only after)."""
         position = self.size
         try:
             written = os.pwritev(self._fd, chunks, position)
             while written < size:  # short writes are legal; finish from a flat copy (rare)
                 flat = b"".join(bytes(c) for c in chunks)
                 written += os.pwrite(self._fd, flat[written:], position + written)
+            if verify is not None:
+                verify()
         except OSError as exc:
             with contextlib.suppress(OSError):  # leave no partial batch behind if the disk allows it
                 os.ftruncate(self._fd, position)
             raise KafkaStorageError(f"cannot append {size} bytes to {self.log_path}: {exc.strerror}") from exc
+        except BaseException:
+            os.ftruncate(self._fd, position)
+            raise
         if position == 0:
             self._rolling_based_timestamp = first_batch_max_timestamp
         self.size = position + size

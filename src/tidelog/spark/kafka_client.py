@@ -1,0 +1,184 @@
+"""The `kafka.bootstrap.servers` path: planning and reading through the Kafka protocol with confluent-kafka.
+
+Works against `tidelog serve` and against a real Kafka cluster alike. Planning (driver) asks a consumer for
+metadata, watermarks and offsets-for-times (ListOffsets); a task reads its range with a consumer of its own that
+is assigned the one partition at the range's start offset (no group membership, no offset commits: progress lives
+in Spark's checkpoint, as with Spark's Kafka source). Other `kafka.*` options pass through to librdkafka, except
+those the source must decide itself (options.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from tidelog.codec.columnar import RecordColumns, from_records
+from tidelog.codec.record_batch import Record
+from tidelog.errors import TidelogError
+from tidelog.spark.logfiles import DataLossError, data_loss_message
+from tidelog.spark.offsets import OffsetRange
+from tidelog.spark.offsets import TopicPartition as TP
+from tidelog.spark.options import ReadOptions
+
+METADATA_TIMEOUT_S = 30.0
+RECORDS_PER_CHUNK = 20_000
+_TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}  # librdkafka's NOT_AVAILABLE/CREATE_TIME/LOG_APPEND_TIME -> Kafka's ids
+
+
+class KafkaClientError(TidelogError):
+    """The broker could not be reached or refused a request; the message names the servers."""
+
+
+def consumer_config(options: ReadOptions, **extra: Any) -> dict[str, Any]:
+    group = options.kafka_params.get("group.id") or f"{options.group_id_prefix}-{uuid.uuid4()}"
+    config: dict[str, Any] = {
+        "bootstrap.servers": options.bootstrap_servers,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",
+        "client.id": "tidelog-spark",
+    }
+    config.update(options.kafka_params)
+    config.update(extra)
+    return config
+
+
+class KafkaBackend:
+    """Planning answers from a broker (any Kafka-protocol server)."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._consumer: Consumer | None = None
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(consumer_config(self.options))
+        return self._consumer
+
+    def _fail(self, what: str, exc: BaseException) -> KafkaClientError:
+        return KafkaClientError(f"kafka.bootstrap.servers={self.options.bootstrap_servers}: {what} failed: {exc}")
+
+    def topic_partitions(self) -> dict[str, list[int]]:
+        try:
+            metadata = self.consumer.list_topics(timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            raise self._fail("listing topics", exc) from None
+        return {
+            name: sorted(topic.partitions)
+            for name, topic in sorted(metadata.topics.items())
+            if topic.error is None and topic.partitions
+        }
+
+    def _watermarks(self, partitions: Iterable[TP]) -> dict[TP, tuple[int, int]]:
+        result = {}
+        for topic, partition in partitions:
+            try:
+                low, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_S, cached=False
+                )
+            except KafkaException as exc:
+                raise self._fail(f"fetching the offsets of {topic}-{partition}", exc) from None
+            result[(topic, partition)] = (low, high)
+        return result
+
+    def earliest(self, partitions: Iterable[TP]) -> dict[TP, int]:
+        return {tp: low for tp, (low, _) in self._watermarks(partitions).items()}
+
+    def latest(self, partitions: Iterable[TP]) -> dict[TP, int]:
+        return {tp: high for tp, (_, high) in self._watermarks(partitions).items()}
+
+    def offset_for_timestamp(self, tp: TP, timestamp_ms: int) -> int | None:
+        try:
+            (found,) = self.consumer.offsets_for_times(
+                [TopicPartition(tp[0], tp[1], timestamp_ms)], timeout=METADATA_TIMEOUT_S
+            )
+        except KafkaException as exc:
+            raise self._fail(f"looking up timestamp {timestamp_ms} in {tp[0]}-{tp[1]}", exc) from None
+        if found.error is not None:
+            raise self._fail(f"looking up timestamp {timestamp_ms} in {tp[0]}-{tp[1]}", found.error)
+        return None if found.offset < 0 else found.offset
+
+    def batch_starts(self, r: OffsetRange) -> Sequence[int]:
+        return ()  # a broker does not tell where batches start; ranges are split evenly
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def _record(message: Any) -> tuple[Record, int]:
+    kind, timestamp = message.timestamp()
+    headers = message.headers() or []
+    return (
+        Record(message.value(), message.key(), timestamp if kind else -1, headers, message.offset()),
+        _TIMESTAMP_TYPES.get(kind, -1),
+    )
+
+
+def read_columns(options: ReadOptions, r: OffsetRange) -> Iterator[RecordColumns]:
+    """Records [r.start, r.end) of one partition, through a consumer assigned to it, in chunks of columns."""
+    if r.size <= 0:
+        return
+    consumer = Consumer(consumer_config(options, **{"enable.partition.eof": True}))
+    name = f"{r.topic}-{r.partition}"
+    try:
+        consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
+        records: list[Record] = []
+        types: list[int] = []
+        position = r.start
+        timeout_s = options.poll_timeout_ms / 1000
+        while position < r.end:
+            messages = consumer.consume(num_messages=10_000, timeout=timeout_s)
+            if not messages:
+                raise KafkaClientError(
+                    f"{name}: no record at offset {position} within kafkaConsumer.pollTimeoutMs "
+                    f"({options.poll_timeout_ms} ms) from {options.bootstrap_servers}"
+                )
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    position = _handle_error(consumer, options, r, position, error, message.offset())
+                    continue
+                offset = message.offset()
+                if offset >= r.end:
+                    position = r.end
+                    break
+                record, timestamp_type = _record(message)
+                records.append(record)
+                types.append(timestamp_type)
+                position = offset + 1
+            if len(records) >= RECORDS_PER_CHUNK:
+                yield from_records(records, types)
+                records, types = [], []
+        if records:
+            yield from_records(records, types)
+    finally:
+        consumer.close()
+
+
+def _handle_error(
+    consumer: Consumer, options: ReadOptions, r: OffsetRange, position: int, error: Any, eof: int | None
+) -> int:
+    """The position to continue from after an error event (end of partition, offset out of range), or raise."""
+    name = f"{r.topic}-{r.partition}"
+    code = error.code()
+    if code == KafkaError._PARTITION_EOF:
+        if eof is None or eof < 0 or eof >= r.end:
+            return r.end  # everything below `end` was delivered (offsets may have gaps after compaction)
+        return position  # the high watermark is still below `end`: keep waiting for the planned records
+    if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+        low, _high = consumer.get_watermark_offsets(TopicPartition(r.topic, r.partition), timeout=METADATA_TIMEOUT_S)
+        if options.fail_on_data_loss:
+            raise DataLossError(
+                data_loss_message(f"{name}: offset {position} is out of range (the log now starts at {low})")
+            )
+        target = max(position, low)
+        consumer.assign([TopicPartition(r.topic, r.partition, target)])
+        return target
+    raise KafkaClientError(f"{name}: reading from {options.bootstrap_servers} failed: {error}")

@@ -1,0 +1,211 @@
+"""Driver-side planning for the `tidelog` source: which partitions, from which offset to which.
+
+A `Backend` answers the questions Spark's Kafka source asks its admin client: the topics and partitions there are,
+the earliest and latest offsets, the first offset at or after a timestamp, and (for log files) where batches start.
+`FileBackend` answers from the segment and index files, `KafkaBackend` (kafka_client.py) through the Kafka
+protocol. The functions below turn options and pushed filters into offset ranges with Spark's Kafka rules and
+error messages that name the option at fault. Nothing here runs in a task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from tidelog.errors import UnknownTopicOrPartitionError
+from tidelog.spark.logfiles import DataLossError, LogFiles, data_loss_message
+from tidelog.spark.offsets import OffsetRange, PushedFilters, TopicPartition, split_ranges
+from tidelog.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions, Subscription
+
+
+class Backend(Protocol):
+    def topic_partitions(self) -> dict[str, list[int]]: ...
+
+    def earliest(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+    def latest(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+    def offset_for_timestamp(self, tp: TopicPartition, timestamp_ms: int) -> int | None: ...
+
+    def batch_starts(self, r: OffsetRange) -> Sequence[int]: ...
+
+    def close(self) -> None: ...
+
+
+class FileBackend:
+    """Planning answers read from log directories (no broker, no lock)."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.files = LogFiles(paths)
+
+    def topic_partitions(self) -> dict[str, list[int]]:
+        return self.files.topics()
+
+    def earliest(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.files.partition(*tp).log_start_offset() for tp in partitions}
+
+    def latest(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.files.partition(*tp).log_end_offset() for tp in partitions}
+
+    def offset_for_timestamp(self, tp: TopicPartition, timestamp_ms: int) -> int | None:
+        return self.files.partition(*tp).offset_for_timestamp(timestamp_ms)
+
+    def batch_starts(self, r: OffsetRange) -> Sequence[int]:
+        return self.files.partition(r.topic, r.partition).split_points(r.start, r.end)
+
+    def close(self) -> None:
+        pass
+
+
+def open_backend(options: ReadOptions) -> Backend:
+    if options.paths:
+        return FileBackend(options.paths)
+    from tidelog.spark.kafka_client import KafkaBackend
+
+    return KafkaBackend(options)
+
+
+def subscribed(options: ReadOptions, backend: Backend, *, must_exist: bool = True) -> list[TopicPartition]:
+    """The partitions `subscribe` / `subscribePattern` / `assign` name that exist now.
+
+    A subscribed or assigned topic that does not exist is an error (naming the option) when `must_exist`;
+    a pattern that matches nothing is not. Internal topics (`__...`) match a pattern only when named in it."""
+    topics = backend.topic_partitions()
+    if options.subscription is Subscription.SUBSCRIBE:
+        missing = [t for t in options.topics if t not in topics]
+        if missing and must_exist:
+            raise UnknownTopicOrPartitionError(
+                f"option 'subscribe': topic {', '.join(repr(t) for t in missing)} does not exist in "
+                f"{options.location} (topics there: {', '.join(sorted(topics)) or 'none'})"
+            )
+        return sorted((t, p) for t in options.topics if t in topics for p in topics[t])
+    if options.subscription is Subscription.PATTERN:
+        return sorted(
+            (t, p)
+            for t, partitions in topics.items()
+            if options.topic_matches(t) and (not t.startswith("__") or "__" in (options.pattern or ""))
+            for p in partitions
+        )
+    missing_assigned = [f"{t}-{p}" for t, p in options.assigned if p not in topics.get(t, [])]
+    if missing_assigned and must_exist:
+        raise UnknownTopicOrPartitionError(
+            f"option 'assign': partition {', '.join(missing_assigned)} does not exist in {options.location}"
+        )
+    return [(t, p) for t, p in options.assigned if p in topics.get(t, [])]
+
+
+def _specified(spec: OffsetSpec, partitions: Sequence[TopicPartition], name: str) -> None:
+    """Per-partition JSON must name every partition read (as Spark asserts), so none is silently skipped."""
+    missing = [f"{t}-{p}" for t, p in partitions if (t, p) not in spec.offsets]
+    if missing:
+        raise OptionError(
+            f"option '{name}' must specify every partition read; missing {', '.join(missing)} "
+            "(use -2 for earliest and -1 for latest in offset JSON)"
+        )
+
+
+def resolve_start(
+    options: ReadOptions,
+    backend: Backend,
+    partitions: Sequence[TopicPartition],
+    earliest: Mapping[TopicPartition, int],
+    latest: Mapping[TopicPartition, int],
+) -> dict[TopicPartition, int]:
+    spec = options.starting
+    if spec.kind == "earliest":
+        return {tp: earliest[tp] for tp in partitions}
+    if spec.kind == "latest":
+        return {tp: latest[tp] for tp in partitions}
+    if spec.kind == "offsets":
+        _specified(spec, partitions, "startingOffsets")
+        resolved = {}
+        for tp in partitions:
+            value = spec.offsets[tp]
+            resolved[tp] = earliest[tp] if value == EARLIEST else latest[tp] if value == LATEST else value
+        return resolved
+    name = "startingTimestamp" if spec.kind == "timestamp" else "startingOffsetsByTimestamp"
+    if spec.kind == "timestamps":
+        _specified(spec, partitions, name)
+    resolved = {}
+    for tp in partitions:
+        timestamp = spec.timestamp if spec.kind == "timestamp" else spec.offsets[tp]
+        assert timestamp is not None
+        found = backend.offset_for_timestamp(tp, timestamp)
+        if found is None:
+            if options.timestamp_strategy == "latest":
+                found = latest[tp]
+            else:
+                raise OptionError(
+                    f"option '{name}': no record in {tp[0]}-{tp[1]} has a timestamp >= {timestamp}; set "
+                    "'startingOffsetsByTimestampStrategy' to 'latest' to start at the end of such partitions"
+                )
+        resolved[tp] = found
+    return resolved
+
+
+def resolve_end(
+    options: ReadOptions,
+    backend: Backend,
+    partitions: Sequence[TopicPartition],
+    latest: Mapping[TopicPartition, int],
+) -> dict[TopicPartition, int]:
+    spec = options.ending
+    if spec.kind == "latest":
+        return {tp: latest[tp] for tp in partitions}
+    if spec.kind == "offsets":
+        _specified(spec, partitions, "endingOffsets")
+        return {tp: latest[tp] if spec.offsets[tp] == LATEST else spec.offsets[tp] for tp in partitions}
+    name = "endingTimestamp" if spec.kind == "timestamp" else "endingOffsetsByTimestamp"
+    if spec.kind == "timestamps":
+        _specified(spec, partitions, name)
+    resolved = {}
+    for tp in partitions:
+        timestamp = spec.timestamp if spec.kind == "timestamp" else spec.offsets[tp]
+        assert timestamp is not None
+        found = backend.offset_for_timestamp(tp, timestamp)
+        resolved[tp] = latest[tp] if found is None else found  # no match: latest, as Spark
+    return resolved
+
+
+def check_data_loss(
+    options: ReadOptions, tp: TopicPartition, start: int, earliest: int, what: str = "starting offset"
+) -> int:
+    """The offset to start at when `start` lies below the log start: an error, or the log start (failOnDataLoss)."""
+    if start >= earliest:
+        return start
+    if options.fail_on_data_loss:
+        raise DataLossError(
+            data_loss_message(
+                f"{tp[0]}-{tp[1]}: the {what} {start} is below the log start offset {earliest} "
+                f"(offsets {start} to {earliest - 1} are gone)"
+            )
+        )
+    return earliest
+
+
+def plan_batch(options: ReadOptions, filters: PushedFilters, backend: Backend) -> list[OffsetRange]:
+    """Offset ranges of a batch query, narrowed by pushed filters and split by minPartitions."""
+    partitions = [tp for tp in subscribed(options, backend) if filters.allows(*tp)]
+    if not partitions:
+        return []
+    earliest = backend.earliest(partitions)
+    latest = backend.latest(partitions)
+    start = resolve_start(options, backend, partitions, earliest, latest)
+    end = resolve_end(options, backend, partitions, latest)
+    ranges = []
+    for tp in partitions:
+        s = check_data_loss(options, tp, start[tp], earliest[tp])
+        e = end[tp]
+        if e < s:
+            option = "endingOffsets" if options.ending.kind in ("offsets", "latest") else "endingOffsetsByTimestamp"
+            raise OptionError(
+                f"{tp[0]}-{tp[1]}: the ending offset {e} ({option}) is before the starting offset {s}; "
+                "a batch query needs starting <= ending"
+            )
+        r = filters.clip(OffsetRange(tp[0], tp[1], s, e))
+        if r.size and filters.timestamps.low is not None:  # the time index gives a lower bound on offsets
+            first = backend.offset_for_timestamp(tp, filters.timestamps.low)
+            r = OffsetRange(r.topic, r.partition, max(r.start, first if first is not None else r.end), r.end)
+        if r.size > 0:
+            ranges.append(r)
+    return split_ranges(ranges, options.min_partitions, options.max_records_per_partition, backend.batch_starts)

@@ -1,0 +1,41 @@
+"""Large batches have their CRC checked on a worker thread while they are written: a bad one must still
+leave the log exactly as it was."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import tidelog
+from tidelog.codec.record_batch import Record, build_batch
+from tidelog.errors import CrcMismatchError
+from tidelog.storage.kafka.engine import KafkaEngine
+from tidelog.storage.kafka.partition_log import CRC_IN_PARALLEL_BYTES
+
+
+def big_batch(seed: int) -> bytes:
+    records = [Record(value=os.urandom(1000), timestamp_ms=1_700_000_000_000 + seed) for _ in range(400)]
+    data = build_batch(records)
+    assert len(data) >= CRC_IN_PARALLEL_BYTES
+    return data
+
+
+def test_a_large_batch_with_a_bad_crc_leaves_nothing_behind(tmp_path: Path) -> None:
+    with tidelog.open(tmp_path, background=False) as log:
+        assert isinstance(log, KafkaEngine)
+        log.create_topic("t", 1)
+        good = big_batch(1)
+        log.append("t", 0, good)
+        segment = tmp_path / "t-0" / "00000000000000000000.log"
+        size_before = segment.stat().st_size
+        damaged = bytearray(big_batch(2))
+        damaged[len(damaged) // 2] ^= 0x55
+        with pytest.raises(CrcMismatchError):
+            log.append("t", 0, bytes(damaged))
+        assert segment.stat().st_size == size_before
+        assert log.log_end_offset("t", 0) == 400
+        result = log.append("t", 0, big_batch(3))
+        assert result.base_offset == 400
+        assert [r.offset for r in log.consume("t", 0)] == list(range(800))
