@@ -152,16 +152,23 @@ class LogSegment:
 
     # --- reading ---------------------------------------------------------------------------------------------
 
-    def batch_locations(self, position: int, end: int | None = None) -> Iterator[BatchLocation]:
-        """Headers of the batches from `position` (a batch start) to `end`; stops at a partial tail."""
+    def batch_locations(
+        self, position: int, end: int | None = None, first_read: int = SCAN_CHUNK_BYTES
+    ) -> Iterator[BatchLocation]:
+        """Headers of the batches from `position` (a batch start) to `end`; stops at a partial tail.
+
+        The first read is `first_read` bytes (a lookup expects its batch within one index interval), later
+        reads SCAN_CHUNK_BYTES."""
         end = self.size if end is None else end
         chunk = b""
         chunk_start = position
+        read_size = max(first_read, HEADER_SIZE)
         while position < end:
             relative = position - chunk_start
             if relative + HEADER_SIZE > len(chunk) and chunk_start + len(chunk) < end:
-                chunk = os.pread(self._fd, min(SCAN_CHUNK_BYTES, end - position), position)
+                chunk = os.pread(self._fd, min(read_size, end - position), position)
                 chunk_start, relative = position, 0
+                read_size = SCAN_CHUNK_BYTES
             peeked = peek_batch(chunk, relative)
             if peeked is None or position + peeked.size > end:
                 return
@@ -171,7 +178,8 @@ class LogSegment:
     def translate_offset(self, target_offset: int, starting_position: int = 0) -> BatchLocation | None:
         """The first batch whose last offset >= target (index lookup, then a short scan)."""
         position = max(self.index.lookup(target_offset).position, starting_position)
-        for location in self.batch_locations(position):
+        first_read = self.config.index_interval_bytes + HEADER_SIZE
+        for location in self.batch_locations(position, first_read=first_read):
             if location.last_offset >= target_offset:
                 return location
         return None
