@@ -260,49 +260,60 @@ def decode_records(
 
 
 def _parse_records(data: bytes, header: BatchHeader, log_append_time: int | None) -> list[Record]:
+    # The hot loop of every consumer: one-byte varints (most lengths, deltas and counts) are decoded inline,
+    # longer ones by decode_varint/decode_varlong. IndexError at the end of `data` is turned into
+    # TruncatedBatchError by the caller.
     records: list[Record] = []
     append = records.append
+    varint = decode_varint
     base_offset = header.base_offset
     base_timestamp = header.base_timestamp
     end = len(data)
     pos = 0
     for index in range(header.records_count):
-        length, pos = decode_varint(data, pos)
+        b = data[pos]
+        if b < 0x80:
+            length, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            length, pos = varint(data, pos)
         record_end = pos + length
         if length < 0 or record_end > end:
             raise CorruptRecordError(f"record {index} declares length {length}, which does not fit the batch")
-        pos += 1  # attributes, unused
-        timestamp_delta, pos = decode_varlong(data, pos)
-        offset_delta, pos = decode_varint(data, pos)
-        key_length, pos = decode_varint(data, pos)
+        b = data[pos + 1]  # after the unused attributes byte
+        if b < 0x80:
+            timestamp_delta, pos = (b >> 1) ^ -(b & 1), pos + 2
+        else:
+            timestamp_delta, pos = decode_varlong(data, pos + 1)
+        b = data[pos]
+        if b < 0x80:
+            offset_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            offset_delta, pos = varint(data, pos)
+        b = data[pos]
+        if b < 0x80:
+            key_length, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            key_length, pos = varint(data, pos)
         if key_length < 0:
             key = None
         else:
             key = data[pos : pos + key_length]
             pos += key_length
-        value_length, pos = decode_varint(data, pos)
+        b = data[pos]
+        if b < 0x80:
+            value_length, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            value_length, pos = varint(data, pos)
         if value_length < 0:
             value = None
         else:
             value = data[pos : pos + value_length]
             pos += value_length
-        header_count, pos = decode_varint(data, pos)
-        if header_count < 0:
-            raise CorruptRecordError(f"record {index} declares a negative header count {header_count}")
-        headers: list[tuple[str, bytes | None]] = []
-        for _ in range(header_count):
-            header_key_length, pos = decode_varint(data, pos)
-            if header_key_length < 0:
-                raise CorruptRecordError(f"record {index} has a header with a null key")
-            header_key = data[pos : pos + header_key_length].decode("utf-8", "surrogateescape")
-            pos += header_key_length
-            header_value_length, pos = decode_varint(data, pos)
-            if header_value_length < 0:
-                header_value = None
-            else:
-                header_value = data[pos : pos + header_value_length]
-                pos += header_value_length
-            headers.append((header_key, header_value))
+        if data[pos] == 0:  # no headers: the common case
+            headers: list[tuple[str, bytes | None]] = []
+            pos += 1
+        else:
+            headers, pos = _parse_headers(data, pos, index)
         if pos != record_end:
             raise CorruptRecordError(
                 f"record {index} declares {length} bytes but its fields take {length + pos - record_end}"
@@ -314,6 +325,27 @@ def _parse_records(data: bytes, header: BatchHeader, log_append_time: int | None
             f"incorrect declared batch size: {end - pos} bytes left after {header.records_count} records"
         )
     return records
+
+
+def _parse_headers(data: bytes, pos: int, index: int) -> tuple[list[tuple[str, bytes | None]], int]:
+    header_count, pos = decode_varint(data, pos)
+    if header_count < 0:
+        raise CorruptRecordError(f"record {index} declares a negative header count {header_count}")
+    headers: list[tuple[str, bytes | None]] = []
+    for _ in range(header_count):
+        header_key_length, pos = decode_varint(data, pos)
+        if header_key_length < 0:
+            raise CorruptRecordError(f"record {index} has a header with a null key")
+        header_key = data[pos : pos + header_key_length].decode("utf-8", "surrogateescape")
+        pos += header_key_length
+        header_value_length, pos = decode_varint(data, pos)
+        if header_value_length < 0:
+            header_value = None
+        else:
+            header_value = data[pos : pos + header_value_length]
+            pos += header_value_length
+        headers.append((header_key, header_value))
+    return headers, pos
 
 
 def parse_control_record(record: Record) -> tuple[ControlRecordType | int, int | None]:
