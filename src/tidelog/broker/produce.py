@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidelog.broker.server import Deferred
 from tidelog.codec.record_batch import read_header
 from tidelog.errors import InvalidRecordError, InvalidTopicError, TidelogError
 from tidelog.protocol.messages import ApiKey, Request
@@ -169,6 +170,16 @@ class ProduceApis:
                     else:
                         self.flusher.flush_later(partition_log)
             responses.append({"name": topic_data.name, "partition_responses": partition_responses})
+        if acks == 0:
+            return None
+        body = {"responses": responses, "throttle_time": 0}
+        if not pending:
+            return body
+        return Deferred(self._when_durable(body, pending))
+
+    async def _when_durable(
+        self, body: dict[str, Any], pending: list[tuple[dict[str, Any], PartitionLog, int]]
+    ) -> dict[str, Any]:
         for answer, partition_log, offset in pending:
             try:
                 await self.flusher.wait_durable(partition_log, offset)
@@ -177,9 +188,7 @@ class ProduceApis:
             except Exception as exc:
                 answer["error_code"] = 56  # KAFKA_STORAGE_ERROR
                 answer["error_message"] = str(exc)
-        if acks == 0:
-            return None
-        return {"responses": responses, "throttle_time": 0}
+        return body
 
     def _append(
         self, topic: str, partition: int, records: bytes | None, transactional_id: str | None, answer: dict[str, Any]

@@ -45,8 +45,19 @@ class RawResponse:
     size: int
 
 
-Response = dict[str, Any] | RawResponse | None
+@dataclass
+class Deferred:
+    """A response that is ready later (an acks=all produce waiting for its fsync). The connection reads the
+    next request meanwhile and still answers in order."""
+
+    body: Awaitable[dict[str, Any] | None]
+
+
+Response = dict[str, Any] | RawResponse | Deferred | None
 Handler = Callable[[Request, "Connection"], Awaitable[Response]]
+_Pending = bytes | RawResponse | None | asyncio.Task[bytes | RawResponse | None]
+_END_OF_REQUESTS: Any = object()
+MAX_PIPELINED_RESPONSES = 128
 
 
 @dataclass
@@ -62,9 +73,12 @@ class Connection:
     advertised_host: str
     advertised_port: int
     peer: str
-    busy: bool = False
-    closing: bool = False
+    in_flight: int = 0  # requests read whose response has not been written yet
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def busy(self) -> bool:
+        return self.in_flight > 0
 
 
 class Broker:
@@ -168,20 +182,42 @@ class Broker:
                 await writer.wait_closed()
 
     async def _serve(self, connection: Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read and handle requests in order; a sender task writes the responses in the same order. A handler
+        that must wait for durability (Deferred) lets the next request in meanwhile, so pipelined acks=all
+        produces share fsync rounds instead of queueing one round each."""
         max_bytes = self.config.socket_request_max_bytes
-        while not self.stopping:
-            (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
-            check_frame_size(size, max_bytes)
-            payload = await reader.readexactly(size)
-            connection.busy = True
+        responses: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=MAX_PIPELINED_RESPONSES)
+        sender = asyncio.create_task(self._send_in_order(responses, writer, connection))
+        try:
+            while not self.stopping and not sender.done():
+                try:
+                    (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
+                except asyncio.IncompleteReadError as exc:
+                    if exc.partial:
+                        raise
+                    break  # the client closed its side between requests: answer what is pending, then close
+                check_frame_size(size, max_bytes)
+                payload = await reader.readexactly(size)
+                connection.in_flight += 1
+                await responses.put(await self._handle(payload, connection))
+            await responses.put(_END_OF_REQUESTS)
+            await sender
+        finally:
+            if not sender.done():
+                sender.cancel()
+
+    async def _send_in_order(
+        self, responses: asyncio.Queue[_Pending], writer: asyncio.StreamWriter, connection: Connection
+    ) -> None:
+        while (item := await responses.get()) is not _END_OF_REQUESTS:
             try:
-                response = await self._handle(payload, connection)
+                response = await item if isinstance(item, asyncio.Task) else item
                 if response is not None:
                     await self._send(writer, response)
             finally:
-                connection.busy = False
+                connection.in_flight -= 1
 
-    async def _handle(self, payload: bytes, connection: Connection) -> bytes | RawResponse | None:
+    async def _handle(self, payload: bytes, connection: Connection) -> _Pending:
         try:
             request = decode_request(payload, self.supported)
         except UnsupportedVersionError as exc:
@@ -190,9 +226,18 @@ class Broker:
             raise
         started = time.perf_counter()
         body = await self.handlers[request.api_key].handle(request, connection)
+        if isinstance(body, Deferred):
+            return asyncio.create_task(self._finish(request, body, started))
+        return self._encode(request, body, started)
+
+    async def _finish(self, request: Request, deferred: Deferred, started: float) -> bytes | RawResponse | None:
+        return self._encode(request, await deferred.body, started)
+
+    def _encode(self, request: Request, body: Response, started: float) -> bytes | RawResponse | None:
         if body is None or isinstance(body, RawResponse):
             response = body
         else:
+            assert not isinstance(body, Deferred)
             response = encode_response(request.api_key, request.api_version, request.correlation_id, body)
         self.metrics.request_latency.labels(self._api_names[request.api_key]).observe(time.perf_counter() - started)
         return response
