@@ -10,7 +10,7 @@
   REBALANCE_IN_PROGRESS, MEMBER_ID_REQUIRED, INCONSISTENT_GROUP_PROTOCOL, the rebalance timeout, ...);
 - offsets retention (`@pytest.mark.slow`: at least a minute each).
 
-Where tidelog and Kafka differ, the test asserts Kafka's behaviour and is marked `xfail(strict=True)` with the bug.
+Every test asserts Kafka's behaviour.
 
 Every broker here has `group.initial.rebalance.delay.ms=0`; tests sharing the module broker use their own topic and
 group names.
@@ -1441,11 +1441,6 @@ def test_member_that_does_not_rejoin_within_the_rebalance_timeout_is_dropped(gbr
     assert b.leave(group, other["member_id"]) == NONE
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: OffsetCommit stores offsets for partitions that do not exist instead of answering "
-    "UNKNOWN_TOPIC_OR_PARTITION (a late commit after a topic deletion brings the offsets back)",
-)
 def test_commit_to_a_partition_that_does_not_exist(gbroker, wires) -> None:
     """Kafka answers UNKNOWN_TOPIC_OR_PARTITION for a commit to a topic or partition it does not have."""
     group, topic = "raw-commit-nowhere", "raw-commit-nowhere"
@@ -1511,11 +1506,6 @@ def test_offsets_of_empty_groups_expire_after_the_retention(start_broker) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: offsets of a consumer group expire offsets.retention.minutes after their commit even when the group "
-    "was active until a moment ago; Kafka (KIP-211, 2.1+) counts the retention from when the group became Empty",
-)
 def test_offsets_retention_counts_from_when_the_group_became_empty(start_broker) -> None:
     broker = start_broker(RETENTION_OVERRIDES)
     topic, group, partitions = "retention-kip-211", "kip-211", 2
@@ -1540,11 +1530,6 @@ def test_offsets_retention_counts_from_when_the_group_became_empty(start_broker)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an Empty group whose offsets all expired stays listed (ListGroups, DescribeGroups says Empty); "
-    "Kafka moves it to Dead and writes a tombstone for its metadata",
-)
 def test_an_empty_group_whose_offsets_all_expired_is_removed(start_broker) -> None:
     broker = start_broker(RETENTION_OVERRIDES)
     topic, group, partitions = "retention-dead", "retention-dead", 2

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidelog.broker")
 
 NONE = 0
+UNKNOWN_TOPIC_OR_PARTITION = 3
 COORDINATOR_NOT_AVAILABLE = 15
 ILLEGAL_GENERATION = 22
 INCONSISTENT_GROUP_PROTOCOL = 23
@@ -95,7 +96,8 @@ class Group:
     protocol: str | None = None
     leader: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
-    pending_member_ids: set[str] = field(default_factory=set)
+    pending_member_ids: dict[str, float] = field(default_factory=dict)  # MEMBER_ID_REQUIRED ids -> when given
+    empty_since_ms: int | None = None  # when the group last lost its last member (offsets retention counts from it)
     join_timer: asyncio.TimerHandle | None = None
     initial_delay_pending: bool = False
 
@@ -162,6 +164,8 @@ class GroupCoordinator:
                     m.assignment,
                 )
             group.state = GroupState.STABLE if group.members else GroupState.EMPTY
+            if not group.members:
+                group.empty_since_ms = metadata.current_state_timestamp
         self._expiry_task = asyncio.create_task(self._expire_members())
         self._offsets_task = asyncio.create_task(self._expire_offsets_periodically())
 
@@ -225,11 +229,11 @@ class GroupCoordinator:
                 self._existing_static_member(group, instance_id) or f"{request.client_id or 'member'}-{uuid.uuid4()}"
             )
             if instance_id is None and request.api_version >= 4:
-                group.pending_member_ids.add(member_id)
+                group.pending_member_ids[member_id] = time.monotonic()
                 return self._join_error(MEMBER_ID_REQUIRED, member_id)
         elif member_id not in group.members and member_id not in group.pending_member_ids:
             return self._join_error(UNKNOWN_MEMBER_ID, member_id)
-        group.pending_member_ids.discard(member_id)
+        group.pending_member_ids.pop(member_id, None)
 
         member = group.members.get(member_id)
         host = connection.peer.rsplit(":", 1)[0]
@@ -353,9 +357,7 @@ class GroupCoordinator:
             group.members.pop(member_id).fail_waiters(UNKNOWN_MEMBER_ID)
         group.generation += 1
         if not group.members:
-            group.state = GroupState.EMPTY
-            group.protocol = group.leader = None
-            self._persist_group_later(group)
+            self._become_empty(group)
             return
         group.protocol = self._select_protocol(group)
         if group.leader not in group.members:
@@ -478,18 +480,25 @@ class GroupCoordinator:
             if group.members:
                 self._prepare_rebalance(group, f"member {member_id} {reason}")
             else:
-                group.state = GroupState.EMPTY
                 group.generation += 1
-                group.protocol = group.leader = None
-                self._persist_group_later(group)
+                self._become_empty(group)
         elif group.state is GroupState.PREPARING_REBALANCE:
             self._maybe_complete_join(group)
+
+    def _become_empty(self, group: Group) -> None:
+        group.state = GroupState.EMPTY
+        group.protocol = group.leader = None
+        group.empty_since_ms = int(time.time() * 1000)
+        self._persist_group_later(group)
 
     async def _expire_members(self) -> None:
         while True:
             await asyncio.sleep(EXPIRY_CHECK_SECONDS)
             now = time.monotonic()
             for group in list(self.groups.values()):
+                for member_id, given in list(group.pending_member_ids.items()):
+                    if now - given > self.config.group_max_session_timeout_ms / 1000:
+                        del group.pending_member_ids[member_id]  # handed out but never used to rejoin
                 for member in list(group.members.values()):
                     waiting = member.join_future is not None or member.sync_future is not None
                     if not waiting and now - member.last_heartbeat > member.session_timeout_ms / 1000:
@@ -511,21 +520,34 @@ class GroupCoordinator:
                 await self.store.write(group_id, [(records.OffsetKey(group_id, t, p), None) for t, p in doomed])
 
     async def expire_offsets(self, now_ms: int) -> int:
-        """Drop offsets of groups without members committed longer than `offsets.retention.minutes` ago."""
+        """Kafka's rule (KIP-211): a group with members keeps its offsets; an empty group's offsets expire
+        `offsets.retention.minutes` after the later of their commit and the moment the group became empty.
+        A group left with no offsets and no members is removed (its metadata gets a tombstone)."""
         expired = 0
+        retention = self.config.offsets_retention_ms
         for group_id, stored in list(self.store.groups.items()):
             group = self.groups.get(group_id)
             if group is not None and group.members:
                 continue
+            empty_since = group.empty_since_ms if group is not None and group.empty_since_ms is not None else 0
             old = [
                 key
                 for key, value in stored.offsets.items()
-                if now_ms - value.commit_timestamp > self.config.offsets_retention_ms
+                if now_ms - max(value.commit_timestamp, empty_since) > retention
             ]
+            entries: list[tuple[records.OffsetKey | records.GroupKey, bytes | None]] = [
+                (records.OffsetKey(group_id, t, p), None) for t, p in old
+            ]
+            group_gone = len(old) == len(stored.offsets)
+            if group_gone and stored.metadata is not None:
+                entries.append((records.GroupKey(group_id), None))
+            if entries:
+                await self.store.write(group_id, entries)
             if old:
-                await self.store.write(group_id, [(records.OffsetKey(group_id, t, p), None) for t, p in old])
                 expired += len(old)
                 log.info("group %s: %d committed offset(s) expired (offsets.retention.minutes)", group_id, len(old))
+            if group_gone:
+                self.groups.pop(group_id, None)
         return expired
 
     # --- persistence ------------------------------------------------------------------------------------------
@@ -536,7 +558,9 @@ class GroupCoordinator:
             group.generation,
             group.protocol,
             group.leader,
-            int(time.time() * 1000),
+            group.empty_since_ms
+            if group.state is GroupState.EMPTY and group.empty_since_ms
+            else int(time.time() * 1000),
             tuple(
                 records.MemberValue(
                     m.member_id,
@@ -589,7 +613,9 @@ class GroupCoordinator:
             for partition in topic.partitions:
                 code = error
                 metadata = partition.committed_metadata or ""
-                if code == NONE and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                if code == NONE and (topic.name, partition.partition_index) not in self.broker.engine.logs:
+                    code = UNKNOWN_TOPIC_OR_PARTITION
+                elif code == NONE and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
                     code = OFFSET_METADATA_TOO_LARGE
                 if code == NONE:
                     value = records.OffsetValue(

@@ -9,6 +9,7 @@ those the source must decide itself (options.py).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -25,6 +26,8 @@ from tidelog.spark.options import ReadOptions
 
 METADATA_TIMEOUT_S = 30.0
 RECORDS_PER_CHUNK = 20_000
+MAX_MESSAGES_PER_POLL = 10_000
+POLL_INTERVAL_S = 1.0
 _TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}  # librdkafka's NOT_AVAILABLE/CREATE_TIME/LOG_APPEND_TIME -> Kafka's ids
 
 
@@ -132,14 +135,19 @@ def read_columns(options: ReadOptions, r: OffsetRange) -> Iterator[RecordColumns
         records: list[Record] = []
         types: list[int] = []
         position = r.start
-        timeout_s = options.poll_timeout_ms / 1000
+        deadline = time.monotonic() + options.poll_timeout_ms / 1000
         while position < r.end:
-            messages = consumer.consume(num_messages=10_000, timeout=timeout_s)
+            # consume() waits until it has num_messages or the timeout passes: ask for no more than is left
+            wanted = int(min(MAX_MESSAGES_PER_POLL, r.end - position + 1))
+            messages = consumer.consume(num_messages=wanted, timeout=POLL_INTERVAL_S)
             if not messages:
-                raise KafkaClientError(
-                    f"{name}: no record at offset {position} within kafkaConsumer.pollTimeoutMs "
-                    f"({options.poll_timeout_ms} ms) from {options.bootstrap_servers}"
-                )
+                if time.monotonic() > deadline:
+                    raise KafkaClientError(
+                        f"{name}: no record at offset {position} within kafkaConsumer.pollTimeoutMs "
+                        f"({options.poll_timeout_ms} ms) from {options.bootstrap_servers}"
+                    )
+                continue
+            deadline = time.monotonic() + options.poll_timeout_ms / 1000
             for message in messages:
                 error = message.error()
                 if error is not None:

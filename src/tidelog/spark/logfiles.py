@@ -178,6 +178,16 @@ class PartitionFiles:
             slot -= 1
         return int(entries.positions[slot]) if slot >= 0 else 0
 
+    def end_position_for(self, base: int, end_offset: int, file_size: int) -> int:
+        """A byte position in segment `base` at or after the end of the batch holding `end_offset - 1`.
+
+        Entry (O, P) says the batch at P ends at O, so the second entry with O >= end_offset - 1 starts after it."""
+        entries = self.index(base)
+        slot = int(np.searchsorted(entries.offsets, end_offset - 1, side="left")) + 1
+        if slot < len(entries.positions) and entries.positions[slot] <= file_size:
+            return int(entries.positions[slot])
+        return file_size
+
     # --- offsets -------------------------------------------------------------------------------------------
 
     def log_start_offset(self, bases: Sequence[int] | None = None) -> int:
@@ -316,7 +326,8 @@ class PartitionFiles:
             try:
                 size = os.fstat(fd).st_size
                 position = self.position_for(base, max(start, base), size) if start > base else 0
-                for chunk, table, chunk_position in _chunks(fd, path, position, size, chunk_bytes):
+                limit = self.end_position_for(base, end, size)
+                for chunk, table, chunk_position in _chunks(fd, path, position, limit, chunk_bytes):
                     last = table.last_offset
                     yield Chunk(chunk, table, path, chunk_position)
                     last_seen = max(last_seen, int(last[-1]))

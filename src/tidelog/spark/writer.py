@@ -1,0 +1,323 @@
+"""The `tidelog` sink: Spark's Kafka sink columns, written to a log directory or through a broker.
+
+Columns (as Spark's Kafka sink): `value` (binary or string, required), `key` (binary or string; absent = null
+key), `topic` (string; required unless the `topic` option is set, which overrides it), `partition` (int; absent or
+null = Kafka's murmur2 partitioner on the key, sticky round-robin for null keys), `headers`
+(array<struct<key string, value binary>>). Other columns are ignored.
+
+Where to: `kafka.bootstrap.servers` = each task runs its own idempotent producer (acks=all,
+enable.idempotence=true, Java-compatible murmur2 partitioning); `path` = each task encodes record batches and
+appends them to the log directory itself, holding the directory's lock only while it appends (so it cannot write
+while a broker serves that directory; write through the broker then).
+
+Delivery guarantee, honestly: at-least-once. Within one task attempt nothing is written twice (the idempotent
+producer drops its own retries; a local append happens once or raises). A task Spark retries, a failed job Spark
+re-runs, or a micro-batch replayed after a crash writes its records again; readers that need exactly-once must
+de-duplicate, for example on a key. Nothing is rolled back on abort.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
+
+from tidelog.codec.compression import Compression
+from tidelog.codec.record_batch import Record, build_batch
+from tidelog.errors import KafkaStorageError, UnknownTopicOrPartitionError
+from tidelog.partitioner import partition_for_key
+from tidelog.spark.options import OptionError, WriteOptions, parse_write_options
+
+FLUSH_BYTES = 16 << 20  # path writes: encoded bytes a task buffers before it takes the lock and appends
+LOCK_RETRY_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class SinkSpec:
+    options: WriteOptions
+    has_key: bool
+    has_topic: bool
+    has_partition: bool
+    has_headers: bool
+
+
+def check_overwrite(overwrite: bool) -> None:
+    if overwrite:
+        raise OptionError(
+            "the tidelog sink appends to a log and cannot overwrite it; use mode 'append' (or the default)"
+        )
+
+
+def _is_header_type(data_type: Any) -> bool:
+    if not isinstance(data_type, ArrayType) or not isinstance(data_type.elementType, StructType):
+        return False
+    fields = {f.name: f.dataType for f in data_type.elementType.fields}
+    return (
+        set(fields) == {"key", "value"}
+        and isinstance(fields["key"], StringType)
+        and isinstance(fields["value"], BinaryType | StringType)
+    )
+
+
+def parse_sink(options: Any, schema: StructType) -> SinkSpec:
+    """Check the DataFrame's columns and the options on the driver, before any task runs."""
+    opts = parse_write_options(options)
+    columns = {f.name: f.dataType for f in schema.fields}
+    if "value" not in columns:
+        raise OptionError(
+            f"the tidelog sink needs a 'value' column (binary or string); the columns are {list(columns)}"
+        )
+    for name in ("key", "value"):
+        if name in columns and not isinstance(columns[name], BinaryType | StringType):
+            raise OptionError(f"column '{name}' must be binary or string, not {columns[name].simpleString()}")
+    if "topic" in columns and not isinstance(columns["topic"], StringType):
+        raise OptionError(f"column 'topic' must be a string, not {columns['topic'].simpleString()}")
+    if "topic" not in columns and opts.topic is None:
+        raise OptionError("set the option 'topic' or give the DataFrame a 'topic' column (which topic to write to)")
+    if "partition" in columns and not isinstance(columns["partition"], IntegerType):
+        raise OptionError(f"column 'partition' must be an int, not {columns['partition'].simpleString()}")
+    if "headers" in columns and not _is_header_type(columns["headers"]):
+        raise OptionError(
+            "column 'headers' must be array<struct<key: string, value: binary>>, "
+            f"not {columns['headers'].simpleString()}"
+        )
+    if opts.paths and opts.topic is not None:
+        from tidelog.spark.logfiles import LogFiles
+
+        if opts.topic not in LogFiles(opts.paths).topics():
+            raise UnknownTopicOrPartitionError(
+                f"option 'topic': topic {opts.topic!r} does not exist in {opts.location}; create it first "
+                "(tidelog.open(...).create_topic, or write through a broker that auto-creates topics)"
+            )
+    return SinkSpec(opts, "key" in columns, "topic" in columns, "partition" in columns, "headers" in columns)
+
+
+@dataclass
+class WriteSummary(WriterCommitMessage):
+    records: int = 0
+    per_partition: dict[str, int] = field(default_factory=dict)
+
+
+def _column(batch: pa.RecordBatch, name: str, binary: bool = False) -> list[Any]:
+    array = batch.column(batch.schema.get_field_index(name))
+    if binary and pa.types.is_string(array.type):
+        array = array.cast(pa.binary())
+    return array.to_pylist()
+
+
+def _rows(spec: SinkSpec, batch: pa.RecordBatch) -> Iterator[tuple[str, int | None, Record]]:
+    n = batch.num_rows
+    values = _column(batch, "value", binary=True)
+    keys = _column(batch, "key", binary=True) if spec.has_key else [None] * n
+    topics = [spec.options.topic] * n if spec.options.topic else _column(batch, "topic")
+    partitions = _column(batch, "partition") if spec.has_partition else [None] * n
+    headers = _column(batch, "headers") if spec.has_headers else [None] * n
+    for i in range(n):
+        topic = topics[i]
+        if topic is None:
+            raise OptionError("a row has a null 'topic' and the option 'topic' is not set")
+        row_headers = [
+            (h["key"], h["value"].encode() if isinstance(h["value"], str) else h["value"]) for h in headers[i] or ()
+        ]
+        yield topic, partitions[i], Record(values[i], keys[i], None, row_headers)
+
+
+class _Partitioner:
+    """Kafka's default: murmur2 of the key; null keys stick to one partition per batch, then move on."""
+
+    def __init__(self) -> None:
+        self._sticky: dict[str, int] = {}
+
+    def partition(self, topic: str, count: int, key: bytes | None, given: int | None) -> int:
+        if given is not None:
+            if not 0 <= given < count:
+                raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {given} (it has {count})")
+            return given
+        if key is not None:
+            return partition_for_key(key, count)
+        if topic not in self._sticky:
+            self._sticky[topic] = random.randrange(count)
+        return self._sticky[topic] % count
+
+    def next_batch(self, topic: str) -> None:
+        if topic in self._sticky:
+            self._sticky[topic] += 1
+
+
+# --- writing to a log directory ---------------------------------------------------------------------------------
+
+
+class _LogDirWriter:
+    def __init__(self, options: WriteOptions) -> None:
+        from tidelog.spark.logfiles import LogFiles
+
+        self.options = options
+        self.partition_counts = {t: len(ps) for t, ps in LogFiles(options.paths).topics().items()}
+        self.partitioner = _Partitioner()
+        self.pending: dict[tuple[str, int], list[Record]] = defaultdict(list)
+        self.encoded: list[tuple[str, int, bytes]] = []
+        self.encoded_bytes = 0
+        self.summary = WriteSummary()
+        self.compression = Compression.from_name(options.compression)
+
+    def add(self, topic: str, given: int | None, record: Record) -> None:
+        count = self.partition_counts.get(topic)
+        if count is None:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} does not exist in {self.options.location}; create it before writing to it"
+            )
+        partition = self.partitioner.partition(topic, count, record.key, given)
+        records = self.pending[(topic, partition)]
+        records.append(record)
+        if len(records) >= self.options.batch_records:
+            self._encode(topic, partition)
+
+    def _encode(self, topic: str, partition: int) -> None:
+        records = self.pending.pop((topic, partition), [])
+        if not records:
+            return
+        batch = build_batch(records, compression=self.compression)
+        self.encoded.append((topic, partition, batch))
+        self.encoded_bytes += len(batch)
+        self.partitioner.next_batch(topic)
+        if self.encoded_bytes >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        for topic, partition in list(self.pending):
+            self._encode(topic, partition)
+        if not self.encoded:
+            return
+        log = self._open()
+        try:
+            for topic, partition, batch in self.encoded:
+                result = log.append(topic, partition, batch)
+                self.summary.records += result.record_count
+                name = f"{topic}-{partition}"
+                self.summary.per_partition[name] = self.summary.per_partition.get(name, 0) + result.record_count
+        finally:
+            log.close()
+        self.encoded = []
+        self.encoded_bytes = 0
+
+    def _open(self) -> Any:
+        import tidelog
+
+        deadline = time.monotonic() + self.options.lock_timeout_ms / 1000
+        while True:
+            try:
+                return tidelog.open(
+                    self.options.paths[0], config={"log.dirs": ",".join(self.options.paths)}, background=False
+                )
+            except KafkaStorageError as exc:
+                if "in use by another process" not in str(exc) or time.monotonic() > deadline:
+                    raise KafkaStorageError(
+                        f"{exc}; waited {self.options.lock_timeout_ms} ms (tidelog.lockTimeoutMs). If a broker "
+                        "serves this directory, write through it with kafka.bootstrap.servers instead"
+                    ) from None
+                time.sleep(LOCK_RETRY_S * (1 + random.random()))
+
+
+# --- writing through a broker -------------------------------------------------------------------------------
+
+
+class _ProducerWriter:
+    def __init__(self, options: WriteOptions) -> None:
+        from confluent_kafka import Producer
+
+        config = {
+            "bootstrap.servers": options.bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",  # the Java client's partitioning of keyed records
+            "linger.ms": 5,
+            "client.id": "tidelog-spark-sink",
+        }
+        config.update(options.kafka_params)
+        self.options = options
+        self.producer = Producer(config)
+        self.errors: list[str] = []
+        self.summary = WriteSummary()
+
+    def _delivered(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self.errors.append(f"{message.topic()}: {error}")
+            return
+        self.summary.records += 1
+        name = f"{message.topic()}-{message.partition()}"
+        self.summary.per_partition[name] = self.summary.per_partition.get(name, 0) + 1
+
+    def add(self, topic: str, given: int | None, record: Record) -> None:
+        kwargs: dict[str, Any] = {"value": record.value, "key": record.key, "on_delivery": self._delivered}
+        if given is not None:
+            kwargs["partition"] = given
+        if record.headers:
+            kwargs["headers"] = list(record.headers)
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain
+                self.producer.poll(0.1)
+        self.producer.poll(0)
+        if self.errors:
+            self._raise()
+
+    def flush(self) -> None:
+        remaining = self.producer.flush(300)
+        if remaining:
+            self.errors.append(f"{remaining} records were not acknowledged within 300 s")
+        if self.errors:
+            self._raise()
+
+    def _raise(self) -> None:
+        from tidelog.spark.kafka_client import KafkaClientError
+
+        raise KafkaClientError(
+            f"writing to kafka.bootstrap.servers={self.options.bootstrap_servers} failed: {'; '.join(self.errors[:5])}"
+        )
+
+
+def write_task(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> WriteSummary:
+    writer: _LogDirWriter | _ProducerWriter
+    writer = _LogDirWriter(spec.options) if spec.options.paths else _ProducerWriter(spec.options)
+    for batch in batches:
+        for topic, partition, record in _rows(spec, batch):
+            writer.add(topic, partition, record)
+    writer.flush()
+    return writer.summary
+
+
+class TidelogBatchWriter(DataSourceArrowWriter):
+    def __init__(self, spec: SinkSpec) -> None:
+        self.spec = spec
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteSummary:
+        return write_task(self.spec, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # every task's records are already in the log
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # appended records cannot be taken back: at-least-once (see the module docstring)
+
+
+class TidelogStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, spec: SinkSpec) -> None:
+        self.spec = spec
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteSummary:
+        return write_task(self.spec, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
