@@ -5,7 +5,7 @@ tidelog serve [-c server.properties] [--override KEY=VALUE ...]
 tidelog topics --bootstrap-server H:P --create|--list|--describe|--delete [--topic T] ...
 tidelog produce --bootstrap-server H:P --topic T [--property parse.key=true ...] < lines
 tidelog consume --bootstrap-server H:P --topic T [--group G] [--from-beginning] [--property print.key=true ...]
-tidelog demo
+tidelog demo [--storage] [--seconds S] [--rate N] [--read-from broker|files]
 
 A usage error is one line on stderr (`tidelog produce: error: ...`) and exit code 2.
 """
@@ -64,10 +64,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from tidelog import demo
+    if args.storage:
+        from tidelog import demo
 
-    demo.run()
-    return 0
+        demo.run()
+        return 0
+    from tidelog.spark import demo as spark_demo
+
+    return spark_demo.run(seconds=args.seconds, rate=args.rate, read_from=args.read_from)
 
 
 Handler = Callable[[argparse.Namespace], int]
@@ -278,7 +282,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_produce_parser(commands)
     _add_consume_parser(commands)
 
-    demo = commands.add_parser("demo", help="a short storage demo (what `make demo` runs)")
+    demo = commands.add_parser(
+        "demo",
+        help="the page-visits pipeline on Spark against a local broker (what `make demo` runs)",
+        description="Start `tidelog serve`, produce page visits with a Kafka client, count them per page per "
+        "10-second window with Structured Streaming into a topic and Parquet, print the top pages, stop.",
+    )
+    demo.add_argument("--storage", action="store_true", help="the short storage-engine demo instead (no Spark)")
+    demo.add_argument("--seconds", type=float, default=40.0, help="how long to produce events (default 40)")
+    demo.add_argument("--rate", type=int, default=500, help="events per second to produce (default 500)")
+    demo.add_argument(
+        "--read-from",
+        choices=["broker", "files"],
+        default="broker",
+        help="stream from the broker (Kafka protocol, default) or from its log files directly",
+    )
     demo.set_defaults(handler=_demo)
     return parser
 

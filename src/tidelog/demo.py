@@ -1,8 +1,10 @@
-"""`tidelog demo` (what `make demo` runs): the storage engine end to end, in a few seconds.
+"""`tidelog demo --storage`: the storage engine end to end, in a few seconds.
 
 Writes page-visit events to topic `page_visits` (5 partitions, keys placed by Kafka's murmur2
 partitioner) with small segments so several roll, then shows the directory Kafka would recognise,
 a `dump-log` excerpt, a lookup by offset and by timestamp, and a recovery after a simulated crash.
+
+`tidelog demo` (what `make demo` runs) is the Spark pipeline instead: see tidelog/spark/demo.py.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ PAGES = ["/", "/products", "/products/42", "/cart", "/checkout", "/blog/kafka-on
 
 
 def run(data_dir: Path = Path("tidelog-demo-data")) -> None:
+    """The storage demo (`tidelog demo --storage`)."""
     console = Console()
     shutil.rmtree(data_dir, ignore_errors=True)
     config = {"log.segment.bytes": 64 * 1024, "log.index.interval.bytes": 4096}

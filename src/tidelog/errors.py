@@ -1,16 +1,57 @@
-"""Every failure tidelog reports, one exception type each, with the Kafka error code it maps to.
+"""Every failure tidelog reports, one exception type each, and the one table of Kafka error codes they map to.
 
 The broker turns an exception into a response error code through `kafka_error_code`; the library and the
-CLI show its message, which always names what was wrong (the field, the file, the config key).
+CLI show its message, which always names what was wrong (the field, the file, the config key). Handlers that
+answer with a code directly (the group coordinator's member checks) take it from `ErrorCode` too.
 """
 
 from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    """The Kafka protocol error codes tidelog answers with (clients/.../protocol/Errors.java)."""
+
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    MESSAGE_TOO_LARGE = 10
+    OFFSET_METADATA_TOO_LARGE = 12
+    COORDINATOR_NOT_AVAILABLE = 15
+    INVALID_TOPIC_EXCEPTION = 17
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    INVALID_TIMESTAMP = 32
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_CONFIG = 40
+    INVALID_REQUEST = 42
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    INVALID_PRODUCER_EPOCH = 47
+    INVALID_TXN_STATE = 48
+    KAFKA_STORAGE_ERROR = 56
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+    TOPIC_DELETION_DISABLED = 73
+    UNSUPPORTED_COMPRESSION_TYPE = 76
+    MEMBER_ID_REQUIRED = 79
+    GROUP_SUBSCRIBED_TO_TOPIC = 86
+    INVALID_RECORD = 87
 
 
 class TidelogError(Exception):
     """Base of all tidelog errors. `kafka_error_code` is the code a Kafka client receives."""
 
-    kafka_error_code: int = -1  # UNKNOWN_SERVER_ERROR
+    kafka_error_code: int = ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 # --- bytes that do not decode -------------------------------------------------------------------------------
@@ -19,7 +60,7 @@ class TidelogError(Exception):
 class CorruptRecordError(TidelogError):
     """Bytes that are not a valid record batch: bad CRC, truncated, impossible lengths."""
 
-    kafka_error_code = 2  # CORRUPT_MESSAGE
+    kafka_error_code = ErrorCode.CORRUPT_MESSAGE
 
 
 class CrcMismatchError(CorruptRecordError):
@@ -39,68 +80,68 @@ class UnsupportedCompressionError(CorruptRecordError):
 
     A kind of corrupt record (a reader of stored bytes treats it as damage) with its own Kafka code."""
 
-    kafka_error_code = 76  # UNSUPPORTED_COMPRESSION_TYPE
+    kafka_error_code = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
 
 
 class InvalidRecordError(TidelogError):
     """A well-formed batch that breaks a rule of the log (offsets, counts, timestamps, control layout)."""
 
-    kafka_error_code = 87  # INVALID_RECORD
+    kafka_error_code = ErrorCode.INVALID_RECORD
 
 
 class InvalidTimestampError(TidelogError):
-    kafka_error_code = 32  # INVALID_TIMESTAMP
+    kafka_error_code = ErrorCode.INVALID_TIMESTAMP
 
 
 class RecordTooLargeError(TidelogError):
     """A batch larger than the topic's `max.message.bytes`."""
 
-    kafka_error_code = 10  # MESSAGE_TOO_LARGE
+    kafka_error_code = ErrorCode.MESSAGE_TOO_LARGE
 
 
 # --- the log and its files ----------------------------------------------------------------------------------
 
 
 class OffsetOutOfRangeError(TidelogError):
-    kafka_error_code = 1  # OFFSET_OUT_OF_RANGE
+    kafka_error_code = ErrorCode.OFFSET_OUT_OF_RANGE
 
 
 class UnknownTopicOrPartitionError(TidelogError):
-    kafka_error_code = 3  # UNKNOWN_TOPIC_OR_PARTITION
+    kafka_error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
 class TopicExistsError(TidelogError):
-    kafka_error_code = 36  # TOPIC_ALREADY_EXISTS
+    kafka_error_code = ErrorCode.TOPIC_ALREADY_EXISTS
 
 
 class InvalidTopicError(TidelogError):
-    kafka_error_code = 17  # INVALID_TOPIC_EXCEPTION
+    kafka_error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
 
 
 class InvalidPartitionsError(TidelogError):
-    kafka_error_code = 37  # INVALID_PARTITIONS
+    kafka_error_code = ErrorCode.INVALID_PARTITIONS
 
 
 class CorruptIndexError(TidelogError):
     """An offset or time index that fails its sanity check; recovery rebuilds it from the log."""
 
-    kafka_error_code = 56  # KAFKA_STORAGE_ERROR
+    kafka_error_code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
 class CorruptCheckpointError(TidelogError):
     """A checkpoint file that does not parse; the log falls back to a safe default and says so."""
 
-    kafka_error_code = 56
+    kafka_error_code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
 class KafkaStorageError(TidelogError):
     """An I/O failure on a log directory (disk full, permission, vanished file)."""
 
-    kafka_error_code = 56  # KAFKA_STORAGE_ERROR
+    kafka_error_code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
 class LogClosedError(TidelogError):
-    kafka_error_code = 56
+    kafka_error_code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
 # --- configuration -------------------------------------------------------------------------------------------
@@ -109,4 +150,56 @@ class LogClosedError(TidelogError):
 class ConfigError(TidelogError):
     """An unknown config key or a value of the wrong type or range; the message names the key."""
 
-    kafka_error_code = 40  # INVALID_CONFIG
+    kafka_error_code = ErrorCode.INVALID_CONFIG
+
+
+# --- idempotent producers --------------------------------------------------------------------------------------
+
+
+class OutOfOrderSequenceError(TidelogError):
+    kafka_error_code = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class InvalidProducerEpochError(TidelogError):
+    kafka_error_code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class InvalidTxnStateError(TidelogError):
+    kafka_error_code = ErrorCode.INVALID_TXN_STATE
+
+
+class TransactionsUnsupportedError(TidelogError):
+    """A transactional producer: tidelog has no transaction coordinator yet."""
+
+    kafka_error_code = ErrorCode.INVALID_REQUEST
+
+
+# --- the wire and the cluster ----------------------------------------------------------------------------------
+
+
+class FrameError(TidelogError):
+    """A frame no Kafka client would send; the connection is closed."""
+
+
+class MalformedRequestError(TidelogError):
+    """A request whose bytes do not decode; the connection that sent it is closed."""
+
+    kafka_error_code = ErrorCode.INVALID_REQUEST
+
+
+class UnsupportedVersionError(TidelogError):
+    kafka_error_code = ErrorCode.UNSUPPORTED_VERSION
+
+    def __init__(self, message: str, api_key: int, api_version: int, correlation_id: int) -> None:
+        super().__init__(message)
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+class InvalidReplicationFactorError(TidelogError):
+    kafka_error_code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+class TopicDeletionDisabledError(TidelogError):
+    kafka_error_code = ErrorCode.TOPIC_DELETION_DISABLED

@@ -11,8 +11,8 @@ from crc32c import crc32c
 
 import tidelog
 from tidelog.codec.record_batch import Record, build_batch
+from tidelog.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from tidelog.storage.kafka.engine import KafkaEngine
-from tidelog.storage.kafka.producer_state import InvalidProducerEpochError, OutOfOrderSequenceError
 
 TS = 1_700_000_000_000
 

@@ -15,8 +15,9 @@ from kio.index import load_response_schema
 from kio.serial import entity_writer
 
 from tidelog.codec.record_batch import Record, build_batch
+from tidelog.errors import FrameError
 from tidelog.protocol.fetch_response import PartitionData, TopicData, encode_fetch_response
-from tidelog.protocol.framing import FrameError, check_frame_size
+from tidelog.protocol.framing import check_frame_size
 from tidelog.protocol.messages import (
     ApiKey,
     MalformedRequestError,
@@ -80,8 +81,15 @@ def test_frame_sizes_outside_the_limits_are_refused(size: int) -> None:
 
 def test_build_fills_defaults_and_converts_milliseconds_and_ids() -> None:
     response = load_response_schema(3, 12)
-    entity = build(response, {"throttle_time": 250, "cluster_id": "c", "controller_id": 1,
-                              "topics": [{"name": "t", "topic_id": "AAAAAAAAAAAAAAAAAAAAAQ", "partitions": []}]})
+    entity = build(
+        response,
+        {
+            "throttle_time": 250,
+            "cluster_id": "c",
+            "controller_id": 1,
+            "topics": [{"name": "t", "topic_id": "AAAAAAAAAAAAAAAAAAAAAQ", "partitions": []}],
+        },
+    )
     assert entity.throttle_time.total_seconds() == 0.25
     assert entity.brokers == ()
     assert entity.topics[0].topic_id.int == 1
@@ -89,8 +97,12 @@ def test_build_fills_defaults_and_converts_milliseconds_and_ids() -> None:
 
 
 def test_a_null_for_a_field_an_old_version_cannot_leave_null_becomes_its_default() -> None:
-    data = encode_response(11, 2, 9, {"error_code": 79, "generation_id": -1, "protocol_name": None, "leader": "",
-                                      "member_id": "m", "members": []})
+    data = encode_response(
+        11,
+        2,
+        9,
+        {"error_code": 79, "generation_id": -1, "protocol_name": None, "leader": "", "member_id": "m", "members": []},
+    )
     assert data[:8] == struct.pack(">ii", len(data) - 4, 9)
 
 
@@ -122,8 +134,9 @@ def kio_fetch_response(version: int, correlation_id: int, topics: list[TopicData
         ],
     }
     buffer = io.BytesIO()
-    entity_writer(response_cls.__header_schema__)(buffer, build(response_cls.__header_schema__,
-                                                                {"correlation_id": correlation_id}))
+    entity_writer(response_cls.__header_schema__)(
+        buffer, build(response_cls.__header_schema__, {"correlation_id": correlation_id})
+    )
     entity_writer(response_cls)(buffer, build(response_cls, body))
     payload = buffer.getvalue()
     return struct.pack(">i", len(payload)) + payload
@@ -138,8 +151,7 @@ def test_the_hand_written_fetch_response_matches_kio_byte_for_byte(tmp_path: Pat
         first = FileSlice(handle, segment, 0, len(batches[0]))
         rest = FileSlice(handle, segment, len(batches[0]), len(batches[1]) + len(batches[2]))
         topics = [
-            TopicData("orders", [PartitionData(0, 0, 3, 3, 0, slices=(first, rest)),
-                                 PartitionData(1, 1, -1, -1, -1)]),
+            TopicData("orders", [PartitionData(0, 0, 3, 3, 0, slices=(first, rest)), PartitionData(1, 1, -1, -1, -1)]),
             TopicData("empty", [PartitionData(2, 0, 0, 0, 0)]),
         ]
         header = response_header(1, version, 77)

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.server import Deferred
 from tidelog.codec.record_batch import read_header
-from tidelog.errors import InvalidRecordError, InvalidTopicError, TidelogError
+from tidelog.errors import (
+    ErrorCode,
+    InvalidRecordError,
+    InvalidTopicError,
+    InvalidTxnStateError,
+    TidelogError,
+    TransactionsUnsupportedError,
+)
 from tidelog.protocol.messages import ApiKey, Request
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.partition_log import PartitionLog
@@ -31,14 +38,6 @@ log = logging.getLogger("tidelog.broker")
 PRODUCER_ID_BLOCK_FILE = "tidelog-producer-id-block"
 PRODUCER_ID_BLOCK_SIZE = 1000
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
-
-
-class InvalidTxnStateError(TidelogError):
-    kafka_error_code = 48  # INVALID_TXN_STATE
-
-
-class TransactionsUnsupportedError(TidelogError):
-    kafka_error_code = 42  # INVALID_REQUEST: tidelog has no transaction coordinator yet
 
 
 @dataclass
@@ -186,7 +185,7 @@ class ProduceApis:
             except TidelogError as exc:
                 answer["error_code"] = exc.kafka_error_code
             except Exception as exc:
-                answer["error_code"] = 56  # KAFKA_STORAGE_ERROR
+                answer["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
                 answer["error_message"] = str(exc)
         return body
 

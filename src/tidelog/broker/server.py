@@ -20,17 +20,10 @@ from typing import Any
 
 from tidelog.broker.config import BrokerConfig, Listener
 from tidelog.broker.metrics import Metrics
-from tidelog.errors import TidelogError
+from tidelog.errors import FrameError, MalformedRequestError, TidelogError, UnsupportedVersionError
 from tidelog.protocol.fetch_response import Part
-from tidelog.protocol.framing import SIZE, FrameError, check_frame_size
-from tidelog.protocol.messages import (
-    ApiKey,
-    MalformedRequestError,
-    Request,
-    UnsupportedVersionError,
-    decode_request,
-    encode_response,
-)
+from tidelog.protocol.framing import SIZE, check_frame_size
+from tidelog.protocol.messages import ApiKey, Request, decode_request, encode_response
 from tidelog.storage.api import FileSlice
 from tidelog.storage.kafka.engine import KafkaEngine
 

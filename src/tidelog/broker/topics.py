@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING, Any
 from tidelog.config import TOPIC_KEYS
 from tidelog.errors import (
     ConfigError,
+    ErrorCode,
     InvalidPartitionsError,
+    InvalidReplicationFactorError,
     InvalidTopicError,
     TidelogError,
+    TopicDeletionDisabledError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
@@ -30,14 +33,6 @@ log = logging.getLogger("tidelog.broker")
 
 AUTHORIZED_OPERATIONS_OMITTED = -(1 << 31)
 INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
-
-
-class InvalidReplicationFactorError(TidelogError):
-    kafka_error_code = 38  # INVALID_REPLICATION_FACTOR
-
-
-class TopicDeletionDisabledError(TidelogError):
-    kafka_error_code = 73  # TOPIC_DELETION_DISABLED
 
 
 class TopicApis:
@@ -265,7 +260,8 @@ class TopicApis:
                 result["configs"] = self._broker_configs(wanted)
             else:
                 result.update(
-                    error_code=INVALID_REQUEST, error_message=f"resource type {resource.resource_type} is not supported"
+                    error_code=ErrorCode.INVALID_REQUEST,
+                    error_message=f"resource type {resource.resource_type} is not supported",
                 )
             results.append(result)
         return {"throttle_time": 0, "results": results}
@@ -324,7 +320,6 @@ RESOURCE_BROKER = 4
 SOURCE_TOPIC = 1
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
-INVALID_REQUEST = 42
 
 
 def _config_type(value: object) -> int:

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import struct
 
-from tidelog.errors import TidelogError
+from tidelog.errors import FrameError
 
 SIZE = struct.Struct(">i")
 MIN_REQUEST_SIZE = 8  # api key, api version, correlation id
-
-
-class FrameError(TidelogError):
-    """A frame no Kafka client would send; the connection is closed."""
 
 
 def check_frame_size(size: int, max_frame_bytes: int) -> None:

@@ -27,7 +27,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from tidelog.errors import TidelogError
+from tidelog.errors import MalformedRequestError, UnsupportedVersionError
 
 _API_KEY_VERSION = struct.Struct(">hh")
 
@@ -55,22 +55,6 @@ class ApiKey(IntEnum):
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     OFFSET_DELETE = 47
-
-
-class MalformedRequestError(TidelogError):
-    """A request whose bytes do not decode; the connection that sent it is closed."""
-
-    kafka_error_code = 42  # INVALID_REQUEST
-
-
-class UnsupportedVersionError(TidelogError):
-    kafka_error_code = 35  # UNSUPPORTED_VERSION
-
-    def __init__(self, message: str, api_key: int, api_version: int, correlation_id: int) -> None:
-        super().__init__(message)
-        self.api_key = api_key
-        self.api_version = api_version
-        self.correlation_id = correlation_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,7 +138,7 @@ def read_columns(options: ReadOptions, r: OffsetRange) -> Iterator[RecordColumns
         deadline = time.monotonic() + options.poll_timeout_ms / 1000
         while position < r.end:
             # consume() waits until it has num_messages or the timeout passes: ask for no more than is left
-            wanted = int(min(MAX_MESSAGES_PER_POLL, r.end - position + 1))
+            wanted = int(min(MAX_MESSAGES_PER_POLL, r.end - position))
             messages = consumer.consume(num_messages=wanted, timeout=POLL_INTERVAL_S)
             if not messages:
                 if time.monotonic() > deadline:

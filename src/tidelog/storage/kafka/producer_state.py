@@ -29,7 +29,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from tidelog.codec.record_batch import NO_SEQUENCE, BatchHeader
-from tidelog.errors import CorruptCheckpointError, TidelogError
+from tidelog.errors import CorruptCheckpointError, InvalidProducerEpochError, OutOfOrderSequenceError
 
 log = logging.getLogger("tidelog.storage")
 
@@ -39,14 +39,6 @@ _HEADER = struct.Struct(">hIi")
 _ENTRY = struct.Struct(">qhiqiqiq")
 _VERSION = 1
 INT_MAX = (1 << 31) - 1
-
-
-class OutOfOrderSequenceError(TidelogError):
-    kafka_error_code = 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
-
-
-class InvalidProducerEpochError(TidelogError):
-    kafka_error_code = 47  # INVALID_PRODUCER_EPOCH
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,269 @@
+"""`tidelog demo` (what `make demo` runs): the page-visits pipeline on Spark, end to end, in about a minute.
+
+1. starts `tidelog serve` on 127.0.0.1 (an ephemeral port) over `tidelog-demo-data/broker`;
+2. creates `page_visits` (5 partitions) and `page_visits_per_window` with a Kafka admin client, and produces
+   page visits with a real Kafka client (confluent-kafka), keyed by user, the record timestamp being the visit time;
+3. runs the Structured Streaming query of `examples/page_visits_pipeline.py`: visits per page per 10-second window
+   with a 5-second watermark, each finished window written to `page_visits_per_window` and to Parquet,
+   with a live progress line;
+4. when the producer stops, sends one heartbeat 20 s later in event time so the watermark closes the last window,
+   waits for it, stops the query, and prints the top pages from a batch read of the broker's log files, checked
+   against the sum of the windowed counts;
+5. stops Spark and the broker (SIGTERM) - also on Ctrl-C or an error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import random
+import shutil
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from tidelog.spark.local_broker import LocalBroker
+
+PAGES = ["/", "/products", "/products/42", "/cart", "/checkout", "/blog/kafka-on-disk", "/about", "/search"]
+WEIGHTS = [30, 22, 15, 10, 7, 6, 5, 5]
+EVENTS_PARTITIONS = 5
+HEARTBEAT_AHEAD_MS = 20_000
+DRAIN_TIMEOUT_S = 45.0
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "page_visits_pipeline.py"
+
+
+def load_pipeline() -> ModuleType:
+    """The pipeline lives in examples/page_visits_pipeline.py, the copy-me example (one source of truth)."""
+    if not EXAMPLE.exists():
+        raise FileNotFoundError(
+            f"{EXAMPLE} is missing: `tidelog demo` runs the example pipeline from a tidelog source checkout"
+        )
+    spec = importlib.util.spec_from_file_location("page_visits_pipeline", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Progress:
+    produced: int = 0
+    producing: bool = True
+    last_event_ms: int = 0
+    windows_written: int = 0
+    rows_in: int = 0
+    batches: int = 0
+    last_batch_ms: int = 0
+    watermark: str = "-"
+    max_window_end_ms: int = 0
+    window_latencies_ms: list[float] = field(default_factory=list)
+    seen_batches: set[int] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def produce_visits(bootstrap: str, seconds: float, rate: int, progress: Progress, stop: threading.Event) -> None:
+    """Page visits at about `rate` per second for `seconds`, then one heartbeat ahead in event time."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    rng = random.Random(7)
+    started = time.monotonic()
+    sent = 0
+    while not stop.is_set():
+        elapsed = time.monotonic() - started
+        if elapsed >= seconds:
+            break
+        due = int(elapsed * rate) - sent
+        for _ in range(max(0, due)):
+            now_ms = int(time.time() * 1000)
+            user = f"user-{rng.randrange(2000)}"
+            page = rng.choices(PAGES, WEIGHTS)[0]
+            value = json.dumps({"user": user, "page": page, "ts": now_ms}).encode()
+            producer.produce("page_visits", key=user.encode(), value=value, timestamp=now_ms)
+            sent += 1
+            with progress.lock:
+                progress.produced = sent
+                progress.last_event_ms = now_ms
+        producer.poll(0)
+        time.sleep(0.02)
+    heartbeat_ms = progress.last_event_ms + HEARTBEAT_AHEAD_MS
+    producer.produce("page_visits", key=b"heartbeat", value=b'{"ts": %d}' % heartbeat_ms, timestamp=heartbeat_ms)
+    producer.flush(30)
+    with progress.lock:
+        progress.producing = False
+
+
+def create_topics(bootstrap: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topics = [
+        NewTopic("page_visits", num_partitions=EVENTS_PARTITIONS, replication_factor=1),
+        NewTopic("page_visits_per_window", num_partitions=1, replication_factor=1),
+    ]
+    for future in admin.create_topics(topics).values():
+        future.result(timeout=30)
+
+
+def _status(progress: Progress, started: float) -> Text:
+    with progress.lock:
+        state = "producing" if progress.producing else "draining: waiting for the watermark to close the last window"
+        watermark = progress.watermark[11:19] if len(progress.watermark) >= 19 else progress.watermark
+        return Text.from_markup(
+            f"[bold]{time.monotonic() - started:5.1f} s[/]  {state}\n"
+            f"        produced [bold]{progress.produced:,}[/] visits | Spark read [bold]{progress.rows_in:,}[/] "
+            f"in {progress.batches} micro-batches (last {progress.last_batch_ms / 1000:.1f} s) | "
+            f"watermark {watermark} | windows written [bold]{progress.windows_written}[/]"
+        )
+
+
+def _track(query: Any, progress: Progress) -> None:
+    for report in query.recentProgress:
+        batch_id = report["batchId"]
+        if batch_id in progress.seen_batches:
+            continue
+        progress.seen_batches.add(batch_id)
+        progress.rows_in += int(report.get("numInputRows", 0))
+        progress.batches += 1
+        progress.last_batch_ms = int(report.get("durationMs", {}).get("triggerExecution", 0))
+        watermark = report.get("eventTime", {}).get("watermark")
+        if watermark:
+            progress.watermark = watermark.replace("T", " ").replace(".000Z", "Z")
+
+
+def run(
+    data_dir: Path = Path("tidelog-demo-data"), *, seconds: float = 40.0, rate: int = 500, read_from: str = "broker"
+) -> int:
+    console = Console()
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # py4j logs every callback at INFO
+    console.rule("[bold]tidelog demo: page visits per window on Spark")
+    pipeline = load_pipeline()
+    shutil.rmtree(data_dir, ignore_errors=True)
+    data_dir.mkdir(parents=True)
+    started = time.monotonic()
+    broker = LocalBroker(data_dir / "broker", {"num.partitions": str(EVENTS_PARTITIONS)})
+    spark = None
+    query = None
+    stop = threading.Event()
+    producer_thread: threading.Thread | None = None
+    try:
+        broker.start()
+        console.print(f"tidelog serve is up on [bold]{broker.bootstrap}[/] (log.dirs={broker.log_dir})")
+        create_topics(broker.bootstrap)
+        console.print("created topics page_visits (5 partitions) and page_visits_per_window")
+        console.print("starting Spark (local[2]; the JVM takes 10-20 s to start) ...")
+        import tidelog.spark
+
+        spark = tidelog.spark.local_session("tidelog-demo", fast_start=True)
+        progress = Progress()
+
+        def on_batch(batch: Any, batch_id: int) -> None:
+            now = time.time() * 1000
+            ends = [row["end"] for row in batch.select("window.end").collect()]
+            with progress.lock:
+                progress.windows_written += len(ends)
+                for end in ends:
+                    end_ms = end.timestamp() * 1000
+                    progress.max_window_end_ms = max(progress.max_window_end_ms, int(end_ms))
+                    progress.window_latencies_ms.append(now - end_ms)
+
+        if read_from == "files":
+            source = {"path": str(broker.log_dir)}
+        else:
+            source = {"kafka.bootstrap.servers": broker.bootstrap}
+        sink = {"kafka.bootstrap.servers": broker.bootstrap}
+        parquet_dir = str(data_dir / "windows.parquet")
+        query = pipeline.start_pipeline(
+            spark, source, sink, parquet_dir, str(data_dir / "checkpoint"), on_batch=on_batch
+        )
+        console.print(
+            f"streaming query started (reading {'the log files' if read_from == 'files' else 'through the broker'});"
+            f" producing {rate} visits/s for {seconds:.0f} s"
+        )
+        producer_thread = threading.Thread(
+            target=produce_visits, args=(broker.bootstrap, seconds, rate, progress, stop), daemon=True
+        )
+        producer_thread.start()
+        drain_deadline: float | None = None
+        with Live(_status(progress, started), console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                time.sleep(0.5)
+                if query.exception() is not None:
+                    raise RuntimeError(f"the streaming query failed: {query.exception()}")
+                with progress.lock:
+                    _track(query, progress)
+                    producing = progress.producing
+                    last_window_end = (progress.last_event_ms // 10_000 + 1) * 10_000
+                    closed = progress.max_window_end_ms >= last_window_end
+                live.update(_status(progress, started))
+                if not producing:
+                    drain_deadline = drain_deadline or time.monotonic() + DRAIN_TIMEOUT_S
+                    if closed or time.monotonic() > drain_deadline:
+                        break
+        console.print()
+        query.stop()
+        query = None
+        if not closed:
+            console.print("[yellow]the last window did not close within the drain timeout; results are partial")
+        _report(console, spark, pipeline, broker, parquet_dir, progress)
+        console.rule(f"[bold green]done in {time.monotonic() - started:.0f} s")
+        console.print(f"Parquet: {parquet_dir}   log files: {broker.log_dir}")
+        return 0
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted; stopping")
+        return 130
+    finally:
+        stop.set()
+        if producer_thread is not None:
+            producer_thread.join(timeout=30)
+        if query is not None:
+            query.stop()
+        if spark is not None:
+            spark.stop()
+        broker.stop()
+
+
+def _report(
+    console: Console, spark: Any, pipeline: ModuleType, broker: LocalBroker, parquet_dir: str, progress: Progress
+) -> None:
+    files = {"path": str(broker.log_dir)}
+    top = pipeline.top_pages(spark, files, n=len(PAGES))
+    windowed = {
+        row["page"]: row["visits"]
+        for row in spark.read.parquet(parquet_dir)
+        .groupBy("page")
+        .agg({"count": "sum"})
+        .withColumnRenamed("sum(count)", "visits")
+        .collect()
+    }
+    table = Table(title="top pages (batch read of page_visits from the broker's log files)")
+    for column in ("page", "visits", "sum of windows (Parquet)"):
+        table.add_column(column, justify="right" if column != "page" else "left")
+    for page, visits in top:
+        mark = "" if windowed.get(page) == visits else " [red](differs)"
+        table.add_row(page, f"{visits:,}", f"{windowed.get(page, 0):,}{mark}")
+    console.print(table)
+    total = sum(v for _, v in top)
+    matches = all(windowed.get(page) == visits for page, visits in top)
+    verdict = "[green]every window counted, none twice" if matches else "[red]windowed counts differ"
+    console.print(f"{total:,} visits; {verdict}")
+    topic_rows = spark.read.format("tidelog").option("subscribe", "page_visits_per_window").load(str(broker.log_dir))
+    console.print(f"page_visits_per_window holds {topic_rows.count():,} window results; the first:")
+    for row in topic_rows.orderBy("offset").limit(3).collect():
+        console.print(f"  offset {row['offset']}: {row['value'].decode()}")
+    if progress.window_latencies_ms:
+        latencies = sorted(progress.window_latencies_ms)
+        console.print(
+            f"window results written {statistics.median(latencies) / 1000:.1f} s (median) / "
+            f"{latencies[-1] / 1000:.1f} s (max) after their window ended (the 5 s watermark included)"
+        )
