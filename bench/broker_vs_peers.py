@@ -19,12 +19,15 @@ clients from getrusage (all of the client's threads, so librdkafka can pass 100 
 End-to-end latency: a producer process sends at a steady rate (default 10,000 msg/s) for a warm-up plus a
 measured period; each value starts with the sequence number and CLOCK_MONOTONIC at the send call; a consumer
 process computes now - sent for every record after the warm-up. Same 100-byte values. Producers: librdkafka with
-linger.ms=1 (acks=1, and acks=all on the durable broker), redis-py XADD one call per record, nats-py
-publish_async; consumers: librdkafka poll() after assign, XREAD BLOCK, a JetStream push consumer (AckNone).
+linger.ms=1 (acks=1; acks=all on the durable broker, once with librdkafka's default of 1,000,000 requests in flight
+and once with 1), redis-py XADD one call per record, nats-py publish_async; consumers: librdkafka poll() after
+assign, XREAD BLOCK, a JetStream push consumer (AckNone).
 
+This 2-vCPU box is shared: before each test the script syncs and waits for the rest of the machine to go quiet,
+and it reports the CPU the rest of the machine used during each test, flagging disturbed figures.
 Servers run on ephemeral ports with data under a fresh scratch directory, and are always stopped at the end
 (they also get SIGTERM if this script dies). `--profile DIR` adds untimed tidelog runs under py-spy and prints
-the broker's hot spots for produce and fetch.
+the broker's hot spots for produce, fetch and the latency flows.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -73,6 +77,7 @@ RECORD_SIZE = 100
 VALUE = b"x" * RECORD_SIZE
 STAMP = struct.Struct(">QQ")  # sequence number, CLOCK_MONOTONIC ns at the send call; then padding to 100 bytes
 PAD = b"x" * (RECORD_SIZE - STAMP.size)
+SLOW_STOP_SECONDS = 5.0  # a server that takes longer than this to stop after SIGTERM is reported
 BOTTLENECK_CPU = 85.0  # % of a core: above this a single-threaded side is the limit
 NOISE_CPU = 25.0  # % of a core used by the rest of the machine above which a figure is called disturbed
 
@@ -621,7 +626,8 @@ class Processes:
 
     def __init__(self) -> None:
         self._running: list[tuple[str, subprocess.Popen[str]]] = []
-        self.problems: list[str] = []
+        self.problems: list[str] = []  # one line each: they go into docs/benchmarks.md too
+        self.details: dict[str, str] = {}  # the same with a traceback, for the console
 
     def start(self, name: str, argv: list[str], stdout: Any, stderr: IO[str]) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
@@ -758,6 +764,7 @@ class Context:
     scratch: Path
     servers: dict[str, Server] = field(default_factory=dict)
     worker_count: int = 0
+    revision: str = ""  # of the tidelog sources the brokers were started from (src/ may change during a run)
 
 
 def start_worker(ctx: Context, spec: dict[str, Any]) -> tuple[subprocess.Popen[str], Path]:
@@ -970,9 +977,18 @@ BROKER_FILES = {"server.py", "produce.py", "fetch.py", "groups.py", "run.py", "t
 SYSCALL_LEAVES = {  # asyncio/selectors functions whose own time is a system call
     "_SelectorSocketTransport.write": "socket send (transport.write)",
     "_UnixSelectorEventLoop._sock_sendfile_native_impl": "sendfile",
-    "EpollSelector.select": "epoll_wait",
     "_SelectorSocketTransport._read_ready__data_received": "socket recv",
 }
+
+
+WAITING_LEAVES = {  # frames where a thread sleeps: py-spy --nonblocking cannot always tell they are idle
+    ("EpollSelector.select", "selectors.py:468"),  # the event loop in epoll_wait
+    ("_worker", "concurrent/futures/thread.py:81"),  # a pool thread waiting for work
+}
+
+
+def is_waiting(func: str, location: str) -> bool:
+    return (func, location) in WAITING_LEAVES or func in ("Condition.wait", "Event.wait")
 
 
 def area_of(func: str, location: str) -> str:
@@ -999,11 +1015,12 @@ def area_of(func: str, location: str) -> str:
     return "other"
 
 
-def hot_spots(raw: Path, top: int) -> tuple[int, list[tuple[str, str, float]], list[tuple[str, float]]]:
-    """(samples, top self-time frames, self time by area) from py-spy's raw (collapsed stacks) output."""
+def hot_spots(raw: Path, top: int) -> tuple[int, int, list[tuple[str, str, float]], list[tuple[str, float]]]:
+    """(samples, of which waiting, top self-time frames, self time by area) from py-spy's raw (collapsed stacks)
+    output; the shares are of the samples that were not waiting (epoll_wait, idle pool threads)."""
     own: Counter[tuple[str, str]] = Counter()
     areas: Counter[str] = Counter()
-    total = 0
+    total = waiting = 0
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -1014,13 +1031,17 @@ def hot_spots(raw: Path, top: int) -> tuple[int, list[tuple[str, str, float]], l
             continue
         count = int(count_text)
         total += count
+        if is_waiting(*frames[-1]):
+            waiting += count
+            continue
         own[frames[-1]] += count
         areas[area_of(*frames[-1])] += count
-    if not total:
-        return 0, [], []
-    self_rows = [(f, loc, 100 * n / total) for (f, loc), n in own.most_common(top)]
-    area_rows = [(name, 100 * n / total) for name, n in areas.most_common()]
-    return total, self_rows, area_rows
+    busy = total - waiting
+    if not busy:
+        return total, waiting, [], []
+    self_rows = [(f, loc, 100 * n / busy) for (f, loc), n in own.most_common(top)]
+    area_rows = [(name, 100 * n / busy) for name, n in areas.most_common()]
+    return total, waiting, self_rows, area_rows
 
 
 def profile_broker(ctx: Context, out_dir: Path) -> list[dict[str, Any]]:
@@ -1045,9 +1066,17 @@ def profile_broker(ctx: Context, out_dir: Path) -> list[dict[str, Any]]:
             result = run()
         finally:
             stop_py_spy(ctx, spy)
-        samples, self_rows, area_rows = hot_spots(raw, ctx.args.profile_top)
+        samples, waiting, self_rows, area_rows = hot_spots(raw, ctx.args.profile_top)
         phases.append(
-            {"label": label, "result": result, "raw": raw, "samples": samples, "self": self_rows, "areas": area_rows}
+            {
+                "label": label,
+                "result": result,
+                "raw": raw,
+                "samples": samples,
+                "waiting": waiting,
+                "self": self_rows,
+                "areas": area_rows,
+            }
         )
     return phases
 
@@ -1059,8 +1088,11 @@ def print_profiles(phases: list[dict[str, Any]]) -> None:
             figures = f"{result['rate'] / 1000:.0f}k rec/s under py-spy, broker CPU {result['server_cpu']:.0f} %"
         else:
             figures = f"p50 {result.get('p50', 0):.2f} ms under py-spy, broker CPU {result['server_cpu']:.0f} %"
-        title = f"broker hot spots, {phase['label']} ({figures}; {phase['samples']} samples; {phase['raw']})"
-        table = new_table(title, "function (own time)", "file:line", "% of samples")
+        title = (
+            f"broker hot spots, {phase['label']} ({figures}; {phase['samples']} samples, {phase['waiting']} of "
+            f"them waiting in epoll/queues and left out; {phase['raw']})"
+        )
+        table = new_table(title, "function (own time)", "file:line", "% of busy samples")
         for func, location, share in phase["self"]:
             table.add_row(func, location, f"{share:.1f}")
         console.print(table)
@@ -1386,14 +1418,21 @@ def markdown_table(columns: tuple[str, ...], rows: list[list[str]]) -> str:
 
 
 def markdown_section(
-    ctx: Context, summary: dict[str, Any], latency: dict[str, Any], command: str, version_text: str, started: str
+    ctx: Context,
+    summary: dict[str, Any],
+    latency: dict[str, Any],
+    command: str,
+    version_text: str,
+    started: str,
+    problems: list[str],
 ) -> str:
     args = ctx.args
     notes = "\n".join(f"- {note}" for note in findings(summary, latency, args.rate))
+    notes += "".join(f"\n- Server trouble: {problem}" for problem in problems)
     return f"""{SECTION_HEADING}
 
 Command: `{command}` (`--quick` for a 100k-record smoke run, `--records N`, `--repeat N`, `--help`).
-Run {started} on {machine_line()}, data on {filesystem_type(ctx.scratch)}; tidelog {source_revision()};
+Run {started} on {machine_line()}, data on {filesystem_type(ctx.scratch)}; tidelog {ctx.revision};
 {version_text}. Clients and servers share the cores; everything goes over 127.0.0.1.
 
 How it runs: {args.records:,} records of {RECORD_SIZE} B per test, each test in a fresh client process, the tests
@@ -1463,19 +1502,29 @@ def write_section(path: Path, section: str) -> str:
     return action
 
 
-def scan_broker_logs(servers: dict[str, Server]) -> list[str]:
+def scan_broker_logs(servers: dict[str, Server]) -> list[tuple[str, str]]:
+    """Warnings and errors the servers logged, as (one line, the first report with its traceback). A log with
+    any is copied out of the scratch directory (removed at the end) so it can be read afterwards."""
     problems = []
+    keep_dir = Path(tempfile.gettempdir()) / f"broker-vs-peers-logs-{time.strftime('%Y%m%d-%H%M%S')}"
     for server in servers.values():
         if not server.log_path.exists():
             continue
-        text = server.log_path.read_text(errors="replace")
+        lines = server.log_path.read_text(errors="replace").splitlines()
         if server.name.startswith("tidelog"):
-            bad = [line for line in text.splitlines() if re.search(r"\b(WARNING|ERROR|CRITICAL|Traceback)\b", line)]
-        else:
-            # peers: errors only (Redis always warns about vm.overcommit_memory on this VM)
-            bad = [line for line in text.splitlines() if re.search(r"\[(ERR|FTL)\]|# (Error|FATAL)", line)]
-        if bad:
-            problems.append(f"{server.name} logged {len(bad)} warning/error line(s), e.g.: " + " | ".join(bad[:3]))
+            pattern = r"\b(WARNING|ERROR|CRITICAL|Traceback)\b"
+        else:  # peers: errors only (Redis always warns about vm.overcommit_memory on this VM)
+            pattern = r"\[(ERR|FTL)\]|# (Error|FATAL)"
+        bad = [i for i, line in enumerate(lines) if re.search(pattern, line)]
+        if not bad:
+            continue
+        keep_dir.mkdir(parents=True, exist_ok=True)
+        kept = keep_dir / f"{server.name}.log"
+        shutil.copyfile(server.log_path, kept)
+        first = lines[bad[0] : bad[0] + 25]  # the first report with its traceback
+        kinds = sorted({re.sub(r"^\S+ \S+ ", "", lines[i]).strip() for i in bad if "Traceback" not in lines[i]})
+        short = f"{server.name} logged {len(bad)} warning/error line(s): " + "; ".join(kinds[:3])
+        problems.append((short, f"{short}\n  full log kept in {kept}; the first report:\n    " + "\n    ".join(first)))
     return problems
 
 
@@ -1501,8 +1550,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quiet-wait",
         type=float,
-        default=30.0,
-        help="before each test, wait up to this many seconds for the rest of the machine to go quiet (default 30)",
+        default=120.0,
+        help="before each test, wait up to this many seconds for the rest of the machine to go quiet (default 120)",
     )
     parser.add_argument(
         "--docs",
@@ -1563,10 +1612,10 @@ def main(argv: list[str] | None = None) -> int:
     latency: dict[str, dict[str, Any]] = {}
     phases: list[dict[str, Any]] = []
     with scratch_dir(args.dir, needed, "tidelog-vs-peers-") as scratch:
-        ctx = Context(args, procs, scratch)
+        ctx = Context(args, procs, scratch, revision=source_revision())
         console.print(
             f"machine: {machine_line()}; data dir {scratch} on {filesystem_type(scratch)}; {started}; "
-            f"tidelog {source_revision()}"
+            f"tidelog {ctx.revision}"
         )
         try:
             if "tidelog" in args.systems:
@@ -1607,24 +1656,33 @@ def main(argv: list[str] | None = None) -> int:
                     )
             if args.profile and "tidelog" in args.systems:
                 phases = profile_broker(ctx, args.profile)
+        except (KeyboardInterrupt, SystemExit):
+            console.print("interrupted: stopping every server and client process this run started")
+            raise
         finally:
             for name in ("tidelog", "tidelog-durable", "redis", "nats"):
                 server = ctx.servers.get(name)
                 if server is not None:
+                    signame = signal.Signals(server.stop_signal).name
+                    stopping = time.monotonic()
                     status = procs.stop(server.proc, signum=server.stop_signal)
+                    took = time.monotonic() - stopping
                     if status != 0:
-                        signame = signal.Signals(server.stop_signal).name
                         procs.problems.append(f"{server.name} exited with status {status} after {signame}")
+                    if took > SLOW_STOP_SECONDS:
+                        procs.problems.append(f"{server.name} took {took:.1f} s to stop after {signame}")
             procs.stop_all()
-            procs.problems += scan_broker_logs(ctx.servers)
+            for short, detail in scan_broker_logs(ctx.servers):
+                procs.problems.append(short)
+                procs.details[short] = detail
         summary = summarize(results)
         print_tables(summary, latency, args)
         print_profiles(phases)
         for problem in procs.problems:
-            console.print(f"[bold yellow]note:[/] {problem}")
+            console.print("note: " + procs.details.get(problem, problem), markup=False)
         if args.docs:
             plot(summary, latency, args, PNG)
-            section = markdown_section(ctx, summary, latency, command, version_text, started)
+            section = markdown_section(ctx, summary, latency, command, version_text, started, procs.problems)
             action = write_section(BENCHMARKS_MD, section)
             console.print(
                 f"wrote {PNG.relative_to(REPO)}; {action} the section “{SECTION_HEADING[3:]}” in "
