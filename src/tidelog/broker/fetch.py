@@ -94,7 +94,7 @@ class FetchApis:
         for topic in topics:
             sent = sum(p.records_size for p in topic.partitions)
             if sent:
-                self.broker.metrics.bytes_out.labels(topic.name).inc(sent)
+                self.broker.metrics.of_topic(topic.name)[2].inc(sent)
         header = response_header(ApiKey.FETCH, request.api_version, request.correlation_id)
         parts, size = encode_fetch_response(request.api_version, header, topics)
         return RawResponse(parts, size)

@@ -8,7 +8,7 @@ Port 0 picks a free port (see `Metrics.port`); -1 (the default) serves nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -45,7 +45,7 @@ class _StateCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, api_names: dict[int, str]) -> None:
         self.registry = CollectorRegistry()
         self.bytes_in = Counter(
             "tidelog_bytes_in", "Record bytes appended by producers", ["topic"], registry=self.registry
@@ -64,8 +64,21 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_StateCollector(broker))
+        self._latency_by_api = {key: self.request_latency.labels(name) for key, name in api_names.items()}
+        self._topic_counters: dict[str, tuple[Any, Any, Any]] = {}
         self._server = None
         self.port: int | None = None
+
+    def latency_of(self, api_key: int) -> Any:
+        return self._latency_by_api[api_key]
+
+    def of_topic(self, topic: str) -> tuple[Any, Any, Any]:
+        """(bytes in, messages in, bytes out) counters of a topic; labelled children are cached."""
+        counters = self._topic_counters.get(topic)
+        if counters is None:
+            counters = (self.bytes_in.labels(topic), self.messages_in.labels(topic), self.bytes_out.labels(topic))
+            self._topic_counters[topic] = counters
+        return counters
 
     def serve(self, port: int) -> None:
         if port < 0:

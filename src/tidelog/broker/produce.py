@@ -207,8 +207,9 @@ class ProduceApis:
             answer["log_append_time"] = result.log_append_time_ms
         if result.size_in_bytes:
             self.broker.fetch.notifier.notify((topic, partition))
-            self.broker.metrics.bytes_in.labels(topic).inc(result.size_in_bytes)
-            self.broker.metrics.messages_in.labels(topic).inc(result.record_count)
+            bytes_in, messages_in, _ = self.broker.metrics.of_topic(topic)
+            bytes_in.inc(result.size_in_bytes)
+            messages_in.inc(result.record_count)
         return partition_log
 
     async def handle_init_producer_id(self, request: Request, connection: Connection) -> Response:

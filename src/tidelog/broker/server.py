@@ -20,7 +20,7 @@ from typing import Any
 
 from tidelog.broker.config import BrokerConfig, Listener
 from tidelog.broker.metrics import Metrics
-from tidelog.errors import FrameError, MalformedRequestError, TidelogError, UnsupportedVersionError
+from tidelog.errors import FrameError, MalformedRequestError, UnsupportedVersionError
 from tidelog.protocol.fetch_response import Part
 from tidelog.protocol.framing import SIZE, check_frame_size
 from tidelog.protocol.messages import ApiKey, Request, decode_request, encode_response
@@ -51,6 +51,7 @@ Handler = Callable[[Request, "Connection"], Awaitable[Response]]
 _Pending = bytes | RawResponse | None | asyncio.Task[bytes | RawResponse | None]
 _END_OF_REQUESTS: Any = object()
 MAX_PIPELINED_RESPONSES = 128
+SENDFILE_MIN_BYTES = 64 * 1024
 
 
 @dataclass
@@ -96,8 +97,7 @@ class Broker:
         for area in (self.fetch, self.produce, self.topics, self.groups):
             self.handlers.update(area.handlers())
         self.supported = {key: (h.min_version, h.max_version) for key, h in self.handlers.items()}
-        self.metrics = Metrics(self)
-        self._api_names = {key: ApiKey(key).name.lower() for key in self.handlers}
+        self.metrics = Metrics(self, {key: ApiKey(key).name.lower() for key in self.handlers})
 
     @property
     def connection_count(self) -> int:
@@ -179,8 +179,9 @@ class Broker:
         that must wait for durability (Deferred) lets the next request in meanwhile, so pipelined acks=all
         produces share fsync rounds instead of queueing one round each."""
         max_bytes = self.config.socket_request_max_bytes
-        responses: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=MAX_PIPELINED_RESPONSES)
-        sender = asyncio.create_task(self._send_in_order(responses, writer, connection))
+        responses: asyncio.Queue[_Pending] = asyncio.Queue()
+        window = asyncio.Semaphore(MAX_PIPELINED_RESPONSES)  # responses owed at most; the sender frees slots
+        sender = asyncio.create_task(self._send_in_order(responses, writer, connection, window))
         try:
             while not self.stopping and not sender.done():
                 try:
@@ -191,16 +192,21 @@ class Broker:
                     break  # the client closed its side between requests: answer what is pending, then close
                 check_frame_size(size, max_bytes)
                 payload = await reader.readexactly(size)
+                if not await _acquire_unless_done(window, sender):
+                    break  # the sender failed (the socket is gone): stop reading
                 connection.in_flight += 1
-                await responses.put(await self._handle(payload, connection))
-            await responses.put(_END_OF_REQUESTS)
+                responses.put_nowait(await self._handle(payload, connection))
+            responses.put_nowait(_END_OF_REQUESTS)
             await sender
         finally:
-            if not sender.done():
-                sender.cancel()
+            await _abandon(sender, responses, connection)
 
     async def _send_in_order(
-        self, responses: asyncio.Queue[_Pending], writer: asyncio.StreamWriter, connection: Connection
+        self,
+        responses: asyncio.Queue[_Pending],
+        writer: asyncio.StreamWriter,
+        connection: Connection,
+        window: asyncio.Semaphore,
     ) -> None:
         while (item := await responses.get()) is not _END_OF_REQUESTS:
             try:
@@ -209,6 +215,7 @@ class Broker:
                     await self._send(writer, response)
             finally:
                 connection.in_flight -= 1
+                window.release()
 
     async def _handle(self, payload: bytes, connection: Connection) -> _Pending:
         try:
@@ -232,7 +239,7 @@ class Broker:
         else:
             assert not isinstance(body, Deferred)
             response = encode_response(request.api_key, request.api_version, request.correlation_id, body)
-        self.metrics.request_latency.labels(self._api_names[request.api_key]).observe(time.perf_counter() - started)
+        self.metrics.latency_of(request.api_key).observe(time.perf_counter() - started)
         return response
 
     async def _send(self, writer: asyncio.StreamWriter, response: bytes | RawResponse) -> None:
@@ -242,7 +249,9 @@ class Broker:
             return
         loop = asyncio.get_running_loop()
         for part in response.parts:
-            if isinstance(part, FileSlice):
+            if isinstance(part, FileSlice) and part.length < SENDFILE_MIN_BYTES:
+                writer.write(part.read())  # small: one pread beats the drain + sendfile round trip
+            elif isinstance(part, FileSlice):
                 await writer.drain()
                 try:
                     await loop.sendfile(writer.transport, part.file, part.position, part.length, fallback=False)
@@ -268,9 +277,31 @@ class Broker:
         return self._versions_body()
 
 
-def error_code_of(exc: BaseException) -> int:
-    """The Kafka error code for a failure (UNKNOWN_SERVER_ERROR for anything unexpected)."""
-    if isinstance(exc, TidelogError):
-        return exc.kafka_error_code
-    log.error("unexpected error while handling a request", exc_info=exc)
-    return -1
+async def _acquire_unless_done(window: asyncio.Semaphore, sender: asyncio.Task[None]) -> bool:
+    """Take a response slot; False if the sender ends first (then no slot would ever be freed)."""
+    if not window.locked():
+        await window.acquire()
+        return True
+    acquiring = asyncio.ensure_future(window.acquire())
+    await asyncio.wait({acquiring, sender}, return_when=asyncio.FIRST_COMPLETED)
+    if acquiring.done():
+        return True
+    acquiring.cancel()
+    return False
+
+
+async def _abandon(sender: asyncio.Task[None], responses: asyncio.Queue[_Pending], connection: Connection) -> None:
+    """On the way out: stop the sender, cancel responses still being prepared, and collect every outcome
+    (so no 'exception was never retrieved'); the connection owes nothing any more."""
+    sender.cancel()
+    await asyncio.gather(sender, return_exceptions=True)
+    leftovers = []
+    while not responses.empty():
+        item = responses.get_nowait()
+        if item is _END_OF_REQUESTS:
+            continue
+        connection.in_flight -= 1
+        if isinstance(item, asyncio.Task):
+            item.cancel()
+            leftovers.append(item)
+    await asyncio.gather(*leftovers, return_exceptions=True)

@@ -62,6 +62,7 @@ HEADER_DTYPE = np.dtype(
 )
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
 
+MIN_RECORD_BYTES = 7
 # Below this many batches still walking at one record index, a Python loop beats one round of numpy calls.
 LOCKSTEP_MIN_ACTIVE = 128
 # Framing runs of equal-sized records: records checked per batch in the first round (doubling each round up to
@@ -187,6 +188,28 @@ class RecordColumns:
         z = np.zeros(0, dtype=np.int64)
         return cls(b"", z, z, z.astype(np.int32), z, z, z, z, z, z, z, z, z)
 
+    def rows(self, start: int, stop: int) -> RecordColumns:
+        """Records [start, stop) as views (their headers come along)."""
+        if start == 0 and stop >= len(self):
+            return self
+        first = int(self.header_count[:start].sum()) if len(self.header_key_start) else 0
+        last = first + int(self.header_count[start:stop].sum()) if len(self.header_key_start) else 0
+        return RecordColumns(
+            self.data,
+            self.offset[start:stop],
+            self.timestamp[start:stop],
+            self.timestamp_type[start:stop],
+            self.key_start[start:stop],
+            self.key_length[start:stop],
+            self.value_start[start:stop],
+            self.value_length[start:stop],
+            self.header_count[start:stop],
+            self.header_key_start[first:last],
+            self.header_key_length[first:last],
+            self.header_value_start[first:last],
+            self.header_value_length[first:last],
+        )
+
     def select(self, mask: np.ndarray) -> RecordColumns:
         """The records where `mask` is true (their headers come along)."""
         if mask.all():
@@ -243,13 +266,47 @@ def _unsigned_varints(
     return value, size
 
 
+def _two_byte_table() -> np.ndarray:
+    """For every 2-byte window: (signed zig-zag value << 4) | size of the varint starting there (size 0: longer)."""
+    code = np.arange(1 << 16, dtype=np.int64)
+    b0, b1 = code >> 8, code & 0xFF
+    one = b0 < 0x80
+    two = ~one & (b1 < 0x80)
+    unsigned = np.where(one, b0, (b0 & 0x7F) | (b1 << 7))
+    signed = (unsigned >> 1) ^ -(unsigned & 1)
+    size = np.where(one, 1, np.where(two, 2, 0))
+    return np.where(size > 0, (signed << 4) | size, 0).astype(np.int32)
+
+
+_TWO_BYTES = _two_byte_table()
+# Spare bytes after the data: the chained varint reads of a record (up to 16 bytes past a checked position)
+# stay inside the array without a bounds check per read.
+PADDING = 32
+
+
 def _varints(
-    arr: np.ndarray, pos: np.ndarray, max_bytes: int = 5, strict: bool = True
+    arr: np.ndarray, pos: np.ndarray, max_bytes: int = 5, strict: bool = True, *, in_bounds: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(signed zig-zag value, size) of the varint (max_bytes 5) or varlong (10) at each position."""
-    value, size = _unsigned_varints(arr, np.minimum(pos, len(arr) - 1), max_bytes, strict)
-    signed = (value >> np.uint64(1)).astype(np.int64) ^ -(value & np.uint64(1)).astype(np.int64)
-    return signed, size
+    """(signed zig-zag value, size) of the varint (max_bytes 5) or varlong (10) at each position.
+
+    `arr` ends with PADDING spare bytes; `in_bounds` says the caller knows every position is at most PADDING / 2
+    past the data. Varints of one or two bytes (values -8192..8191: lengths, deltas and counts of typical records)
+    are decoded with one lookup in a 64 Ki-entry table; longer ones byte by byte."""
+    if not in_bounds and len(pos) and int(pos.max()) >= len(arr) - 1:  # only corrupt framing points past the data
+        pos = np.minimum(pos, len(arr) - 2)
+    code = (arr[pos].astype(np.uint16) << 8) | arr[pos + 1]
+    packed = _TWO_BYTES[code]
+    size = packed & 15
+    if size.min() > 0:
+        return packed >> 4, size
+    value = packed >> 4
+    longer = np.nonzero(size == 0)[0]
+    wide, wide_size = _unsigned_varints(arr, pos[longer], max_bytes, strict)
+    value = value.astype(np.int64)
+    size = size.astype(np.int64)
+    value[longer] = (wide >> np.uint64(1)).astype(np.int64) ^ -(wide & np.uint64(1)).astype(np.int64)
+    size[longer] = wide_size
+    return value, size
 
 
 # --- record framing ------------------------------------------------------------------------------------------
@@ -442,6 +499,37 @@ def _frame_one(
 # --- batches to columns --------------------------------------------------------------------------------------
 
 
+def _eight_byte_windows(arr: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The 8 bytes at each position as one big-endian uint64 (positions at most PADDING - 8 past the data)."""
+    windows = np.lib.stride_tricks.as_strided(arr, shape=(len(arr) - 7, 8), strides=(1, 1), writeable=False)
+    return windows[pos].view(">u8").ravel().astype(np.uint64)
+
+
+def _from_window(window: np.ndarray, offset: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+    """(value, size) of the 1- or 2-byte varint at byte `offset` (0..6) of each window; size 0: longer."""
+    code = (window >> (np.uint64(48) - np.asarray(offset, dtype=np.uint64) * np.uint64(8))) & np.uint64(0xFFFF)
+    packed = _TWO_BYTES[code.astype(np.intp)]
+    return packed >> 4, packed & 15
+
+
+def _record_prefix(arr: np.ndarray, body: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """timestampDelta, offsetDelta and keyLength of each record, and where its key starts."""
+    window = _eight_byte_windows(arr, body)
+    timestamp_delta, size1 = _from_window(window, 1)
+    offset_delta, size2 = _from_window(window, 1 + size1)
+    key_length, size3 = _from_window(window, 1 + size1 + size2)
+    if min(size1.min(), size2.min(), size3.min()) > 0:
+        return timestamp_delta, offset_delta, key_length, body + 1 + size1 + size2 + size3
+    # Some field is longer than two bytes (a timestamp delta of hours, a key of 8 KiB or more): the general path.
+    p = body + 1  # body <= the end of the data: these reads stay within 1 + 10 + 5 bytes past it, in the padding
+    timestamp_delta, size = _varints(arr, p, 10, in_bounds=True)
+    p = p + size
+    offset_delta, size = _varints(arr, p, in_bounds=True)
+    p = p + size
+    key_length, size = _varints(arr, p, in_bounds=True)
+    return timestamp_delta, offset_delta, key_length, p + size
+
+
 def decode_v2(buf: bytes | bytearray | memoryview, table: BatchTable, *, with_headers: bool = True) -> RecordColumns:
     """Columns of every record of the v2 data batches in `table` (which lie in `buf`), in batch order."""
     header = table.header
@@ -468,15 +556,26 @@ def decode_v2(buf: bytes | bytearray | memoryview, table: BatchTable, *, with_he
             starts_list.append(cursor)
             cursor += len(section)
             sections.append(section)
+        sections.append(bytes(PADDING))
         data: bytes | bytearray | memoryview = b"".join(sections)
         starts = np.array(starts_list, dtype=np.int64)
         ends = np.append(starts[1:], cursor).astype(np.int64)
     else:
-        data = buf
+        # Varint windows may read a few bytes past the last batch: room for them, without a copy if `buf` has it.
+        data = buf if len(buf) >= table.end + PADDING else bytes(buf) + bytes(PADDING)
         starts = positions + HEADER_SIZE
         ends = positions + table.size
+    # A record takes at least 7 bytes (length, attributes, timestamp and offset deltas, key and value lengths,
+    # header count): a count that cannot fit is damage, caught before anything is sized by it.
+    too_many = counts * MIN_RECORD_BYTES > ends - starts
+    if too_many.any():
+        where = int(np.argmax(too_many))
+        raise CorruptRecordError(
+            f"batch at byte {int(positions[where])} declares {int(counts[where])} records in "
+            f"{int(ends[where] - starts[where])} bytes"
+        )
     arr = np.frombuffer(data, dtype=np.uint8)
-    if len(arr) == 0:
+    if len(arr) == PADDING:
         raise CorruptRecordError(f"batch at byte {int(positions[0])} declares records but holds no bytes")
     body, length = _frame_records(data, arr, starts, ends, counts, positions)
     record_end = body + length
@@ -490,20 +589,17 @@ def decode_v2(buf: bytes | bytearray | memoryview, table: BatchTable, *, with_he
                 f"batch at byte {int(positions[batch_of[index]])}: a record is shorter than its {what}"
             )
 
-    p = body + 1  # the record's attributes byte, unused
-    timestamp_delta, size = _varints(arr, p, 10)
-    p = p + size
-    offset_delta, size = _varints(arr, p)
-    p = p + size
-    key_length, size = _varints(arr, p)
-    key_start = p + size
+    # attributes (1 byte, unused), timestampDelta, offsetDelta, keyLength: one 8-byte read per record decodes all
+    # three when each is 1 or 2 bytes long (the usual case); the others take the general path.
+    timestamp_delta, offset_delta, key_length, p = _record_prefix(arr, body)
+    key_start = p
     p = key_start + np.maximum(key_length, 0)
     check(p, "key")
-    value_length, size = _varints(arr, p)
+    value_length, size = _varints(arr, p, in_bounds=True)
     value_start = p + size
     p = value_start + np.maximum(value_length, 0)
     check(p, "value")
-    header_count, size = _varints(arr, p)
+    header_count, size = _varints(arr, p, in_bounds=True)
     p = p + size
     if (header_count < 0).any():
         where = int(positions[batch_of[int(np.argmax(header_count < 0))]])
@@ -511,6 +607,9 @@ def decode_v2(buf: bytes | bytearray | memoryview, table: BatchTable, *, with_he
     empty = np.zeros(0, dtype=np.int64)
     hks = hkl = hvs = hvl = empty
     has_headers = bool(header_count.any())
+    if has_headers and ((header_count * 2 > record_end - p) & (header_count > 0)).any():  # 2+ bytes per header
+        where = int(positions[batch_of[int(np.argmax(header_count * 2 > record_end - p))]])
+        raise CorruptRecordError(f"batch at byte {where}: a record declares more headers than it has bytes for")
     if has_headers and with_headers:
         p, hks, hkl, hvs, hvl = _decode_headers(arr, p, header_count, record_end, positions, batch_of)
     elif has_headers:  # not wanted: trust each record's length for the part after its header count

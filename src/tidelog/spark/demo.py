@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import random
 import shutil
 import statistics
@@ -40,6 +41,16 @@ EVENTS_PARTITIONS = 5
 HEARTBEAT_AHEAD_MS = 20_000
 DRAIN_TIMEOUT_S = 45.0
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "page_visits_pipeline.py"
+
+
+def _missing_requirement() -> str | None:
+    """Spark needs a Java runtime and the `spark` extra; say which is missing instead of failing deep inside."""
+    if importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyarrow") is None:
+        return "PySpark is not installed: pip install 'tidelog[spark]' (make demo does it)"
+    java_home = os.environ.get("JAVA_HOME")
+    if not shutil.which("java") and not (java_home and Path(java_home, "bin", "java").exists()):
+        return "Spark needs a Java runtime (17 or newer) on PATH, e.g. apt-get install openjdk-17-jre-headless"
+    return None
 
 
 def load_pipeline() -> ModuleType:
@@ -147,6 +158,10 @@ def run(
     console = Console()
     logging.getLogger("py4j").setLevel(logging.WARNING)  # py4j logs every callback at INFO
     console.rule("[bold]tidelog demo: page visits per window on Spark")
+    problem = _missing_requirement()
+    if problem:
+        console.print(f"[red]{problem}[/]\n(`tidelog demo --storage` runs the storage demo, which needs neither)")
+        return 1
     pipeline = load_pipeline()
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)

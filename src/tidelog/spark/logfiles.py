@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tidelog.codec.columnar import BatchTable, scan_batches
+from tidelog.codec.columnar import PADDING, BatchTable, scan_batches
 from tidelog.codec.record_batch import LOG_OVERHEAD
 from tidelog.codec.record_set import decode_batch, read_batch_info
 from tidelog.errors import CorruptCheckpointError, TidelogError, UnknownTopicOrPartitionError
@@ -71,7 +71,7 @@ class IndexEntries:
 class Chunk:
     """Whole batches read from `path` at `file_position`, with their parsed table."""
 
-    data: bytes
+    data: memoryview  # the batches, then spare bytes (the decoder's padding)
     table: BatchTable
     path: Path
     file_position: int
@@ -211,19 +211,8 @@ class PartitionFiles:
                 size = os.fstat(fd).st_size
                 position = self.position_for(base, 1 << 62, size)
                 last = -1
-                while position < size:
-                    chunk = os.pread(fd, min(TAIL_SCAN_BYTES, size - position), position)
-                    table = _scan(chunk, path, position)
-                    if len(table) == 0:
-                        needed = _entry_size(chunk)
-                        if needed is None or position + needed > size:
-                            break  # a partial batch being written, or a torn tail
-                        chunk = _pread_exact(fd, needed, position)
-                        table = _scan(chunk, path, position)
-                        if len(table) == 0:
-                            break
-                    last = int(table.last_offset[-1])
-                    position += table.end
+                for _chunk, table, _position in _chunks(fd, path, position, size, TAIL_SCAN_BYTES):
+                    last = int(table.last_offset[-1])  # a partial batch being written is not counted
                 return max(last + 1, base)
             finally:
                 os.close(fd)
@@ -344,31 +333,47 @@ class PartitionFiles:
             )
 
 
-def _entry_size(chunk: bytes) -> int | None:
+def _entry_size(chunk: bytes | memoryview) -> int | None:
     """Total size of the entry at the start of `chunk`, or None when even its prefix is not there."""
     if len(chunk) < LOG_OVERHEAD:
         return None
-    return int.from_bytes(chunk[8:12], "big", signed=True) + LOG_OVERHEAD
+    return int.from_bytes(bytes(chunk[8:12]), "big", signed=True) + LOG_OVERHEAD
 
 
-def _scan(chunk: bytes, path: Path, file_position: int) -> BatchTable:
+def _read_padded(fd: int, length: int, position: int) -> tuple[memoryview, int]:
+    """`length` bytes at `position` (fewer at the end of the file) in a buffer with PADDING spare bytes after them,
+    which lets the columnar decoder read its varint windows without copying the chunk. (An uninitialised numpy
+    buffer: a bytearray would first be zero-filled.)"""
+    view = memoryview(np.empty(length + PADDING, dtype=np.uint8))
+    done = 0
+    while done < length:
+        n = os.preadv(fd, [view[done:length]], position + done)
+        if n <= 0:
+            break
+        done += n
+    return view, done
+
+
+def _scan(chunk: bytes | memoryview, path: Path, file_position: int, end: int | None = None) -> BatchTable:
     try:
-        return scan_batches(chunk)
+        return scan_batches(chunk, 0, end)
     except TidelogError as exc:
         raise LogFilesError(f"{path}: at file byte {file_position}: {exc}") from exc
 
 
-def _chunks(fd: int, path: Path, position: int, size: int, chunk_bytes: int) -> Iterator[tuple[bytes, BatchTable, int]]:
+def _chunks(
+    fd: int, path: Path, position: int, size: int, chunk_bytes: int
+) -> Iterator[tuple[memoryview, BatchTable, int]]:
     """Whole batches from `position` to `size`, about `chunk_bytes` at a time; stops at a partial tail."""
     while position < size:
-        chunk = os.pread(fd, min(chunk_bytes, size - position), position)
-        table = _scan(chunk, path, position)
+        chunk, length = _read_padded(fd, min(chunk_bytes, size - position), position)
+        table = _scan(chunk, path, position, length)
         if len(table) == 0:
-            needed = _entry_size(chunk)
+            needed = _entry_size(chunk[:length])
             if needed is None or position + needed > size:
                 return  # a partial batch at the tail (being written, or torn)
-            chunk = _pread_exact(fd, needed, position)
-            table = _scan(chunk, path, position)
+            chunk, length = _read_padded(fd, needed, position)
+            table = _scan(chunk, path, position, length)
             if len(table) == 0:
                 return
         yield chunk, table, position

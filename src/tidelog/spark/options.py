@@ -20,14 +20,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from tidelog.errors import ConfigError
+
 EARLIEST = -2  # in offset JSON, as Kafka's source spells them
 LATEST = -1
 
 TopicPartition = tuple[str, int]
 
 
-class OptionError(ValueError):
-    """A missing, conflicting or malformed option; the message names the option."""
+class OptionError(ConfigError, ValueError):
+    """A missing, conflicting or malformed option of the Spark source or sink; the message names the option."""
 
 
 class Subscription(Enum):

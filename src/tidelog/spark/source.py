@@ -86,7 +86,7 @@ KAFKA_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
 )
 HEADERS_COLUMN = "headers array<struct<key: string, value: binary>>"
-MAX_ROWS_PER_ARROW_BATCH = 1 << 16
+MAX_ROWS_PER_ARROW_BATCH = 1 << 15  # measured: 32 Ki rows per batch suits Spark's Arrow reader best
 
 
 def source_schema(include_headers: bool) -> str:
@@ -117,6 +117,9 @@ class ReadStats:
     records_decoded: int = 0
     rows: int = 0
     bytes_read: int = 0
+    decode_s: float = 0.0  # reading and decoding (the source's own work)
+    arrow_s: float = 0.0  # building Arrow batches
+    total_s: float = 0.0  # first to last record, including the time Spark spends between batches
 
     def write(self, options: ReadOptions, part: TidelogPartition) -> None:
         if not options.stats_dir:
@@ -131,6 +134,9 @@ class ReadStats:
             "records_decoded": self.records_decoded,
             "rows": self.rows,
             "bytes_read": self.bytes_read,
+            "decode_s": round(self.decode_s, 4),
+            "arrow_s": round(self.arrow_s, 4),
+            "total_s": round(self.total_s, 4),
         }
         path = os.path.join(options.stats_dir, f"{os.getpid()}-{uuid.uuid4().hex}.json")
         with open(path, "w", encoding="utf-8") as handle:
@@ -148,7 +154,11 @@ def read_partition(options: ReadOptions, part: TidelogPartition) -> Iterator[pa.
         from tidelog.spark.kafka_client import read_columns
 
         chunks = read_columns(options, part.range)
+    started = time.perf_counter()
+    mark = started
     for cols in chunks:
+        now = time.perf_counter()
+        stats.decode_s += now - mark
         stats.records_decoded += len(cols)
         mask = (cols.offset >= part.start) & (cols.offset < part.end)
         if part.timestamps.low is not None:
@@ -159,9 +169,15 @@ def read_partition(options: ReadOptions, part: TidelogPartition) -> Iterator[pa.
         if len(cols) == 0:
             continue
         stats.rows += len(cols)
-        batch = arrow.to_record_batch(cols, part.topic, part.partition, options.include_headers)
-        for start in range(0, batch.num_rows, MAX_ROWS_PER_ARROW_BATCH):
-            yield batch.slice(start, MAX_ROWS_PER_ARROW_BATCH)
+        # Arrow batches built at their final size: a slice of a bigger batch costs Spark's serializer extra work
+        for start in range(0, len(cols), MAX_ROWS_PER_ARROW_BATCH):
+            piece = cols.rows(start, start + MAX_ROWS_PER_ARROW_BATCH)
+            batch = arrow.to_record_batch(piece, part.topic, part.partition, options.include_headers)
+            stats.arrow_s += time.perf_counter() - now
+            yield batch
+            now = time.perf_counter()
+        mark = time.perf_counter()
+    stats.total_s = time.perf_counter() - started
     stats.write(options, part)
 
 
@@ -348,17 +364,21 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         current = offsets_from_json(start)
         latest = self._latest()
+        vanished = sorted(tp for tp in current if tp not in latest)
+        if vanished:  # the topic was deleted (or its partitions are not there any more)
+            if self.options.fail_on_data_loss:
+                names = ", ".join(f"{t}-{p}" for t, p in vanished)
+                raise DataLossError(data_loss_message(f"partitions {names} were deleted"))
+            current = {tp: offset for tp, offset in current.items() if tp in latest}
         new = [tp for tp in latest if tp not in current]
         begin = {**self.backend.earliest(new), **current}
-        for tp, offset in current.items():  # a partition that vanished keeps its offset (partitions() reports it)
-            latest.setdefault(tp, offset)
         if isinstance(limit, ReadAllAvailable):
             return offsets_to_json(latest)
         if isinstance(limit, ReadMinRows):
             available = sum(max(0, latest[tp] - begin.get(tp, latest[tp])) for tp in latest)
             now = time.time() * 1000
             if available < limit.min_rows and now - self._last_trigger_ms < self.options.max_trigger_delay_ms:
-                return start
+                return offsets_to_json(current)
             self._last_trigger_ms = now
             if self.options.max_offsets_per_trigger is not None:
                 return offsets_to_json(rate_limit(self.options.max_offsets_per_trigger, begin, latest))

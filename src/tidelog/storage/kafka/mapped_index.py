@@ -144,13 +144,16 @@ class MappedIndex:
                 self._map.flush()
 
     def close(self) -> None:
-        """Trim to the valid entries (so Kafka and a later open trust the length) and release the file."""
+        """Trim to the valid entries (so Kafka and a later open trust the length), make them durable (a clean
+        shutdown means no rebuild on the next start), and release the file."""
         self.trim_to_valid_size()
         with self._guard:
             if self._map is not None:
+                self._map.flush()
                 self._map.close()
                 self._map = None
             if self._fd >= 0:
+                os.fsync(self._fd)
                 os.close(self._fd)
                 self._fd = -1
 

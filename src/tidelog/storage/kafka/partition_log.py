@@ -121,6 +121,7 @@ class PartitionLog:
         self.segments: list[LogSegment] = []
         self._bases: list[int] = []
         self.last_flush_ms = clock()
+        self._new_files = True  # directory entries not yet known durable
         directory.mkdir(parents=True, exist_ok=True)
         self.producer_state = ProducerStateManager(directory)
         self._load(recovery_point, log_start_offset, had_clean_shutdown)
@@ -362,6 +363,7 @@ class PartitionLog:
             self.producer_state.take_snapshot(new_base)
             segment = LogSegment(self.directory, new_base, self.config, now_ms=self.clock())
             self._add_segment(segment)
+            self._new_files = True
             log.debug("%s: rolled new segment at offset %d", self.name, new_base)
         self._after_roll(new_base)
         return segment
@@ -563,9 +565,14 @@ class PartitionLog:
                     return
                 first = self._segment_slot(self.recovery_point)
                 dirty = [s for s in self.segments[first:] if s.base_offset < target]
+                active = self.active_segment
+                new_files, self._new_files = self._new_files, False
             for segment in dirty:
-                segment.flush()
-            checkpoints.fsync_directory(self.directory)
+                # The segment holding the recovery point is always rescanned after a crash, indexes included,
+                # so the active segment's indexes need no msync here; rolled segments' indexes do.
+                segment.flush(indexes=segment is not active)
+            if new_files:  # a segment was created since the last flush: make its directory entries durable
+                checkpoints.fsync_directory(self.directory)
             with self._lock:
                 self.recovery_point = max(self.recovery_point, target)
                 self.last_flush_ms = self.clock()

@@ -328,13 +328,14 @@ class LogSegment:
         self.index.expand()
         self.time_index.expand()
 
-    def flush(self) -> None:
+    def flush(self, *, indexes: bool = True) -> None:
         try:
             os.fdatasync(self._fd)
         except OSError as exc:
             raise KafkaStorageError(f"cannot flush {self.log_path}: {exc.strerror}") from exc
-        self.index.flush()
-        self.time_index.flush()
+        if indexes:
+            self.index.flush()
+            self.time_index.flush()
 
     def last_modified_ms(self) -> int:
         return int(os.fstat(self._fd).st_mtime * 1000)
