@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test system-deps lint bench bench-append bench-produce bench-read bench-recovery clean
+.PHONY: demo test system-deps java lint bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,27 +12,32 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test,bench,spark]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) java
 	$(VENV)/bin/tidelog demo
 
-# Debian packages the tests use with real clients (kcat). Installed once, as root or through sudo.
-system-deps:
-	@command -v kcat >/dev/null 2>&1 || { \
-	  echo "installing Debian package kcat for the client tests"; \
-	  SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
-	  $$SUDO apt-get install -y -q kcat >/dev/null 2>&1 || \
-	  { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q kcat >/dev/null; }; }
+# Debian packages: kcat for the client tests, a Java runtime for Spark. Installed once, as root or through sudo.
+APT_INSTALL = SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	$$SUDO apt-get install -y -q $(1) >/dev/null 2>&1 || \
+	{ $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q $(1) >/dev/null; }
 
-test: $(STAMP) system-deps
-	$(VENV)/bin/ruff check src tests bench
+system-deps:
+	@command -v kcat >/dev/null 2>&1 || { echo "installing Debian package kcat"; $(call APT_INSTALL,kcat); }
+
+java:
+	@command -v java >/dev/null 2>&1 || { echo "Spark needs Java: installing openjdk-17-jre-headless"; \
+	  $(call APT_INSTALL,openjdk-17-jre-headless); }
+	@java -version 2>&1 | head -1
+
+test: $(STAMP) system-deps java
+	$(VENV)/bin/ruff check src tests bench examples
 	$(PY) -m pytest -q tests -m "not slow"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$status
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
 
-bench: bench-append bench-produce bench-read bench-recovery
+bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark
 
 bench-append: $(STAMP)
 	$(PY) bench/append_throughput.py
@@ -45,6 +50,12 @@ bench-read: $(STAMP)
 
 bench-recovery: $(STAMP)
 	$(PY) bench/recovery_scan.py
+
+bench-broker: $(STAMP)
+	$(PY) bench/broker_vs_peers.py
+
+bench-spark: $(STAMP)
+	$(PY) bench/spark_read.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis tidelog-demo-data
