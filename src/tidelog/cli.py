@@ -81,7 +81,7 @@ def _console_tool(handler: Handler) -> Handler:
     """A console tool's failure is one line on stderr and its exit code; Ctrl-C outside a consume loop is 130."""
 
     def run(args: argparse.Namespace) -> int:
-        from tidelog.tools.console import ToolError
+        from tidelog.errors import ToolError
 
         try:
             return handler(args)

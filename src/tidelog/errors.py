@@ -203,3 +203,37 @@ class InvalidReplicationFactorError(TidelogError):
 
 class TopicDeletionDisabledError(TidelogError):
     kafka_error_code = ErrorCode.TOPIC_DELETION_DISABLED
+
+
+# --- Spark source and sink ---------------------------------------------------------------------------------------
+
+
+class DataLossError(TidelogError):
+    """Offsets a query planned to read are gone (retention, deletion, truncation) and failOnDataLoss is true."""
+
+
+class LogFilesError(TidelogError):
+    """A log directory or file that cannot be read; the message names it."""
+
+
+class KafkaClientError(TidelogError):
+    """The broker could not be reached or refused a request; the message names the servers."""
+
+
+class OptionError(ConfigError, ValueError):
+    """A missing, conflicting or malformed option of the Spark source or sink; the message names the option."""
+
+
+class BrokerStartError(TidelogError):
+    """`tidelog serve`, started for a pipeline or a test, did not come up; the message says why."""
+
+
+# --- command-line tools ------------------------------------------------------------------------------------------
+
+
+class ToolError(TidelogError):
+    """A failure the tool reports as one line on stderr; `exit_code` is 2 for bad usage, else 1."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -12,7 +12,8 @@ from spark_helpers import TS0, make_records
 
 import tidelog
 from tidelog.codec.record_batch import build_batch
-from tidelog.spark.logfiles import DataLossError, LogFiles
+from tidelog.errors import DataLossError, OptionError
+from tidelog.spark.logfiles import LogFiles
 from tidelog.spark.offsets import (
     Bound,
     OffsetRange,
@@ -22,7 +23,7 @@ from tidelog.spark.offsets import (
     rate_limit,
     split_ranges,
 )
-from tidelog.spark.options import OptionError, Subscription, parse_read_options, parse_write_options
+from tidelog.spark.options import Subscription, parse_read_options, parse_write_options
 
 # --- options ----------------------------------------------------------------------------------------------
 

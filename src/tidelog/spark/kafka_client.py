@@ -18,8 +18,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from tidelog.codec.columnar import RecordColumns, from_records
 from tidelog.codec.record_batch import Record
-from tidelog.errors import TidelogError
-from tidelog.spark.logfiles import DataLossError, data_loss_message
+from tidelog.errors import DataLossError, KafkaClientError
+from tidelog.spark.logfiles import data_loss_message
 from tidelog.spark.offsets import OffsetRange
 from tidelog.spark.offsets import TopicPartition as TP
 from tidelog.spark.options import ReadOptions
@@ -29,10 +29,6 @@ RECORDS_PER_CHUNK = 20_000
 MAX_MESSAGES_PER_POLL = 10_000
 POLL_INTERVAL_S = 1.0
 _TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}  # librdkafka's NOT_AVAILABLE/CREATE_TIME/LOG_APPEND_TIME -> Kafka's ids
-
-
-class KafkaClientError(TidelogError):
-    """The broker could not be reached or refused a request; the message names the servers."""
 
 
 def consumer_config(options: ReadOptions, **extra: Any) -> dict[str, Any]:

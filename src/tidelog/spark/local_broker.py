@@ -17,11 +17,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from tidelog.errors import BrokerStartError
+
 READY = re.compile(r"tidelog broker ready on port\(s\) (\d+)")
-
-
-class BrokerStartError(RuntimeError):
-    pass
 
 
 def _command() -> list[str]:

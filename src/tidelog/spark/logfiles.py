@@ -32,21 +32,19 @@ import numpy as np
 from tidelog.codec.columnar import PADDING, BatchTable, scan_batches
 from tidelog.codec.record_batch import LOG_OVERHEAD
 from tidelog.codec.record_set import decode_batch, read_batch_info
-from tidelog.errors import CorruptCheckpointError, TidelogError, UnknownTopicOrPartitionError
+from tidelog.errors import (
+    CorruptCheckpointError,
+    DataLossError,
+    LogFilesError,
+    TidelogError,
+    UnknownTopicOrPartitionError,
+)
 from tidelog.storage.kafka.checkpoints import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
 
 PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 SEGMENT_LOG = re.compile(r"^(\d{20})\.log$")
 FOREIGN_PARTITION_DIRS = {"__cluster_metadata-0"}
 TAIL_SCAN_BYTES = 1 << 20
-
-
-class DataLossError(TidelogError):
-    """Offsets a query planned to read are gone (retention, deletion, truncation) and failOnDataLoss is true."""
-
-
-class LogFilesError(TidelogError):
-    """A log directory or file that cannot be read; the message names it."""
 
 
 def data_loss_message(what: str) -> str:

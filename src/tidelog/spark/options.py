@@ -20,16 +20,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from tidelog.errors import ConfigError
+from tidelog.errors import OptionError
 
 EARLIEST = -2  # in offset JSON, as Kafka's source spells them
 LATEST = -1
 
 TopicPartition = tuple[str, int]
-
-
-class OptionError(ConfigError, ValueError):
-    """A missing, conflicting or malformed option of the Spark source or sink; the message names the option."""
 
 
 class Subscription(Enum):

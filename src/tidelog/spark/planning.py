@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from tidelog.errors import UnknownTopicOrPartitionError
-from tidelog.spark.logfiles import DataLossError, LogFiles, data_loss_message
+from tidelog.errors import DataLossError, OptionError, UnknownTopicOrPartitionError
+from tidelog.spark.logfiles import LogFiles, data_loss_message
 from tidelog.spark.offsets import OffsetRange, PushedFilters, TopicPartition, split_ranges
-from tidelog.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions, Subscription
+from tidelog.spark.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, Subscription
 
 
 class Backend(Protocol):

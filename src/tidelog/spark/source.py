@@ -57,9 +57,9 @@ from tidelog.codec import legacy
 from tidelog.codec.columnar import BatchTable, RecordColumns, decode_v2, from_records
 from tidelog.codec.record_batch import ATTRIBUTES_OFFSET
 from tidelog.codec.record_set import decode_batch, read_batch_info
-from tidelog.errors import CrcMismatchError
+from tidelog.errors import CrcMismatchError, DataLossError
 from tidelog.spark import arrow
-from tidelog.spark.logfiles import DataLossError, data_loss_message, locate
+from tidelog.spark.logfiles import data_loss_message, locate
 from tidelog.spark.offsets import (
     Bound,
     OffsetRange,

@@ -31,9 +31,9 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, build_batch
-from tidelog.errors import KafkaStorageError, UnknownTopicOrPartitionError
+from tidelog.errors import KafkaClientError, KafkaStorageError, OptionError, UnknownTopicOrPartitionError
 from tidelog.partitioner import partition_for_key
-from tidelog.spark.options import OptionError, WriteOptions, parse_write_options
+from tidelog.spark.options import WriteOptions, parse_write_options
 
 FLUSH_BYTES = 16 << 20  # path writes: encoded bytes a task buffers before it takes the lock and appends
 LOCK_RETRY_S = 0.05
@@ -278,7 +278,6 @@ class _ProducerWriter:
             self._raise()
 
     def _raise(self) -> None:
-        from tidelog.spark.kafka_client import KafkaClientError
 
         raise KafkaClientError(
             f"writing to kafka.bootstrap.servers={self.options.bootstrap_servers} failed: {'; '.join(self.errors[:5])}"

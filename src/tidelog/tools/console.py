@@ -53,20 +53,12 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, NewTopic, ResourceType
 
-from tidelog.errors import TidelogError
+from tidelog.errors import ToolError
 
 DEFAULT_CONNECT_TIMEOUT_MS = 10_000
 REQUEST_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.2
 USAGE = 2  # exit code for bad usage, as argparse uses
-
-
-class ToolError(TidelogError):
-    """A failure the tool reports as one line on stderr; `exit_code` is 2 for bad usage, else 1."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 # --- properties (pure) ------------------------------------------------------------------------------------------
