@@ -16,7 +16,7 @@ from typing import Any
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record
 from tidelog.config import EngineConfig
-from tidelog.errors import ConfigError, TidelogError
+from tidelog.errors import TidelogError
 from tidelog.storage.api import AppendResult, FileSlices, StorageEngine, TimestampAndOffset
 
 __version__ = "0.1.0"
@@ -44,8 +44,7 @@ def open(
     `background=False` runs no scheduler thread: rolled segments are flushed synchronously and
     retention, checkpoints and timed flushes run only when called.
     """
-    if engine != "kafka":
-        raise ConfigError(f"unknown storage engine {engine!r} (available: kafka)")
-    from tidelog.storage.kafka.engine import KafkaEngine
+    from tidelog.storage import open_engine
 
-    return KafkaEngine(EngineConfig.from_mapping(config or {}, log_dir=log_dir), background=background)
+    settings = {"tidelog.storage.engine": engine, **(config or {})}
+    return open_engine(EngineConfig.from_mapping(settings, log_dir=log_dir), background=background)

@@ -181,6 +181,7 @@ class LogConfig:
 class EngineConfig:
     """Broker-level storage settings plus the default LogConfig for every topic."""
 
+    engine: str = "kafka"  # tidelog.storage.engine
     log_dirs: tuple[str, ...] = ("./tidelog-data",)
     num_partitions: int = 1
     node_id: int = 1
@@ -216,6 +217,7 @@ class EngineConfig:
         if dirs is None:
             dirs = [os.fspath(log_dir)] if log_dir is not None else list(cls.log_dirs)
         return cls(
+            engine=values.get("tidelog.storage.engine", cls.engine),
             log_dirs=tuple(dirs),
             num_partitions=values.get("num.partitions", cls.num_partitions),
             node_id=values.get("node.id", values.get("broker.id", cls.node_id)),

@@ -111,7 +111,7 @@ class FetchApis:
                 data = PartitionData(fetch_partition.partition)
                 topic.partitions.append(data)
                 try:
-                    partition_log = engine.partition_log(fetch_topic.topic, fetch_partition.partition)
+                    partition_log = engine.partition(fetch_topic.topic, fetch_partition.partition)
                     data.high_watermark = data.last_stable_offset = partition_log.high_watermark
                     data.log_start_offset = partition_log.log_start_offset
                     limit = min(fetch_partition.partition_max_bytes, remaining)

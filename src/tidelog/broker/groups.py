@@ -26,7 +26,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from tidelog.codec import group_records as records
-from tidelog.errors import ErrorCode
+from tidelog.errors import ErrorCode, UnknownTopicOrPartitionError
 from tidelog.protocol.messages import ApiKey, Request, millis
 
 if TYPE_CHECKING:
@@ -614,7 +614,7 @@ class GroupCoordinator:
             for partition in topic.partitions:
                 code = error
                 metadata = partition.committed_metadata or ""
-                if code == NONE and (topic.name, partition.partition_index) not in self.broker.engine.logs:
+                if code == NONE and not self._partition_exists(topic.name, partition.partition_index):
                     code = UNKNOWN_TOPIC_OR_PARTITION
                 elif code == NONE and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
                     code = OFFSET_METADATA_TOO_LARGE
@@ -644,6 +644,13 @@ class GroupCoordinator:
                         if partition_result["error_code"] == NONE:
                             partition_result["error_code"] = code
         return {"throttle_time": 0, "topics": topics}
+
+    def _partition_exists(self, topic: str, partition: int) -> bool:
+        try:
+            self.broker.engine.partition(topic, partition)
+        except UnknownTopicOrPartitionError:
+            return False
+        return True
 
     async def handle_offset_fetch(self, request: Request, connection: Connection) -> Response:
         body = request.body

@@ -31,7 +31,7 @@ class _StateCollector(Collector):
         ends = GaugeMetricFamily(
             "tidelog_partition_log_end_offset", "Next offset of a partition", labels=["topic", "partition"]
         )
-        for (topic, partition), partition_log in list(self.broker.engine.logs.items()):
+        for (topic, partition), partition_log in self.broker.engine.partitions().items():
             sizes.add_metric([topic, str(partition)], partition_log.size_in_bytes)
             ends.add_metric([topic, str(partition)], partition_log.log_end_offset)
         yield sizes

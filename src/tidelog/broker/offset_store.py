@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from tidelog.codec import group_records as records
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.errors import TidelogError
-from tidelog.storage.kafka.engine import KafkaEngine
+from tidelog.storage.api import StorageEngine
 
 if TYPE_CHECKING:
     from tidelog.broker.produce import Flusher
@@ -42,7 +42,7 @@ class StoredGroup:
 
 
 class OffsetStore:
-    def __init__(self, engine: KafkaEngine, partitions: int, flusher: Flusher) -> None:
+    def __init__(self, engine: StorageEngine, partitions: int, flusher: Flusher) -> None:
         self.engine = engine
         self.partitions = partitions
         self.flusher = flusher
@@ -106,7 +106,7 @@ class OffsetStore:
         if not encoded:
             return
         partition = self.partition_of(group)
-        partition_log = self.engine.partition_log(OFFSETS_TOPIC, partition)
+        partition_log = self.engine.partition(OFFSETS_TOPIC, partition)
         batch = build_batch([Record(value=value, key=key) for key, value in encoded])
         partition_log.append(batch, from_client=False)
         if partition_log.flush_due():
@@ -117,7 +117,7 @@ class OffsetStore:
             await self._compact(partition)
 
     async def _compact(self, partition: int) -> None:
-        partition_log = self.engine.partition_log(OFFSETS_TOPIC, partition)
+        partition_log = self.engine.partition(OFFSETS_TOPIC, partition)
         live: list[Record] = []
         for group_id, group in self.groups.items():
             if self.partition_of(group_id) != partition:

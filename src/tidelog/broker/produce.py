@@ -27,8 +27,8 @@ from tidelog.errors import (
     TransactionsUnsupportedError,
 )
 from tidelog.protocol.messages import ApiKey, Request
+from tidelog.storage.api import Partition
 from tidelog.storage.kafka import checkpoints
-from tidelog.storage.kafka.partition_log import PartitionLog
 
 if TYPE_CHECKING:
     from tidelog.broker.server import ApiHandler, Broker, Connection, Response
@@ -42,7 +42,7 @@ INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 @dataclass
 class _Waiter:
-    log: PartitionLog
+    log: Partition
     offset: int
     future: asyncio.Future[None]
 
@@ -54,17 +54,17 @@ class Flusher:
     _waiting: list[_Waiter] = field(default_factory=list)
     _round: asyncio.Task[None] | None = None
 
-    async def wait_durable(self, partition_log: PartitionLog, offset: int) -> None:
-        if partition_log.recovery_point < offset:
+    async def wait_durable(self, partition_log: Partition, offset: int) -> None:
+        if partition_log.flushed_offset < offset:
             await self._enqueue(partition_log, offset)
 
-    def flush_later(self, partition_log: PartitionLog) -> None:
+    def flush_later(self, partition_log: Partition) -> None:
         """Start a flush round without waiting for it (the policy says flush, the producer asked acks=1)."""
-        if partition_log.recovery_point < partition_log.log_end_offset:
+        if partition_log.flushed_offset < partition_log.log_end_offset:
             future = self._enqueue(partition_log, partition_log.log_end_offset)
             future.add_done_callback(lambda done: done.exception())  # failures are logged by the round
 
-    def _enqueue(self, partition_log: PartitionLog, offset: int) -> asyncio.Future[None]:
+    def _enqueue(self, partition_log: Partition, offset: int) -> asyncio.Future[None]:
         waiter = _Waiter(partition_log, offset, asyncio.get_running_loop().create_future())
         self._waiting.append(waiter)
         if self._round is None or self._round.done():
@@ -74,7 +74,7 @@ class Flusher:
     async def _run(self) -> None:
         while self._waiting:
             batch, self._waiting = self._waiting, []
-            targets: dict[PartitionLog, int] = {}
+            targets: dict[Partition, int] = {}
             for waiter in batch:
                 targets[waiter.log] = max(targets.get(waiter.log, 0), waiter.offset)
             errors = await asyncio.to_thread(_flush_all, targets)
@@ -92,8 +92,8 @@ class Flusher:
             await asyncio.gather(self._round, return_exceptions=True)
 
 
-def _flush_all(targets: dict[PartitionLog, int]) -> dict[PartitionLog, Exception]:
-    errors: dict[PartitionLog, Exception] = {}
+def _flush_all(targets: dict[Partition, int]) -> dict[Partition, Exception]:
+    errors: dict[Partition, Exception] = {}
     for partition_log, offset in targets.items():
         try:
             partition_log.flush(offset)
@@ -141,7 +141,7 @@ class ProduceApis:
     async def handle_produce(self, request: Request, connection: Connection) -> Response:
         body = request.body
         acks = body.acks
-        pending: list[tuple[dict[str, Any], PartitionLog, int]] = []
+        pending: list[tuple[dict[str, Any], Partition, int]] = []
         responses = []
         for topic_data in body.topic_data:
             partition_responses = []
@@ -177,7 +177,7 @@ class ProduceApis:
         return Deferred(self._when_durable(body, pending))
 
     async def _when_durable(
-        self, body: dict[str, Any], pending: list[tuple[dict[str, Any], PartitionLog, int]]
+        self, body: dict[str, Any], pending: list[tuple[dict[str, Any], Partition, int]]
     ) -> dict[str, Any]:
         for answer, partition_log, offset in pending:
             try:
@@ -191,7 +191,7 @@ class ProduceApis:
 
     def _append(
         self, topic: str, partition: int, records: bytes | None, transactional_id: str | None, answer: dict[str, Any]
-    ) -> PartitionLog:
+    ) -> Partition:
         if topic in INTERNAL_TOPICS:
             raise InvalidTopicError(f"clients may not produce to the internal topic {topic}")
         if not records:
@@ -199,7 +199,7 @@ class ProduceApis:
         header = read_header(records)
         if header.is_transactional or transactional_id is not None:
             raise InvalidTxnStateError("transactions are not supported by this broker yet")
-        partition_log = self.broker.engine.partition_log(topic, partition)
+        partition_log = self.broker.engine.partition(topic, partition)
         result = partition_log.append(records)
         answer["base_offset"] = result.base_offset
         answer["log_start_offset"] = result.log_start_offset

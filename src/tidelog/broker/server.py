@@ -24,8 +24,8 @@ from tidelog.errors import FrameError, MalformedRequestError, UnsupportedVersion
 from tidelog.protocol.fetch_response import Part
 from tidelog.protocol.framing import SIZE, check_frame_size
 from tidelog.protocol.messages import ApiKey, Request, decode_request, encode_response
+from tidelog.storage import open_engine
 from tidelog.storage.api import FileSlice
-from tidelog.storage.kafka.engine import KafkaEngine
 
 log = logging.getLogger("tidelog.broker")
 
@@ -84,7 +84,7 @@ class Broker:
         from tidelog.broker.topics import TopicApis
 
         self.config = config
-        self.engine = KafkaEngine(config.engine)
+        self.engine = open_engine(config.engine)
         self.stopping = False
         self._servers: list[tuple[Listener, asyncio.Server, int]] = []
         self._connections: set[Connection] = set()

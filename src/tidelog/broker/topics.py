@@ -225,7 +225,7 @@ class TopicApis:
                     "error_code": 0,
                 }
                 try:
-                    partition_log = engine.partition_log(topic.name, partition.partition_index)
+                    partition_log = engine.partition(topic.name, partition.partition_index)
                     offset = partition_log.high_watermark if partition.offset == -1 else partition.offset
                     result["low_watermark"] = partition_log.delete_records(offset)
                 except TidelogError as exc:

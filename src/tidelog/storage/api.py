@@ -84,8 +84,47 @@ class TopicDescription:
     configs: Mapping[str, Any] = field(default_factory=dict)
 
 
+class Partition(ABC):
+    """One partition (Kafka) or queue (RocketMQ) as the broker drives it. Offsets below `flushed_offset` are
+    on disk; the broker calls `flush` from a worker thread (group commit) when `flush_due` says so."""
+
+    name: str
+    log_start_offset: int  # first readable offset
+    log_end_offset: int  # next offset to assign
+    high_watermark: int  # readable up to here (== log end on a single node)
+
+    @property
+    @abstractmethod
+    def flushed_offset(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def size_in_bytes(self) -> int: ...
+
+    @abstractmethod
+    def append(self, data: bytes | bytearray | memoryview, *, from_client: bool = True) -> AppendResult: ...
+
+    @abstractmethod
+    def read(self, offset: int, max_bytes: int, *, min_one_message: bool = True) -> FileSlices: ...
+
+    @abstractmethod
+    def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None: ...
+
+    @abstractmethod
+    def delete_records(self, before_offset: int) -> int: ...
+
+    @abstractmethod
+    def flush(self, up_to_offset: int | None = None) -> None: ...
+
+    @abstractmethod
+    def flush_due(self) -> bool: ...
+
+
 class StorageEngine(ABC):
     """One storage model behind the common calls; subclasses implement the abstract ones."""
+
+    cluster_id: str
+    log_dirs: list[Path]
 
     # --- topics ---
     @abstractmethod
@@ -103,6 +142,14 @@ class StorageEngine(ABC):
     def topics(self) -> dict[str, TopicDescription]: ...
 
     # --- data ---
+    @abstractmethod
+    def partition(self, topic: str, partition: int) -> Partition:
+        """The partition's handle; raises UnknownTopicOrPartitionError."""
+
+    @abstractmethod
+    def partitions(self) -> dict[tuple[str, int], Partition]:
+        """Every partition of every topic."""
+
     @abstractmethod
     def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult: ...
 

@@ -470,6 +470,12 @@ class KafkaEngine(StorageEngine):
                 ) from None
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist") from None
 
+    def partition(self, topic: str, partition: int) -> PartitionLog:
+        return self.partition_log(topic, partition)
+
+    def partitions(self) -> dict[tuple[str, int], PartitionLog]:
+        return dict(self.logs)
+
     def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult:
         partition_log = self.partition_log(topic, partition)
         result = partition_log.append(batch_bytes)

@@ -46,6 +46,7 @@ from tidelog.storage.api import (
     AppendResult,
     FileSlice,
     FileSlices,
+    Partition,
     TimestampAndOffset,
 )
 from tidelog.storage.kafka import checkpoints
@@ -92,7 +93,7 @@ def partition_dir_name(topic: str, partition: int) -> str:
     return f"{topic}-{partition}"
 
 
-class PartitionLog:
+class PartitionLog(Partition):
     def __init__(
         self,
         directory: Path,
@@ -343,6 +344,10 @@ class PartitionLog:
     def _segment_slot(self, offset: int) -> int:
         """Slot of the segment that holds `offset` (the last with base <= offset), at least 0."""
         return max(0, bisect.bisect_right(self._bases, offset) - 1)
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.recovery_point
 
     @property
     def size_in_bytes(self) -> int:
