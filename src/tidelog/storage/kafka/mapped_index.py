@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from tidelog.errors import KafkaStorageError
+
 WARM_SECTION_BYTES = 8192
 
 
@@ -99,16 +101,22 @@ class MappedIndex:
             return
         packed = struct.pack(">" + self.entry.format.lstrip(">") * count, *flat_fields)
         with self._guard:
-            assert self._map is not None
-            start = self.entries * self.entry.size
-            self._map[start : start + len(packed)] = packed
+            self._pwrite(packed, self.entries * self.entry.size)
             self.entries += count
 
     def _write_entry(self, *fields: int) -> None:
         with self._guard:
-            assert self._map is not None
-            self.entry.pack_into(self._map, self.entries * self.entry.size, *fields)
+            self._pwrite(self.entry.pack(*fields), self.entries * self.entry.size)
             self.entries += 1
+
+    def _pwrite(self, data: bytes, position: int) -> None:
+        """Entries are written with pwrite, not through the mapping: the preallocated file is sparse, and a
+        store into a hole on a full disk is a SIGBUS that kills the process, where pwrite reports ENOSPC.
+        The mapping shares the page cache, so lookups see the entry at once."""
+        try:
+            os.pwrite(self._fd, data, position)
+        except OSError as exc:
+            raise KafkaStorageError(f"cannot write index entry to {self.path}: {exc.strerror}") from exc
 
     def _largest_lower_bound(self, target: int, key: Callable[[int], int]) -> int:
         """Slot of the greatest entry whose key <= target, or -1: Kafka's warm-then-cold binary search."""

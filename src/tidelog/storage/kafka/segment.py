@@ -10,6 +10,7 @@ a short forward scan of batch headers, and hand out file slices.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import time
@@ -24,6 +25,8 @@ from tidelog.errors import KafkaStorageError
 from tidelog.storage.api import FileSlice
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
+
+log = logging.getLogger("tidelog.storage")
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -114,8 +117,11 @@ class LogSegment:
         if largest_timestamp > self.max_timestamp_so_far.timestamp:
             self.max_timestamp_so_far = TimestampOffset(largest_timestamp, offset_of_largest_timestamp)
         if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
-            self.index.append(largest_offset, position)
-            self.time_index.maybe_append(*self.max_timestamp_so_far)
+            try:
+                self.index.append(largest_offset, position)
+                self.time_index.maybe_append(*self.max_timestamp_so_far)
+            except KafkaStorageError as exc:  # the batch is in the log; a missing sparse entry only lengthens scans
+                log.warning("%s; the batch is stored, only its index entry is missing", exc)
             self.bytes_since_last_index_entry = 0
         self.bytes_since_last_index_entry += size
 
