@@ -34,6 +34,7 @@ from tidelog.config import LogConfig
 from tidelog.errors import (
     CorruptCheckpointError,
     InvalidRecordError,
+    KafkaStorageError,
     LogClosedError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
@@ -365,7 +366,10 @@ class PartitionLog(Partition):
             if active.base_offset == new_base and active.size == 0:
                 return active
             active.on_become_inactive()
-            self.producer_state.take_snapshot(new_base)
+            try:
+                self.producer_state.take_snapshot(new_base)
+            except OSError as exc:  # an optimisation only: recovery replays the log instead
+                log.warning("%s: cannot write the producer snapshot at %d: %s", self.name, new_base, exc.strerror)
             segment = LogSegment(self.directory, new_base, self.config, now_ms=self.clock())
             self._add_segment(segment)
             self._new_files = True
@@ -383,7 +387,16 @@ class PartitionLog(Partition):
     # --- append -----------------------------------------------------------------------------------------------
 
     def append(self, data: bytes | bytearray | memoryview, *, from_client: bool = True) -> AppendResult:
-        """Validate and append one or more v2 batches as received; returns the offsets they got."""
+        """Validate and append one or more v2 batches as received; returns the offsets they got.
+
+        Any I/O failure (a full disk, a vanished directory) is a KafkaStorageError naming the partition;
+        the log is left as it was before the call."""
+        try:
+            return self._append(data, from_client)
+        except OSError as exc:
+            raise KafkaStorageError(f"{self.name}: cannot append: {exc.strerror or exc}") from exc
+
+    def _append(self, data: bytes | bytearray | memoryview, from_client: bool) -> AppendResult:
         view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
         headers, pending_crcs = self._validate(view, from_client)
         log_append_time = self.config.message_timestamp_type == "LogAppendTime"
