@@ -136,7 +136,7 @@ BROKER_KEYS: dict[str, Key] = {
         Key("log.flush.scheduler.interval.ms", parse_int, minimum=1),
         Key("log.flush.offset.checkpoint.interval.ms", parse_int, minimum=1),
         Key("log.flush.start.offset.checkpoint.interval.ms", parse_int, minimum=1),
-        Key("tidelog.storage.engine", parse_str, choices=("kafka",)),
+        Key("tidelog.storage.engine", parse_str, choices=("kafka", "rocketmq")),
         *(
             replace(TOPIC_KEYS[topic], name=broker)
             if multiplier == 1
@@ -145,6 +145,87 @@ BROKER_KEYS: dict[str, Key] = {
         ),
     ]
 }
+
+
+# --- the RocketMQ engine's store keys: `tidelog.rocketmq.` + the MessageStoreConfig field name ------------------------
+# (spelled as RocketMQ's broker.conf spells them, `maped` included). Defaults are RocketMQ's.
+
+ROCKETMQ_PREFIX = "tidelog.rocketmq."
+
+
+@dataclass(frozen=True)
+class RocketMQStoreConfig:
+    maped_file_size_commit_log: int = 1024 * 1024 * 1024
+    maped_file_size_consume_queue: int = 300_000 * 20
+    flush_disk_type: str = "ASYNC_FLUSH"
+    flush_interval_commit_log: int = 500
+    flush_commit_log_least_pages: int = 4
+    flush_commit_log_thorough_interval: int = 10_000
+    sync_flush_timeout: int = 5_000
+    flush_interval_consume_queue: int = 1_000
+    flush_consume_queue_least_pages: int = 2
+    flush_consume_queue_thorough_interval: int = 60_000
+    flush_checkpoint_interval: int = 1_000
+    file_reserved_time: int = 72
+    delete_when: str = "04"
+    disk_max_used_space_ratio: int = 75
+    disk_space_clean_forcibly_ratio: int = 85
+    disk_space_warning_level_ratio: int = 90
+    clean_resource_interval: int = 10_000
+    delete_commit_log_files_interval: int = 100
+    delete_file_batch_max: int = 10
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 5_000_000 * 4
+    message_index_enable: bool = True
+    check_crc_on_recover: bool = True
+    max_message_size: int = 1024 * 1024 * 4
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flush_disk_type == "SYNC_FLUSH"
+
+
+def _camel_to_snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+
+
+ROCKETMQ_KEYS: dict[str, Key] = {
+    k.name: k
+    for k in [
+        Key(ROCKETMQ_PREFIX + "mapedFileSizeCommitLog", parse_int, minimum=4096, maximum=INT_MAX),
+        Key(ROCKETMQ_PREFIX + "mapedFileSizeConsumeQueue", parse_int, minimum=20 * 2, maximum=INT_MAX),
+        Key(ROCKETMQ_PREFIX + "flushDiskType", parse_str, choices=("ASYNC_FLUSH", "SYNC_FLUSH")),
+        Key(ROCKETMQ_PREFIX + "flushIntervalCommitLog", parse_int, minimum=1),
+        Key(ROCKETMQ_PREFIX + "flushCommitLogLeastPages", parse_int, minimum=0),
+        Key(ROCKETMQ_PREFIX + "flushCommitLogThoroughInterval", parse_int, minimum=0),
+        Key(ROCKETMQ_PREFIX + "syncFlushTimeout", parse_int, minimum=1),
+        Key(ROCKETMQ_PREFIX + "flushIntervalConsumeQueue", parse_int, minimum=1),
+        Key(ROCKETMQ_PREFIX + "flushConsumeQueueLeastPages", parse_int, minimum=0),
+        Key(ROCKETMQ_PREFIX + "flushConsumeQueueThoroughInterval", parse_int, minimum=0),
+        Key(ROCKETMQ_PREFIX + "flushCheckpointInterval", parse_int, minimum=1),
+        Key(ROCKETMQ_PREFIX + "fileReservedTime", parse_int, minimum=0),
+        Key(ROCKETMQ_PREFIX + "deleteWhen", parse_str),
+        Key(ROCKETMQ_PREFIX + "diskMaxUsedSpaceRatio", parse_int, minimum=10, maximum=95),
+        Key(ROCKETMQ_PREFIX + "diskSpaceCleanForciblyRatio", parse_int, minimum=10, maximum=95),
+        Key(ROCKETMQ_PREFIX + "diskSpaceWarningLevelRatio", parse_int, minimum=10, maximum=99),
+        Key(ROCKETMQ_PREFIX + "cleanResourceInterval", parse_int, minimum=1),
+        Key(ROCKETMQ_PREFIX + "deleteCommitLogFilesInterval", parse_int, minimum=0),
+        Key(ROCKETMQ_PREFIX + "deleteFileBatchMax", parse_int, minimum=1),
+        Key(ROCKETMQ_PREFIX + "maxHashSlotNum", parse_int, minimum=1, maximum=INT_MAX // 4),
+        Key(ROCKETMQ_PREFIX + "maxIndexNum", parse_int, minimum=2, maximum=INT_MAX // 20),
+        Key(ROCKETMQ_PREFIX + "messageIndexEnable", parse_bool),
+        Key(ROCKETMQ_PREFIX + "checkCRCOnRecover", parse_bool),
+        Key(ROCKETMQ_PREFIX + "maxMessageSize", parse_int, minimum=1, maximum=INT_MAX),
+    ]
+}
+
+
+BROKER_KEYS.update(ROCKETMQ_KEYS)
+
+
+def _rocketmq_field(key_name: str) -> str:
+    name = key_name[len(ROCKETMQ_PREFIX) :].replace("CRC", "Crc")
+    return _camel_to_snake(name)
 
 
 @dataclass(frozen=True)
@@ -190,6 +271,7 @@ class EngineConfig:
     recovery_point_checkpoint_interval_ms: int = 60_000
     log_start_offset_checkpoint_interval_ms: int = 60_000
     log_defaults: LogConfig = field(default_factory=LogConfig)
+    rocketmq: RocketMQStoreConfig = field(default_factory=RocketMQStoreConfig)
 
     @classmethod
     def from_mapping(
@@ -230,6 +312,9 @@ class EngineConfig:
                 "log.flush.start.offset.checkpoint.interval.ms", cls.log_start_offset_checkpoint_interval_ms
             ),
             log_defaults=LogConfig().with_overrides(topic_defaults),
+            rocketmq=RocketMQStoreConfig(
+                **{_rocketmq_field(name): value for name, value in values.items() if name in ROCKETMQ_KEYS}
+            ),
         )
 
 

@@ -46,10 +46,26 @@ class FileSlice(NamedTuple):
         return os.pread(self.file.fileno(), self.length, self.position)
 
 
-class FileSlices(NamedTuple):
-    """The answer to a read: slices in offset order, possibly from several segments."""
+class MemorySlice(bytes):
+    """Record bytes an engine built in memory (the RocketMQ engine re-encodes its messages as Kafka batches on read).
 
-    slices: tuple[FileSlice, ...] = ()
+    It is `bytes` with FileSlice's `length` and `read()`, so everything that takes slices takes it unchanged: the
+    Fetch encoder sums `.length`, and the sender writes any part that is not a FileSlice as it is."""
+
+    __slots__ = ()
+
+    @property
+    def length(self) -> int:
+        return len(self)
+
+    def read(self) -> bytes:
+        return bytes(self)
+
+
+class FileSlices(NamedTuple):
+    """The answer to a read: slices in offset order, possibly from several segments (or built in memory)."""
+
+    slices: tuple[FileSlice | MemorySlice, ...] = ()
     log_start_offset: int = 0
     high_watermark: int = 0
 

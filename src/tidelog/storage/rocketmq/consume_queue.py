@@ -1,0 +1,287 @@
+"""A ConsumeQueue: the index of one queue (= one Kafka partition) into the CommitLog (RocketMQ's ConsumeQueue).
+
+Files `consumequeue/<topic>/<queueId>/<20-digit start byte>`, each `mapedFileSizeConsumeQueue` bytes (300,000 units by
+default), holding 20-byte units, big-endian:
+
+    commitLogOffset i64 | size i32 | tagsCode i64
+
+Queue offset N (= Kafka offset N) is the unit at byte N*20: file = byte // fileSize, position = byte % fileSize.
+Derived data: the dispatcher writes it from the CommitLog, recovery cuts it back to what the CommitLog holds, and a
+re-dispatched message whose CommitLog end is not beyond the queue's `max_physic_offset` is skipped, so dispatching
+twice is harmless. The minimum queue offset moves up when retention deletes the CommitLog files its first units
+point into. A queue whose first file starts past offset 0 has its leading units filled with {0, INT_MAX, 0}
+(fillPreBlank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+from tidelog.storage.rocketmq.mapped_file import MappedFile, MappedFileQueue
+
+log = logging.getLogger("tidelog.storage.rocketmq")
+
+CONSUME_QUEUE_DIR = "consumequeue"
+CQ_STORE_UNIT_SIZE = 20
+UNIT = struct.Struct(">qiq")
+BLANK_UNIT = UNIT.pack(0, 0x7FFFFFFF, 0)
+RECOVERY_CHECK_UNITS = 4096  # units at the tail of the last file checked one by one when loading
+
+
+def consume_queue_file_size(configured: int) -> int:
+    """MessageStoreConfig.getMappedFileSizeConsumeQueue: rounded up to whole units."""
+    return -(-configured // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+
+
+class ConsumeQueue:
+    def __init__(self, root: Path, topic: str, queue_id: int, file_size: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = root / CONSUME_QUEUE_DIR / topic / str(queue_id)
+        self.file_size = file_size
+        self.queue = MappedFileQueue(self.directory, file_size, mapped=False)
+        self.max_physic_offset = -1  # CommitLog end (offset + size) of the last unit
+        self.min_logic_offset = 0  # in bytes, as RocketMQ keeps it
+        self.dirty = False
+
+    # --- loading and recovery ---------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        self.queue.load()
+        self.recover()
+
+    def recover(self) -> None:
+        """Find the last valid unit: files before the last are full; the last is read up to its first hole."""
+        files = self.queue.files
+        while files:
+            last = files[-1]
+            valid_units = self._valid_units(last)
+            last.wrote_position = last.flushed_position = valid_units * CQ_STORE_UNIT_SIZE
+            if valid_units or len(files) == 1:
+                break
+            # an empty last file: the previous one is the end of the queue
+            last.close()
+            last.destroy()
+            files.pop()
+        self.queue.flushed_where = self.queue.max_offset
+        self.min_logic_offset = self.queue.min_offset
+        last_unit = self.unit_at(self.max_offset - 1) if self.max_offset > self.min_offset else None
+        self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
+
+    def _valid_units(self, mapped_file: MappedFile) -> int:
+        try:
+            data_end = os.lseek(mapped_file.fd, 0, os.SEEK_HOLE)
+        except OSError:
+            data_end = mapped_file.file_size
+        data = os.pread(mapped_file.fd, min(data_end, mapped_file.file_size), 0)
+        written = len(data.rstrip(b"\0"))
+        units = -(-written // CQ_STORE_UNIT_SIZE)
+        first_checked = max(0, units - RECOVERY_CHECK_UNITS)
+        for index in range(first_checked, units):
+            offset, size, _tags = UNIT.unpack_from(data, index * CQ_STORE_UNIT_SIZE)
+            if offset < 0 or size <= 0:
+                log.warning(
+                    "%s: unit %d of %s is invalid (offset %d, size %d); the queue ends before it",
+                    self.directory,
+                    index,
+                    mapped_file.path.name,
+                    offset,
+                    size,
+                )
+                return index
+        return units
+
+    # --- offsets ----------------------------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        """The first queue offset (getMinOffsetInQueue)."""
+        return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    @property
+    def max_offset(self) -> int:
+        """The next queue offset to be written (getMaxOffsetInQueue)."""
+        return self.queue.max_offset // CQ_STORE_UNIT_SIZE
+
+    # --- writing ----------------------------------------------------------------------------------------------
+
+    def put(self, units: Sequence[tuple[int, int, int, int]]) -> int:
+        """Write units (commitLogOffset, size, tagsCode, queueOffset) in queue order; returns how many were new.
+        Units the queue already covers (by CommitLog offset) are skipped; a gap is logged and filled by position."""
+        written = 0
+        pending = bytearray()
+        pending_at = -1
+        for physical_offset, size, tags_code, queue_offset in units:
+            if physical_offset + size <= self.max_physic_offset:
+                continue  # dispatched before (recovery re-dispatches from a safe point)
+            expected = queue_offset * CQ_STORE_UNIT_SIZE
+            current = self.queue.max_offset if self.queue.files else -1
+            if pending:
+                current = pending_at + len(pending)
+            if current >= 0 and expected != current:
+                if expected < current:
+                    log.warning(
+                        "%s: unit for queue offset %d arrives behind the queue end %d; ignored",
+                        self.directory,
+                        queue_offset,
+                        current // CQ_STORE_UNIT_SIZE,
+                    )
+                    continue
+                log.warning(
+                    "%s: queue offsets %d..%d are missing; writing %d at its own position",
+                    self.directory,
+                    current // CQ_STORE_UNIT_SIZE,
+                    queue_offset - 1,
+                    queue_offset,
+                )
+                self._write(pending_at, pending)
+                pending = bytearray()
+            if not pending:
+                pending_at = expected
+            pending += UNIT.pack(physical_offset, size, tags_code)
+            self.max_physic_offset = physical_offset + size
+            written += 1
+            if (pending_at + len(pending)) % self.file_size == 0:  # a file is full: write it out
+                self._write(pending_at, pending)
+                pending = bytearray()
+        if pending:
+            self._write(pending_at, pending)
+        return written
+
+    def _write(self, at: int, data: bytes | bytearray) -> None:
+        if not data:
+            return
+        if not self.queue.files:
+            self._create_first_file(at)
+        position = at
+        view = memoryview(data)
+        while view:
+            mapped_file = self.queue.last_file_for_append(position)
+            if mapped_file.end_offset != position:
+                if position < mapped_file.file_from_offset or position > mapped_file.file_from_offset + self.file_size:
+                    raise AssertionError(f"{self.directory}: cannot write at {position} into {mapped_file}")
+                mapped_file.wrote_position = position - mapped_file.file_from_offset
+            room = min(len(view), mapped_file.remaining)
+            mapped_file.append(view[:room])
+            view = view[room:]
+            position += room
+        self.dirty = True
+
+    def _create_first_file(self, at: int) -> None:
+        start = at - at % self.file_size
+        mapped_file = self.queue.last_file_for_append(start)
+        if at > start:
+            mapped_file.append(BLANK_UNIT * ((at - start) // CQ_STORE_UNIT_SIZE))
+        self.min_logic_offset = at
+
+    # --- reading ----------------------------------------------------------------------------------------------
+
+    def unit_at(self, queue_offset: int) -> tuple[int, int, int] | None:
+        units = self.units(queue_offset, 1)
+        return units[0] if units else None
+
+    def units(self, queue_offset: int, count: int) -> list[tuple[int, int, int]]:
+        """Up to `count` units from `queue_offset` (fewer at the end of a file or of the queue)."""
+        if queue_offset < self.min_offset or queue_offset >= self.max_offset or count <= 0:
+            return []
+        start = queue_offset * CQ_STORE_UNIT_SIZE
+        end = min(self.queue.max_offset, start + count * CQ_STORE_UNIT_SIZE)
+        data = self.queue.read(start, end - start)
+        return list(UNIT.iter_unpack(data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE]))
+
+    # --- truncation, retention, flushing ----------------------------------------------------------------------
+
+    def truncate_dirty_logic_files(self, physical_end: int) -> int:
+        """Drop the units that point at or past `physical_end` (CommitLog truncated there); returns how many."""
+        dropped = 0
+        while self.max_offset > self.min_offset:
+            last = self.unit_at(self.max_offset - 1)
+            if last is None or last[0] + last[1] <= physical_end:
+                break
+            low, high = self.min_offset, self.max_offset - 1  # first unit whose end is past physical_end
+            while low < high:
+                middle = (low + high) // 2
+                unit = self.unit_at(middle)
+                if unit is not None and unit[0] + unit[1] > physical_end:
+                    high = middle
+                else:
+                    low = middle + 1
+            dropped = self.max_offset - low
+            self._cut_at(low * CQ_STORE_UNIT_SIZE)
+        if dropped:
+            log.info("%s: dropped %d unit(s) beyond CommitLog offset %d", self.directory, dropped, physical_end)
+        last_unit = self.unit_at(self.max_offset - 1) if self.max_offset > self.min_offset else None
+        self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
+        return dropped
+
+    def _cut_at(self, byte_offset: int) -> None:
+        files = self.queue.files
+        while files and files[-1].file_from_offset > byte_offset:
+            doomed = files.pop()
+            doomed.close()
+            doomed.destroy()
+        if files:
+            last = files[-1]
+            position = byte_offset - last.file_from_offset
+            if last.wrote_position > position:  # zeros, so the cut units do not come back on the next load
+                os.pwrite(last.fd, bytes(last.wrote_position - position), position)
+            last.wrote_position = min(last.wrote_position, position)
+            last.flushed_position = min(last.flushed_position, position)
+        self.queue.flushed_where = min(self.queue.flushed_where, byte_offset)
+
+    def correct_min_offset(self, commitlog_min_offset: int) -> None:
+        """Move the minimum to the first unit still in the CommitLog (correctMinOffset)."""
+        low, high = self.min_offset, self.max_offset
+        while low < high:
+            middle = (low + high) // 2
+            unit = self.unit_at(middle)
+            if unit is not None and unit[0] >= commitlog_min_offset:
+                high = middle
+            else:
+                low = middle + 1
+        self.min_logic_offset = max(self.min_logic_offset, low * CQ_STORE_UNIT_SIZE)
+
+    def delete_expired_files(self, commitlog_min_offset: int) -> int:
+        """Delete files whose last unit points below the CommitLog's minimum (never the last file)."""
+        count = 0
+        for mapped_file in self.queue.files[:-1]:
+            data = mapped_file.read(self.file_size - CQ_STORE_UNIT_SIZE, CQ_STORE_UNIT_SIZE)
+            last_offset = UNIT.unpack(data)[0] if len(data) == CQ_STORE_UNIT_SIZE else -1
+            if last_offset < commitlog_min_offset:
+                count += 1
+            else:
+                break
+        if count:
+            self.queue.delete_first_files(count)
+            self.min_logic_offset = max(self.min_logic_offset, self.queue.min_offset)
+        self.correct_min_offset(commitlog_min_offset)
+        return count
+
+    def flush(self) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        for mapped_file in self.queue.files:
+            if mapped_file.flushed_position < mapped_file.wrote_position:
+                mapped_file.flush()
+        self.queue.flushed_where = self.queue.max_offset
+
+    def dirty_bytes(self) -> int:
+        return sum(max(0, f.wrote_position - f.flushed_position) for f in self.queue.files[-2:])
+
+    def close(self) -> None:
+        self.queue.close()
+
+    def destroy(self) -> None:
+        """Delete the queue's files and directory (topic deletion)."""
+        self.queue.close()
+        for mapped_file in self.queue.files:
+            mapped_file.destroy()
+        self.queue.files = []
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()
