@@ -71,7 +71,7 @@ def test_files_blank_fill_and_roll(tmp_path: Path) -> None:
     assert starts == offsets
     blanks = [(start, position) for start, position, size in messages if size < 0]
     assert len(blanks) >= 2
-    for start, position, size in messages:  # nothing crosses a file boundary
+    for _start, position, size in messages:  # nothing crosses a file boundary
         assert position + max(size, 8) <= FILE_SIZE
     for i, offset in enumerate(offsets):
         message = log.read_message(offset, 91 + 300 + 1 + len(f"UNIQ_KEY\x01U{i}\x02"), check_crc=True)

@@ -1,0 +1,491 @@
+"""The message-key index: `index/<yyyyMMddHHmmssSSS>` files, an on-disk hash map from `topic#key` to CommitLog offsets
+(RocketMQ's IndexFile, IndexHeader and IndexService; reference/rocketmq-storage.md §3).
+
+One file, big-endian, sizes from tidelog.rocketmq.maxHashSlotNum / maxIndexNum (RocketMQ's defaults: 5,000,000 and
+20,000,000, so 420,000,040 bytes):
+
+    header   40 B   beginTimestamp i64 | endTimestamp i64 | beginPhyOffset i64 | endPhyOffset i64 |
+                    hashSlotCount i32 | indexCount i32
+    slots    maxHashSlotNum x 4 B     entry number of the newest entry of the bucket (0: empty)
+    entries  maxIndexNum x 20 B       keyHash i32 | phyOffset i64 | timeDiff i32 | prevIndex i32
+
+keyHash = abs(Java String.hashCode(key)) (0 for Integer.MIN_VALUE); bucket = keyHash % maxHashSlotNum. Entry numbers
+start at 1 (indexCount starts at 1, entry 0 is never used), so a file holds maxIndexNum - 1 entries. A new entry
+points at the bucket's previous head (prevIndex), and the slot points at the new entry: a query walks newest to
+oldest. timeDiff is in seconds since the header's beginTimestamp (computed before the first entry sets it, as
+RocketMQ does). Only the 4-byte hash is stored, so a query returns candidates; the caller reads each message and
+keeps those whose topic and key really match (RocketMQ's client does the same, "maybe hash duplicate").
+
+A file is named after the local time of its creation; a new file starts when the last one is full and inherits its
+end timestamp and offset as its begin. Files are sparse: header and slots are allocated and written through the
+mapping, entries are appended with one pwrite per dispatched batch (a full disk reports ENOSPC, not SIGBUS).
+Derived data: after a crash, files whose end is past the checkpoint's indexMsgTimestamp are dropped and rebuilt
+from the CommitLog (IndexService#load); `rebuild_from` says where re-indexing starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from tidelog.codec.rocketmq_message import (
+    KEY_SEPARATOR,
+    PROPERTY_KEY64,
+    PROPERTY_KEYS,
+    PROPERTY_UNIQ_KEY,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    DispatchInfo,
+    java_string_hash,
+    property_value,
+)
+from tidelog.errors import KafkaStorageError
+
+log = logging.getLogger("tidelog.storage.rocketmq")
+
+INDEX_DIR = "index"
+HEADER = struct.Struct(">qqqqii")
+HEADER_SIZE = HEADER.size  # 40
+HASH_SLOT = struct.Struct(">i")
+HASH_SLOT_SIZE = HASH_SLOT.size  # 4
+ENTRY = struct.Struct(">iqii")
+INDEX_SIZE = ENTRY.size  # 20
+INVALID_INDEX = 0
+MAX_MSGS_NUM_BATCH = 64  # maxMsgsNumBatch: the most offsets one query returns
+FILE_NAME = re.compile(r"^\d{17}$")
+_INT_MAX = 0x7FFFFFFF
+
+
+def index_key_hash(key: str) -> int:
+    """IndexFile.indexKeyHashMethod: abs(String.hashCode()), and 0 where abs overflows (Integer.MIN_VALUE)."""
+    h = java_string_hash(key)
+    return 0 if h == -(1 << 31) else abs(h)
+
+
+def build_key(topic: str, key: str) -> str:
+    """IndexService.buildKey."""
+    return f"{topic}#{key}"
+
+
+def message_index_keys(properties: bytes | bytearray | memoryview) -> list[str]:
+    """The keys a message is indexed under (without the topic): UNIQ_KEY, then each space-separated KEYS entry; a
+    Kafka key that is not plain text (KAFKA_KEY64) under the `base64:` form of codec.rocketmq_message.index_key."""
+    keys: list[str] = []
+    uniq_key = property_value(properties, PROPERTY_UNIQ_KEY)
+    if uniq_key:
+        keys.append(uniq_key)
+    text = property_value(properties, PROPERTY_KEYS)
+    if text:
+        keys.extend(key for key in text.split(KEY_SEPARATOR) if key)
+    key64 = property_value(properties, PROPERTY_KEY64)
+    if key64:
+        keys.append("base64:" + ("" if key64 == "-" else key64))
+    return keys
+
+
+def index_file_size(hash_slot_num: int, index_num: int) -> int:
+    return HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_SIZE
+
+
+def time_to_file_name(ms: int) -> str:
+    """UtilAll.timeMillisToHumanString: local time as yyyyMMddHHmmssSSS."""
+    return time.strftime("%Y%m%d%H%M%S", time.localtime(ms / 1000)) + f"{ms % 1000:03d}"
+
+
+@dataclass
+class IndexHeader:
+    begin_timestamp: int = 0
+    end_timestamp: int = 0
+    begin_phy_offset: int = 0
+    end_phy_offset: int = 0
+    hash_slot_count: int = 0
+    index_count: int = 1
+
+    def pack(self) -> bytes:
+        return HEADER.pack(
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_phy_offset,
+            self.end_phy_offset,
+            self.hash_slot_count,
+            self.index_count,
+        )
+
+    @classmethod
+    def unpack(cls, data: bytes | bytearray | memoryview) -> IndexHeader:
+        header = cls(*HEADER.unpack_from(data, 0))
+        header.index_count = max(header.index_count, 1)  # IndexHeader.load
+        return header
+
+
+class IndexEntry(NamedTuple):
+    key_hash: int
+    phy_offset: int
+    time_diff: int
+    prev_index: int
+
+
+class IndexFile:
+    def __init__(
+        self,
+        path: Path,
+        hash_slot_num: int,
+        index_num: int,
+        *,
+        create: bool = False,
+        end_phy_offset: int = 0,
+        end_timestamp: int = 0,
+    ) -> None:
+        self.path = path
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.file_size = index_file_size(hash_slot_num, index_num)
+        self._entries_at = HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
+        if create:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.ftruncate(fd, self.file_size)
+                _allocate(fd, self._entries_at)
+            except OSError as exc:
+                os.close(fd)
+                path.unlink(missing_ok=True)
+                raise KafkaStorageError(f"cannot create index file {path}: {exc}") from exc
+            self.header = IndexHeader()
+            if end_phy_offset > 0:
+                self.header.begin_phy_offset = self.header.end_phy_offset = end_phy_offset
+            if end_timestamp > 0:
+                self.header.begin_timestamp = self.header.end_timestamp = end_timestamp
+        else:
+            fd = os.open(path, os.O_RDWR)
+            actual = os.fstat(fd).st_size
+            if actual != self.file_size:
+                os.close(fd)
+                raise KafkaStorageError(
+                    f"index file {path} is {actual} bytes long, but {hash_slot_num} hash slots and {index_num} "
+                    f"entries make {self.file_size} (were tidelog.rocketmq.maxHashSlotNum or maxIndexNum changed?)"
+                )
+            self.header = IndexHeader.unpack(os.pread(fd, HEADER_SIZE, 0))
+        self.fd = fd
+        self.map = mmap.mmap(fd, self.file_size)
+        if create:
+            self._write_header()
+        self._flushed_count = self.header.index_count if not create else 0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"IndexFile({self.path.name}, entries={self.header.index_count - 1})"
+
+    # --- writing ----------------------------------------------------------------------------------------------
+
+    @property
+    def is_write_full(self) -> bool:
+        return self.header.index_count >= self.index_num
+
+    def put_keys(self, keys: Sequence[tuple[str, int, int]]) -> int:
+        """Add (key, phyOffset, storeTimestamp) entries in order (IndexFile.putKey for each); returns how many fit.
+        The entries go to disk in one write, then the slots and the header."""
+        header = self.header
+        count = header.index_count
+        todo = keys[: max(0, self.index_num - count)]
+        if not todo:
+            return 0
+        first = count
+        entries = bytearray(len(todo) * INDEX_SIZE)
+        heads: dict[int, int] = {}  # slot -> entry number, for the slots this batch changed
+        at = 0
+        for key, phy_offset, store_timestamp in todo:
+            key_hash = index_key_hash(key)
+            slot = key_hash % self.hash_slot_num
+            slot_value = heads.get(slot)
+            if slot_value is None:
+                (slot_value,) = HASH_SLOT.unpack_from(self.map, HEADER_SIZE + slot * HASH_SLOT_SIZE)
+                if slot_value <= INVALID_INDEX or slot_value > count:
+                    slot_value = INVALID_INDEX
+            if header.begin_timestamp <= 0:
+                time_diff = 0
+            else:
+                time_diff = min(max(_java_div(store_timestamp - header.begin_timestamp, 1000), 0), _INT_MAX)
+            ENTRY.pack_into(entries, at, key_hash, phy_offset, time_diff, slot_value)
+            at += INDEX_SIZE
+            heads[slot] = count
+            if count <= 1:
+                header.begin_phy_offset = phy_offset
+                header.begin_timestamp = store_timestamp
+            if slot_value == INVALID_INDEX:
+                header.hash_slot_count += 1
+            count += 1
+            header.end_phy_offset = phy_offset
+            header.end_timestamp = store_timestamp
+        try:
+            _pwrite_all(self.fd, entries, self._entries_at + first * INDEX_SIZE)
+        except OSError as exc:
+            self.header = IndexHeader.unpack(self.map[:HEADER_SIZE])  # nothing of the batch is visible
+            raise KafkaStorageError(f"cannot write index file {self.path}: {exc}") from exc
+        for slot, entry_number in heads.items():
+            HASH_SLOT.pack_into(self.map, HEADER_SIZE + slot * HASH_SLOT_SIZE, entry_number)
+        header.index_count = count
+        self._write_header()
+        return len(todo)
+
+    def _write_header(self) -> None:
+        self.map[:HEADER_SIZE] = self.header.pack()
+
+    def flush(self) -> bool:
+        """fdatasync entries, slots and header; False when nothing was new."""
+        if self._flushed_count == self.header.index_count:
+            return False
+        count = self.header.index_count
+        try:
+            os.fdatasync(self.fd)
+        except OSError as exc:
+            raise KafkaStorageError(f"cannot flush index file {self.path}: {exc}") from exc
+        self._flushed_count = count
+        return True
+
+    # --- reading ----------------------------------------------------------------------------------------------
+
+    def slot(self, slot_position: int) -> int:
+        return HASH_SLOT.unpack_from(self.map, HEADER_SIZE + slot_position * HASH_SLOT_SIZE)[0]
+
+    def entry(self, number: int) -> IndexEntry:
+        return IndexEntry(*ENTRY.unpack_from(self.map, self._entries_at + number * INDEX_SIZE))
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        """Does [begin, end] overlap [beginTimestamp, endTimestamp]? (IndexFile.isTimeMatched)"""
+        b, e = self.header.begin_timestamp, self.header.end_timestamp
+        return (begin < b and end > e) or b <= begin <= e or b <= end <= e
+
+    def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int, found: list[int]) -> None:
+        """Append to `found` (up to `max_num` in all) the offsets of entries whose hash is the key's and whose time
+        (beginTimestamp + timeDiff seconds) is in [begin, end], newest first (IndexFile.selectPhyOffset)."""
+        header = self.header
+        count = header.index_count
+        key_hash = index_key_hash(key)
+        number = self.slot(key_hash % self.hash_slot_num)
+        if number <= INVALID_INDEX or number > count or count <= 1:
+            return
+        while len(found) < max_num:
+            key_hash_read, phy_offset, time_diff, prev_index = self.entry(number)
+            if time_diff < 0:
+                break
+            time_read = header.begin_timestamp + time_diff * 1000
+            if key_hash_read == key_hash and begin <= time_read <= end:
+                found.append(phy_offset)
+            if prev_index <= INVALID_INDEX or prev_index > count or prev_index == number or time_read < begin:
+                break
+            number = prev_index
+
+    # --- life cycle -------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(BufferError):
+            self.map.close()
+        os.close(self.fd)
+
+    def destroy(self) -> None:
+        self.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def _java_div(a: int, b: int) -> int:
+    """Java's long division truncates toward zero."""
+    q = abs(a) // b
+    return q if a >= 0 else -q
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray, position: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, position)
+        view = view[written:]
+        position += written
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Reserve the blocks of the header and the slots, which are written through the mapping."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (95, 22):  # EOPNOTSUPP / EINVAL: no fallocate on this filesystem
+            raise
+
+
+def _indexes_at_or_past(header: IndexHeader, physical_end: int) -> bool:
+    """Does a file hold (or inherit) entries for CommitLog offsets at or past `physical_end`?"""
+    return header.end_phy_offset >= physical_end and (header.index_count > 1 or header.end_phy_offset > 0)
+
+
+class QueryOffsetResult(NamedTuple):
+    phy_offsets: list[int]
+    index_last_update_timestamp: int
+    index_last_update_phy_offset: int
+
+
+class IndexService:
+    """The files of `index/`, oldest first; builds entries from dispatched messages and answers key queries."""
+
+    def __init__(
+        self,
+        root: Path,
+        hash_slot_num: int,
+        index_num: int,
+        *,
+        on_file_full: Callable[[int], None] | None = None,
+        clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.directory = root / INDEX_DIR
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.files: list[IndexFile] = []
+        self.lock = threading.RLock()
+        self._on_file_full = on_file_full  # gets the end timestamp of a full file once it is on disk
+        self._clock = clock
+
+    def load(self, *, clean_shutdown: bool, index_checkpoint_timestamp: int) -> None:
+        """Open the files; after a crash, drop those that end past the checkpoint (IndexService#load)."""
+        if not self.directory.is_dir():
+            return
+        with self.lock:
+            for path in sorted(self.directory.iterdir()):
+                if not FILE_NAME.match(path.name):
+                    log.warning("%s: stray file %s is not an index file; leaving it alone", self.directory, path.name)
+                    continue
+                index_file = IndexFile(path, self.hash_slot_num, self.index_num)
+                if not clean_shutdown and index_file.header.end_timestamp > index_checkpoint_timestamp:
+                    log.info("index: dropping %s (it ends after the checkpoint); it is rebuilt", path.name)
+                    index_file.destroy()
+                    continue
+                self.files.append(index_file)
+
+    @property
+    def rebuild_from(self) -> int:
+        """The CommitLog offset from which messages may be missing from the index."""
+        with self.lock:
+            if not self.files:
+                return 0
+            header = self.files[-1].header
+            return header.end_phy_offset + (1 if header.index_count > 1 or header.end_phy_offset > 0 else 0)
+
+    def drop_beyond(self, physical_end: int) -> None:
+        """The CommitLog was cut at `physical_end`: drop the files holding entries at or past it (newest first)."""
+        with self.lock:
+            while self.files and _indexes_at_or_past(self.files[-1].header, physical_end):
+                doomed = self.files.pop()
+                log.info("index: dropping %s (it indexes CommitLog offsets past %d)", doomed.path.name, physical_end)
+                doomed.destroy()
+
+    # --- building ---------------------------------------------------------------------------------------------
+
+    def build_index(self, batch: Sequence[tuple[int, DispatchInfo]]) -> int:
+        """Index a dispatched batch: `topic#UNIQ_KEY` and `topic#key` for each key (IndexService.buildIndex).
+        Messages already indexed (by CommitLog offset) and rolled-back transactions are skipped. Returns the
+        number of entries written."""
+        with self.lock:
+            indexed_until = self.rebuild_from
+            keys: list[tuple[str, int, int]] = []
+            for offset, info in batch:
+                if offset < indexed_until:
+                    continue
+                if info.sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_ROLLBACK:
+                    continue
+                topic = info.topic
+                keys.extend(
+                    (f"{topic}#{key}", offset, info.store_timestamp) for key in message_index_keys(info.properties)
+                )
+            return self._put(keys)
+
+    def _put(self, keys: Sequence[tuple[str, int, int]]) -> int:
+        done = 0
+        while done < len(keys):
+            index_file = self._last_file_for_write()
+            done += index_file.put_keys(keys[done:])
+        return done
+
+    def _last_file_for_write(self) -> IndexFile:
+        """getAndCreateLastIndexFile: the last file, or a new one when it is full (the full one is flushed first)."""
+        last = self.files[-1] if self.files else None
+        if last is not None and not last.is_write_full:
+            return last
+        end_phy_offset = last.header.end_phy_offset if last is not None else 0
+        end_timestamp = last.header.end_timestamp if last is not None else 0
+        if last is not None:
+            last.flush()
+            if self._on_file_full is not None:
+                self._on_file_full(last.header.end_timestamp)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        now = self._clock()
+        while True:  # two files created in the same millisecond: the later one takes the next free name
+            path = self.directory / time_to_file_name(now)
+            if not path.exists() and (last is None or path.name > last.path.name):
+                break
+            now += 1
+        created = IndexFile(
+            path,
+            self.hash_slot_num,
+            self.index_num,
+            create=True,
+            end_phy_offset=end_phy_offset,
+            end_timestamp=end_timestamp,
+        )
+        self.files.append(created)
+        return created
+
+    # --- querying ---------------------------------------------------------------------------------------------
+
+    def query_offsets(
+        self, topic: str, key: str, max_num: int, begin: int, end: int, *, max_msgs_num_batch: int = MAX_MSGS_NUM_BATCH
+    ) -> QueryOffsetResult:
+        """Candidate CommitLog offsets for `topic#key` stored in [begin, end] ms, newest first, at most
+        min(max_num, max_msgs_num_batch) (IndexService.queryOffset). Hash matches only: callers check the message."""
+        max_num = min(max_num, max_msgs_num_batch)
+        found: list[int] = []
+        full_key = build_key(topic, key)
+        with self.lock:
+            files = self.files
+            last_timestamp = files[-1].header.end_timestamp if files else 0
+            last_offset = files[-1].header.end_phy_offset if files else 0
+            for index_file in reversed(files):
+                if index_file.is_time_matched(begin, end):
+                    index_file.select_phy_offsets(full_key, max_num, begin, end, found)
+                if index_file.header.begin_timestamp < begin or len(found) >= max_num:
+                    break
+        return QueryOffsetResult(found, last_timestamp, last_offset)
+
+    # --- retention, flushing ----------------------------------------------------------------------------------
+
+    def delete_expired_files(self, commitlog_min_offset: int) -> int:
+        """Delete files (oldest first, never the last) whose end offset is below the CommitLog's minimum."""
+        with self.lock:
+            doomed = 0
+            while doomed < len(self.files) - 1 and self.files[doomed].header.end_phy_offset < commitlog_min_offset:
+                doomed += 1
+            for index_file in self.files[:doomed]:
+                log.info("index: deleting expired %s", index_file.path.name)
+                index_file.destroy()
+            self.files = self.files[doomed:]
+            return doomed
+
+    def flush(self) -> None:
+        with self.lock:
+            for index_file in self.files:
+                index_file.flush()
+
+    def close(self) -> None:
+        with self.lock:
+            for index_file in self.files:
+                index_file.close()
+            self.files = []
