@@ -5,6 +5,9 @@ tidelog serve [-c server.properties] [--override KEY=VALUE ...]
 tidelog topics --bootstrap-server H:P --create|--list|--describe|--delete [--topic T] ...
 tidelog produce --bootstrap-server H:P --topic T [--property parse.key=true ...] < lines
 tidelog consume --bootstrap-server H:P --topic T [--group G] [--from-beginning] [--property print.key=true ...]
+tidelog dump-commitlog --store DIR [--print-body]
+tidelog dump-consumequeue --store DIR --topic T --queue Q
+tidelog query-message --store DIR (--topic T --key K [--begin MS] [--end MS] [--max N] | --msg-id ID)
 tidelog demo [--storage] [--seconds S] [--rate N] [--read-from broker|files]
 
 A usage error is one line on stderr (`tidelog produce: error: ...`) and exit code 2.
@@ -16,6 +19,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from rich.console import Console
@@ -55,6 +59,39 @@ def _dump_log(args: argparse.Namespace) -> int:
     )
     files = [f for f in args.files.split(",") if f]
     return dump_files(files, options)
+
+
+def _dump_commitlog(args: argparse.Namespace) -> int:
+    from tidelog.tools import rocketmq_tools
+
+    return rocketmq_tools.dump_commitlog(Path(args.store), print_body=args.print_body)
+
+
+def _dump_consumequeue(args: argparse.Namespace) -> int:
+    from tidelog.tools import rocketmq_tools
+
+    return rocketmq_tools.dump_consumequeue(Path(args.store), args.topic, args.queue)
+
+
+def _query_message(args: argparse.Namespace) -> int:
+    from tidelog.errors import ToolError
+    from tidelog.tools import rocketmq_tools
+
+    store = Path(args.store)
+    if args.msg_id is not None:
+        return rocketmq_tools.query_by_id(store, args.msg_id)
+    if args.topic is None or args.key is None:
+        raise ToolError("give --topic and --key, or --msg-id", exit_code=2)
+    return rocketmq_tools.query_by_key(
+        store,
+        args.topic,
+        args.key,
+        begin=args.begin,
+        end=args.end,
+        max_num=args.max,
+        hash_slot_num=args.max_hash_slot_num,
+        index_num=args.max_index_num,
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -250,6 +287,45 @@ def _add_consume_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     consume.set_defaults(handler=_console_tool(_consume))
 
 
+def _add_rocketmq_tool_parsers(commands: argparse._SubParsersAction[_Parser]) -> None:
+    store_help = "a RocketMQ-engine store directory (the one holding commitlog/); only read"
+    dump = commands.add_parser(
+        "dump-commitlog",
+        help="print every message of a RocketMQ-engine store's CommitLog",
+        description="Print each CommitLog message's fields (MessageExt's names) and the BLANK markers ending files.",
+    )
+    dump.add_argument("--store", required=True, help=store_help)
+    dump.add_argument("--print-body", action="store_true", help="print each message's body too")
+    dump.set_defaults(handler=_console_tool(_dump_commitlog))
+
+    queue = commands.add_parser(
+        "dump-consumequeue",
+        help="print the units of one ConsumeQueue, each checked against the CommitLog",
+        description="Print the 20-byte units (CommitLog offset, size, tags code) of consumequeue/<topic>/<queue>/.",
+    )
+    queue.add_argument("--store", required=True, help=store_help)
+    queue.add_argument("--topic", required=True)
+    queue.add_argument("--queue", required=True, type=int, help="the queue id (= the Kafka partition)")
+    queue.set_defaults(handler=_console_tool(_dump_consumequeue))
+
+    query = commands.add_parser(
+        "query-message",
+        help="find messages by key (through the index/ files) or by message id",
+        description="Print each message of TOPIC whose key (a KEYS entry or the UNIQ_KEY) is KEY and whose store "
+        "time is in [BEGIN, END] ms, newest first, body included; or the message an offsetMsgId names.",
+    )
+    query.add_argument("--store", required=True, help=store_help)
+    query.add_argument("--topic")
+    query.add_argument("--key")
+    query.add_argument("--msg-id", help="an offsetMsgId: store host and CommitLog offset, 32 hex digits")
+    query.add_argument("--begin", type=int, default=0, help="earliest store time, ms since the epoch (default 0)")
+    query.add_argument("--end", type=int, default=(1 << 63) - 1, help="latest store time, ms (default: no limit)")
+    query.add_argument("--max", type=int, default=64, help="the most messages to print (default 64)")
+    query.add_argument("--max-hash-slot-num", type=int, help="the store's maxHashSlotNum (default: from the files)")
+    query.add_argument("--max-index-num", type=int, help="the store's maxIndexNum (default: from the files)")
+    query.set_defaults(handler=_console_tool(_query_message))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tidelog", description="A durable, partitioned, Kafka-compatible log.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -270,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--max-bytes", type=int, default=INT_MAX, help="read at most this many bytes of each .log file")
     dump.add_argument("--max-message-size", type=int, default=5 * 1024 * 1024, help="size of the largest batch")
     dump.set_defaults(handler=_dump_log)
+
+    _add_rocketmq_tool_parsers(commands)
 
     serve = commands.add_parser("serve", help="run a broker that speaks the Kafka protocol")
     serve.add_argument("-c", "--config", help="a server.properties file (Kafka's key names)")

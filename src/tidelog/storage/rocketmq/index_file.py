@@ -145,6 +145,7 @@ class IndexFile:
         create: bool = False,
         end_phy_offset: int = 0,
         end_timestamp: int = 0,
+        read_only: bool = False,
     ) -> None:
         self.path = path
         self.hash_slot_num = hash_slot_num
@@ -166,7 +167,7 @@ class IndexFile:
             if end_timestamp > 0:
                 self.header.begin_timestamp = self.header.end_timestamp = end_timestamp
         else:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDONLY if read_only else os.O_RDWR)
             actual = os.fstat(fd).st_size
             if actual != self.file_size:
                 os.close(fd)
@@ -176,7 +177,7 @@ class IndexFile:
                 )
             self.header = IndexHeader.unpack(os.pread(fd, HEADER_SIZE, 0))
         self.fd = fd
-        self.map = mmap.mmap(fd, self.file_size)
+        self.map = mmap.mmap(fd, self.file_size, access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE)
         if create:
             self._write_header()
         self._flushed_count = self.header.index_count if not create else 0
@@ -346,8 +347,10 @@ class IndexService:
         *,
         on_file_full: Callable[[int], None] | None = None,
         clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        read_only: bool = False,
     ) -> None:
         self.directory = root / INDEX_DIR
+        self.read_only = read_only  # offline tools: files opened read-only, never dropped
         self.hash_slot_num = hash_slot_num
         self.index_num = index_num
         self.files: list[IndexFile] = []
@@ -364,8 +367,12 @@ class IndexService:
                 if not FILE_NAME.match(path.name):
                     log.warning("%s: stray file %s is not an index file; leaving it alone", self.directory, path.name)
                     continue
-                index_file = IndexFile(path, self.hash_slot_num, self.index_num)
-                if not clean_shutdown and index_file.header.end_timestamp > index_checkpoint_timestamp:
+                index_file = IndexFile(path, self.hash_slot_num, self.index_num, read_only=self.read_only)
+                if (
+                    not clean_shutdown
+                    and not self.read_only
+                    and index_file.header.end_timestamp > index_checkpoint_timestamp
+                ):
                     log.info("index: dropping %s (it ends after the checkpoint); it is rebuilt", path.name)
                     index_file.destroy()
                     continue
