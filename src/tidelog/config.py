@@ -137,6 +137,9 @@ BROKER_KEYS: dict[str, Key] = {
         Key("log.flush.offset.checkpoint.interval.ms", parse_int, minimum=1),
         Key("log.flush.start.offset.checkpoint.interval.ms", parse_int, minimum=1),
         Key("tidelog.storage.engine", parse_str, choices=("kafka", "rocketmq")),
+        Key("tidelog.index.keys", parse_bool),
+        Key("tidelog.index.keys.maxHashSlotNum", parse_int, minimum=1, maximum=INT_MAX // 4),
+        Key("tidelog.index.keys.maxIndexNum", parse_int, minimum=2, maximum=INT_MAX // 20),
         *(
             replace(TOPIC_KEYS[topic], name=broker)
             if multiplier == 1
@@ -259,6 +262,16 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class KeyIndexConfig:
+    """The Kafka engine's optional per-partition key index (`tidelog.index.keys*`; storage/kafka/key_index.py).
+    Smaller files than RocketMQ's store-wide index, as there is one set per partition."""
+
+    enabled: bool = False
+    max_hash_slot_num: int = 1 << 16
+    max_index_num: int = 1 << 18
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Broker-level storage settings plus the default LogConfig for every topic."""
 
@@ -271,6 +284,7 @@ class EngineConfig:
     recovery_point_checkpoint_interval_ms: int = 60_000
     log_start_offset_checkpoint_interval_ms: int = 60_000
     log_defaults: LogConfig = field(default_factory=LogConfig)
+    key_index: KeyIndexConfig = field(default_factory=KeyIndexConfig)
     rocketmq: RocketMQStoreConfig = field(default_factory=RocketMQStoreConfig)
 
     @classmethod
@@ -312,6 +326,11 @@ class EngineConfig:
                 "log.flush.start.offset.checkpoint.interval.ms", cls.log_start_offset_checkpoint_interval_ms
             ),
             log_defaults=LogConfig().with_overrides(topic_defaults),
+            key_index=KeyIndexConfig(
+                enabled=values.get("tidelog.index.keys", KeyIndexConfig.enabled),
+                max_hash_slot_num=values.get("tidelog.index.keys.maxHashSlotNum", KeyIndexConfig.max_hash_slot_num),
+                max_index_num=values.get("tidelog.index.keys.maxIndexNum", KeyIndexConfig.max_index_num),
+            ),
             rocketmq=RocketMQStoreConfig(
                 **{_rocketmq_field(name): value for name, value in values.items() if name in ROCKETMQ_KEYS}
             ),

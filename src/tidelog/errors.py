@@ -140,6 +140,12 @@ class KafkaStorageError(TidelogError):
     kafka_error_code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
+class KeyIndexDisabledError(TidelogError):
+    """A key lookup on an engine that keeps no key index (the Kafka engine without tidelog.index.keys=true)."""
+
+    kafka_error_code = ErrorCode.INVALID_REQUEST
+
+
 class LogClosedError(TidelogError):
     kafka_error_code = ErrorCode.KAFKA_STORAGE_ERROR
 

@@ -39,7 +39,7 @@ def dispatch(offset: int, topic: str, properties: str, store_timestamp: int, sys
 
 def service(root: Path, slots: int = SLOTS, entries: int = ENTRIES, **kwargs: object) -> IndexService:
     clock = iter(range(TS, TS + 1_000_000, 1000))
-    return IndexService(root, slots, entries, clock=lambda: next(clock), **kwargs)  # type: ignore[arg-type]
+    return IndexService(root / INDEX_DIR, slots, entries, clock=lambda: next(clock), **kwargs)  # type: ignore[arg-type]
 
 
 def test_key_hash_is_javas_abs_hash_code() -> None:
@@ -197,7 +197,7 @@ def test_wrong_size_is_a_clear_error(tmp_path: Path) -> None:
     index = service(tmp_path)
     index.build_index([(0, dispatch(0, "t", "KEYS\x01k\x02", TS))])
     index.close()
-    other = IndexService(tmp_path, SLOTS * 2, ENTRIES)
+    other = IndexService(tmp_path / INDEX_DIR, SLOTS * 2, ENTRIES)
     with pytest.raises(KafkaStorageError, match="maxHashSlotNum"):
         other.load(clean_shutdown=True, index_checkpoint_timestamp=0)
 

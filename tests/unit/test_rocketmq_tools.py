@@ -16,7 +16,7 @@ from tidelog.codec import rocketmq_message as rm
 from tidelog.storage.rocketmq.commitlog import CommitLog
 from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, ReputMessageService
-from tidelog.storage.rocketmq.index_file import IndexService
+from tidelog.storage.rocketmq.index_file import INDEX_DIR, IndexService
 
 TS = 1_700_000_000_000
 COMMITLOG_FILE_SIZE = 4096
@@ -69,7 +69,7 @@ def write_store(root: Path, messages: Sequence[tuple[str, int, bytes | None, byt
                 )
             queue.put([(offset, info.total_size, 0, info.queue_offset)])
 
-    index = IndexService(root, 16, 64, clock=lambda: TS)
+    index = IndexService(root / INDEX_DIR, 16, 64, clock=lambda: TS)
     reput = ReputMessageService(
         commitlog, lambda: commitlog.max_offset, [build_consume_queues, index.build_index], background=False
     )

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO, NamedTuple
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.codec.record_set import decode_batch, iter_batches
+from tidelog.errors import KeyIndexDisabledError
 
 EARLIEST_TIMESTAMP = -2  # ListOffsets special targets, as Kafka defines them
 LATEST_TIMESTAMP = -1
@@ -90,6 +91,14 @@ class TimestampAndOffset(NamedTuple):
     timestamp: int
     offset: int
     leader_epoch: int | None = None
+
+
+class KeyLocation(NamedTuple):
+    """Where a record with a given key is: its partition (queue), offset and record timestamp."""
+
+    partition: int
+    offset: int
+    timestamp: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +201,12 @@ class StorageEngine(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def lookup_key(self, topic: str, key: bytes, *, max_results: int = 64) -> list[KeyLocation]:
+        """Where the records of `topic` with `key` are, newest first, at most `max_results` (an engine's key index:
+        RocketMQ's IndexFile, the Kafka engine's optional per-partition one). Raises KeyIndexDisabledError when
+        the engine keeps none."""
+        raise KeyIndexDisabledError(f"{type(self).__name__} keeps no key index")
 
     # --- the library face ---
     def produce(

@@ -302,7 +302,7 @@ def query_by_key(
     first; returns 1 when none matches."""
     out = out or sys.stdout
     sizes = infer_index_sizes(store, hash_slot_num, index_num)
-    index = IndexService(store, sizes.hash_slot_num, sizes.index_num, read_only=True)
+    index = IndexService(store / INDEX_DIR, sizes.hash_slot_num, sizes.index_num, read_only=True)
     try:
         index.load(clean_shutdown=True, index_checkpoint_timestamp=0)
         candidates = index.query_offsets(topic, key, max_num, begin, end, max_msgs_num_batch=max_num).phy_offsets

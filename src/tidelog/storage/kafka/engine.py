@@ -30,12 +30,21 @@ from tidelog.errors import (
     InvalidPartitionsError,
     InvalidTopicError,
     KafkaStorageError,
+    KeyIndexDisabledError,
     LogClosedError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
-from tidelog.storage.api import AppendResult, FileSlices, StorageEngine, TimestampAndOffset, TopicDescription
+from tidelog.storage.api import (
+    AppendResult,
+    FileSlices,
+    KeyLocation,
+    StorageEngine,
+    TimestampAndOffset,
+    TopicDescription,
+)
 from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.key_index import PartitionKeyIndex, record_at
 from tidelog.storage.kafka.partition_log import PARTITION_DIR, PartitionLog, partition_dir_name
 from tidelog.storage.kafka.scheduler import Scheduler
 from tidelog.storage.kafka.segment import now_ms
@@ -57,6 +66,7 @@ KNOWN_LOG_DIR_FILES = {
     LOCK_FILE,
     TOPICS_FILE,
 }
+KEY_INDEX_INTERVAL_MS = 1000  # how often the key indexes follow the logs (tidelog.index.keys=true)
 FOREIGN_PARTITION_DIRS = {"__cluster_metadata-0"}  # KRaft's metadata log: not a topic of ours
 
 
@@ -103,6 +113,7 @@ class KafkaEngine(StorageEngine):
         self._closed = False
         self._dir_locks: list[int] = []
         self.logs: dict[tuple[str, int], PartitionLog] = {}
+        self.key_indexes: dict[tuple[str, int], PartitionKeyIndex] = {}  # tidelog.index.keys=true
         self._log_dir_of: dict[tuple[str, int], Path] = {}
         self.topic_meta: dict[str, dict[str, Any]] = {}
         try:
@@ -303,6 +314,15 @@ class KafkaEngine(StorageEngine):
         )
         self.logs[(topic, partition)] = partition_log
         self._log_dir_of[(topic, partition)] = log_dir
+        if self.config.key_index.enabled:
+            self.key_indexes[(topic, partition)] = PartitionKeyIndex(
+                partition_log.directory,
+                topic,
+                self.config.key_index,
+                had_clean_shutdown=had_clean_shutdown,
+                log_start_offset=partition_log.log_start_offset,
+                log_end_offset=partition_log.log_end_offset,
+            )
         return partition_log
 
     def _log_config_for(self, overrides: Mapping[str, Any]) -> LogConfig:
@@ -347,6 +367,18 @@ class KafkaEngine(StorageEngine):
         )
         if flush_check < LONG_MAX:
             self.scheduler.schedule("time-based flush", self._flush_due_logs, flush_check, flush_check)
+        if config.key_index.enabled:
+            self.scheduler.schedule(
+                "key index catch-up", self.catch_up_key_indexes, KEY_INDEX_INTERVAL_MS, KEY_INDEX_INTERVAL_MS
+            )
+
+    def catch_up_key_indexes(self) -> None:
+        """Index what was appended since the last round; drop index files below each log start offset."""
+        for key, key_index in list(self.key_indexes.items()):
+            partition_log = self.logs.get(key)
+            if partition_log is not None:
+                key_index.catch_up(partition_log)
+                key_index.delete_expired(partition_log.log_start_offset)
 
     def _flush_due_logs(self) -> None:
         now = self.clock()
@@ -410,6 +442,9 @@ class KafkaEngine(StorageEngine):
             for partition in range(meta["partitions"]):
                 partition_log = self.logs.pop((name, partition))
                 self._log_dir_of.pop((name, partition))
+                key_index = self.key_indexes.pop((name, partition), None)
+                if key_index is not None:
+                    key_index.close()
                 partition_log.close(flush=False)
                 target = partition_log.directory.with_name(
                     f"{partition_log.directory.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
@@ -509,6 +544,24 @@ class KafkaEngine(StorageEngine):
             if topic is None or log_topic == topic:
                 partition_log.flush()
 
+    def lookup_key(self, topic: str, key: bytes, *, max_results: int = 64) -> list[KeyLocation]:
+        """Records of `topic` whose key is `key`, newest first (by timestamp, then offset), through the
+        per-partition key index; each candidate is read back and its key compared (the index keeps hashes)."""
+        if not self.config.key_index.enabled:
+            raise KeyIndexDisabledError("the Kafka engine answers key lookups only with tidelog.index.keys=true")
+        partitions = self._meta(topic)["partitions"]
+        found: list[KeyLocation] = []
+        for partition in range(partitions):
+            partition_log = self.partition_log(topic, partition)
+            key_index = self.key_indexes[(topic, partition)]
+            key_index.catch_up(partition_log)
+            for offset in key_index.candidates(key, max_results):
+                record = record_at(partition_log, offset)
+                if record is not None and record.key == key:
+                    found.append(KeyLocation(partition, offset, record.timestamp_ms or 0))
+        found.sort(key=lambda location: (location.timestamp, location.offset), reverse=True)
+        return found[:max_results]
+
     # --- shutdown ---------------------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -523,6 +576,10 @@ class KafkaEngine(StorageEngine):
             self._closed = True
         if self.scheduler is not None:
             self.scheduler.shutdown()
+        for key, key_index in self.key_indexes.items():
+            key_index.catch_up(self.logs[key])
+            key_index.flush()
+            key_index.close()
         for partition_log in self.logs.values():
             partition_log.close()
         self.checkpoint_recovery_points()

@@ -51,6 +51,7 @@ from tidelog.storage.api import (
     TimestampAndOffset,
 )
 from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.key_index import KEY_INDEX_DIR
 from tidelog.storage.kafka.producer_state import ProducerStateManager
 from tidelog.storage.kafka.scheduler import Scheduler
 from tidelog.storage.kafka.segment import (
@@ -255,7 +256,7 @@ class PartitionLog(Partition):
                     needs_recovery.add(offset_from_file_name(final.name))
         for path in self.directory.iterdir():
             name = path.name
-            if name in (checkpoints.PARTITION_METADATA, checkpoints.LEADER_EPOCH_CHECKPOINT):
+            if name in (checkpoints.PARTITION_METADATA, checkpoints.LEADER_EPOCH_CHECKPOINT, KEY_INDEX_DIR):
                 continue
             if not SEGMENT_FILE.match(name):
                 log.warning("%s: stray file %s is not part of a Kafka log; leaving it alone", self.name, name)

@@ -337,11 +337,12 @@ class QueryOffsetResult(NamedTuple):
 
 
 class IndexService:
-    """The files of `index/`, oldest first; builds entries from dispatched messages and answers key queries."""
+    """The index files of one directory (`index/` of a store), oldest first; builds entries from dispatched
+    messages and answers key queries."""
 
     def __init__(
         self,
-        root: Path,
+        directory: Path,
         hash_slot_num: int,
         index_num: int,
         *,
@@ -349,7 +350,7 @@ class IndexService:
         clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         read_only: bool = False,
     ) -> None:
-        self.directory = root / INDEX_DIR
+        self.directory = directory
         self.read_only = read_only  # offline tools: files opened read-only, never dropped
         self.hash_slot_num = hash_slot_num
         self.index_num = index_num
@@ -377,6 +378,14 @@ class IndexService:
                     index_file.destroy()
                     continue
                 self.files.append(index_file)
+
+    def drop_newest(self) -> None:
+        """Drop the file being written (after a crash of a store that keeps no index checkpoint)."""
+        with self.lock:
+            if self.files:
+                doomed = self.files.pop()
+                log.info("index: dropping %s, written when the last run stopped; it is rebuilt", doomed.path.name)
+                doomed.destroy()
 
     @property
     def rebuild_from(self) -> int:
@@ -413,9 +422,10 @@ class IndexService:
                 keys.extend(
                     (f"{topic}#{key}", offset, info.store_timestamp) for key in message_index_keys(info.properties)
                 )
-            return self._put(keys)
+            return self.put_keys(keys)
 
-    def _put(self, keys: Sequence[tuple[str, int, int]]) -> int:
+    def put_keys(self, keys: Sequence[tuple[str, int, int]]) -> int:
+        """Add (key, offset, timestamp) entries in order, starting new files as they fill up."""
         done = 0
         while done < len(keys):
             index_file = self._last_file_for_write()
@@ -496,3 +506,12 @@ class IndexService:
             for index_file in self.files:
                 index_file.close()
             self.files = []
+
+    def destroy(self) -> None:
+        """Delete every file and the directory."""
+        with self.lock:
+            for index_file in self.files:
+                index_file.destroy()
+            self.files = []
+            with contextlib.suppress(OSError):
+                self.directory.rmdir()
