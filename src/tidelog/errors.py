@@ -18,6 +18,7 @@ class ErrorCode(IntEnum):
     OFFSET_OUT_OF_RANGE = 1
     CORRUPT_MESSAGE = 2
     UNKNOWN_TOPIC_OR_PARTITION = 3
+    REQUEST_TIMED_OUT = 7
     MESSAGE_TOO_LARGE = 10
     OFFSET_METADATA_TOO_LARGE = 12
     COORDINATOR_NOT_AVAILABLE = 15
@@ -148,6 +149,12 @@ class KeyIndexDisabledError(TidelogError):
 
 class LogClosedError(TidelogError):
     kafka_error_code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+class FlushDiskTimeoutError(KafkaStorageError):
+    """RocketMQ's FLUSH_DISK_TIMEOUT: no group commit covered a SYNC_FLUSH producer's offset within syncFlushTimeout."""
+
+    kafka_error_code = ErrorCode.REQUEST_TIMED_OUT
 
 
 # --- configuration -------------------------------------------------------------------------------------------

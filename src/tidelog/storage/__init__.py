@@ -13,4 +13,8 @@ def open_engine(config: EngineConfig, *, background: bool = True) -> StorageEngi
         from tidelog.storage.kafka.engine import KafkaEngine
 
         return KafkaEngine(config, background=background)
+    if config.engine == "rocketmq":
+        from tidelog.storage.rocketmq.engine import RocketMQEngine
+
+        return RocketMQEngine(config, background=background)
     raise ConfigError(f"config tidelog.storage.engine: unknown engine {config.engine!r}")

@@ -19,16 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from tidelog.errors import KafkaStorageError
+from tidelog.errors import FlushDiskTimeoutError, KafkaStorageError
 from tidelog.storage.rocketmq.commitlog import CommitLog
 
 log = logging.getLogger("tidelog.storage.rocketmq")
 
 GROUP_COMMIT_WAIT_SECONDS = 0.01
-
-
-class FlushDiskTimeoutError(KafkaStorageError):
-    """FLUSH_DISK_TIMEOUT: the group commit did not cover a producer's offset within syncFlushTimeout."""
 
 
 class CommitLogFlusher:

@@ -431,14 +431,18 @@ class MappedFileQueue:
         *,
         clean_immediately: bool,
         delete_file_batch_max: int,
+        max_end_offset: int | None = None,
     ) -> int:
-        """Delete files (oldest first, never the last) modified more than `expired_ms` ago, or regardless of age
-        when `clean_immediately`; stop at the first that must stay (MappedFileQueue.deleteExpiredFileByTime)."""
+        """Delete files (oldest first, never the last, none ending after `max_end_offset`) modified more than
+        `expired_ms` ago, or regardless of age when `clean_immediately`; stop at the first that must stay
+        (MappedFileQueue.deleteExpiredFileByTime)."""
         with self.lock:
             candidates = self.files[:-1]
             count = 0
             for mapped_file in candidates:
                 if count >= delete_file_batch_max:
+                    break
+                if max_end_offset is not None and mapped_file.file_from_offset + self.file_size > max_end_offset:
                     break
                 modified_ms = int(os.stat(mapped_file.path).st_mtime * 1000)
                 if not (now_ms >= modified_ms + expired_ms or clean_immediately):

@@ -1,0 +1,542 @@
+"""The RocketMQ storage engine: one CommitLog for every topic, a ConsumeQueue per queue, built by the dispatcher
+(RocketMQ's DefaultMessageStore). A Kafka partition is a queue; a Kafka offset is the queue offset.
+
+The store directory (`log.dirs`, exactly one) holds RocketMQ's layout - `commitlog/`, `consumequeue/<topic>/<id>/`,
+`checkpoint`, `abort`, `lock` - plus two tidelog files Kafka clients need and RocketMQ keeps elsewhere:
+`tidelog-topics.json` (topic ids, partition counts, configs and the CommitLog offset each topic was created at, so
+messages of a deleted namesake are never dispatched into it) and `tidelog-log-start-offsets` (DeleteRecords, in
+Kafka's offset-checkpoint format).
+
+Start-up (DefaultMessageStore.load/recover): take the lock, note whether `abort` was left by a crash and create it;
+load CommitLog and ConsumeQueue files; normal recovery starts at the file holding the dispatched end, abnormal
+recovery at the last file whose first message is older than the checkpoint's min timestamp; both check every
+message (body CRC with `checkCRCOnRecover`), cut the CommitLog at the first invalid one, cut the ConsumeQueues
+beyond it, then re-dispatch what is not in the queues. A clean close flushes, dispatches everything, writes the
+checkpoint and removes `abort`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tidelog.codec import rocketmq_message as rm
+from tidelog.config import EngineConfig, LogConfig
+from tidelog.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    InvalidPartitionsError,
+    InvalidTopicError,
+    KafkaStorageError,
+    LogClosedError,
+    OffsetOutOfRangeError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.storage.api import AppendResult, FileSlices, StorageEngine, TimestampAndOffset, TopicDescription
+from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.engine import validate_topic_name
+from tidelog.storage.kafka.scheduler import Scheduler
+from tidelog.storage.kafka.segment import now_ms
+from tidelog.storage.rocketmq.checkpoint import (
+    CHECKPOINT_FILE,
+    StoreCheckpoint,
+    lock_store,
+    remove_abort_file,
+    take_abort_file,
+)
+from tidelog.storage.rocketmq.commitlog import CommitLog, RecoveryResult
+from tidelog.storage.rocketmq.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue, consume_queue_file_size
+from tidelog.storage.rocketmq.dispatcher import DispatchBatch, Dispatcher, ReputMessageService
+from tidelog.storage.rocketmq.flush import CommitLogFlusher
+from tidelog.storage.rocketmq.mapped_file import AllocateMappedFileService
+from tidelog.storage.rocketmq.message_queue import MessageQueue
+from tidelog.storage.rocketmq.retention import CleanCommitLogService
+
+log = logging.getLogger("tidelog.storage.rocketmq")
+
+TOPICS_FILE = "tidelog-topics.json"
+START_OFFSETS_FILE = "tidelog-log-start-offsets"
+_NOT_DISPATCHED = rm.SYSFLAG_TRANSACTION_PREPARED, rm.SYSFLAG_TRANSACTION_ROLLBACK
+
+
+def _parse_topics_file(text: str) -> dict[str, Any]:
+    """Check the shape of `tidelog-topics.json`; raises ValueError saying what is wrong."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or not isinstance(data.get("topics"), dict):
+        raise ValueError("expected an object with a 'topics' object")
+    if not isinstance(data.get("cluster_id"), str):
+        raise ValueError("'cluster_id' is missing")
+    for name, meta in data["topics"].items():
+        if not (
+            isinstance(meta, dict)
+            and isinstance(meta.get("topic_id"), str)
+            and isinstance(meta.get("partitions"), int)
+            and meta["partitions"] >= 1
+            and isinstance(meta.get("configs", {}), dict)
+            and isinstance(meta.get("since", 0), int)
+        ):
+            raise ValueError(f"topic {name!r} needs topic_id, a positive partition count, configs and since")
+    return data
+
+
+class RocketMQEngine(StorageEngine):
+    def __init__(self, config: EngineConfig, *, background: bool = True, clock: Callable[[], int] = now_ms) -> None:
+        if len(config.log_dirs) != 1:
+            raise ConfigError(
+                f"config log.dirs: the RocketMQ engine keeps one store directory, got {len(config.log_dirs)}"
+            )
+        self.config = config
+        self.store_config = config.rocketmq
+        self.clock = clock
+        self.root = Path(config.log_dirs[0]).resolve()
+        self.log_dirs = [self.root]
+        self.store_host = rm.DEFAULT_STORE_HOST
+        self.unique_ids = rm.UniqueIdGenerator()
+        self._lock = threading.RLock()  # topics and queues
+        self._closed = False
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_store(self.root)
+        try:
+            self._open(background)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+
+    def _open(self, background: bool) -> None:
+        store = self.store_config
+        self.clean_start = take_abort_file(self.root)
+        self.checkpoint = StoreCheckpoint(self.root / CHECKPOINT_FILE)
+        self.allocator = AllocateMappedFileService(background=background)
+        self.commitlog = CommitLog(self.root, store.maped_file_size_commit_log, allocator=self.allocator)
+        self.commitlog.load()
+        self.topic_meta: dict[str, dict[str, Any]] = {}
+        self.queues: dict[tuple[str, int], MessageQueue] = {}
+        self._load_topics_file()
+        start_offsets = self._read_start_offsets()
+        for topic, meta in self.topic_meta.items():
+            for queue_id in range(meta["partitions"]):
+                self._open_queue(topic, queue_id, start_floor=start_offsets.get((topic, queue_id), 0))
+        self._report_foreign_queues()
+        self.dispatcher = ReputMessageService(
+            self.commitlog, self._reput_end_offset, self._dispatch_targets(), background=background
+        )
+        self.recovery = self._recover()
+        self.flusher = CommitLogFlusher(
+            self.commitlog,
+            sync_flush=store.sync_flush,
+            background=background,
+            interval_ms=store.flush_interval_commit_log,
+            least_pages=store.flush_commit_log_least_pages,
+            thorough_interval_ms=store.flush_commit_log_thorough_interval,
+            sync_flush_timeout_ms=store.sync_flush_timeout,
+            on_flushed=self._commitlog_flushed,
+        )
+        self.retention = CleanCommitLogService(self)
+        self.flusher.start()
+        self.dispatcher.start()
+        self.scheduler = Scheduler("tidelog-rocketmq-scheduler") if background else None
+        if self.scheduler is not None:
+            self.scheduler.schedule(
+                "flush consume queues", self.flush_consume_queues, store.flush_interval_consume_queue,
+                store.flush_interval_consume_queue,
+            )  # fmt: skip
+            self.scheduler.schedule(
+                "flush checkpoint", self.checkpoint.flush, store.flush_checkpoint_interval,
+                store.flush_checkpoint_interval,
+            )  # fmt: skip
+            self.scheduler.schedule(
+                "clean expired files", self.retention.run, store.clean_resource_interval,
+                store.clean_resource_interval,
+            )  # fmt: skip
+
+    def _dispatch_targets(self) -> list[Dispatcher]:
+        """The dispatch chain (CommitLogDispatcher list): each gets every dispatched batch of messages, in order.
+        The IndexFile builder joins here."""
+        return [self._build_consume_queues]
+
+    # --- topics file and start offsets ----------------------------------------------------------------------------
+
+    def _load_topics_file(self) -> None:
+        path = self.root / TOPICS_FILE
+        self.cluster_id = checkpoints.new_kafka_uuid()
+        if not path.exists():
+            return
+        try:
+            data = _parse_topics_file(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise KafkaStorageError(
+                f"{path} is unreadable ({exc}); without it the store's topics are unknown - restore it from a backup"
+            ) from None
+        self.cluster_id = data["cluster_id"]
+        for name, meta in data["topics"].items():
+            try:
+                self._log_config_for(meta.get("configs", {}))
+            except ConfigError as exc:
+                log.warning("topic %s: stored config is invalid (%s); using the broker defaults", name, exc)
+                meta["configs"] = {}
+            self.topic_meta[name] = {
+                "topic_id": meta["topic_id"],
+                "partitions": meta["partitions"],
+                "configs": dict(meta.get("configs", {})),
+                "since": meta.get("since", 0),
+            }
+
+    def _save_topics_file(self) -> None:
+        text = json.dumps({"cluster_id": self.cluster_id, "topics": self.topic_meta}, indent=1, sort_keys=True)
+        checkpoints.write_atomically(self.root / TOPICS_FILE, text + "\n")
+
+    def _read_start_offsets(self) -> dict[tuple[str, int], int]:
+        try:
+            return checkpoints.read_offset_checkpoint(self.root / START_OFFSETS_FILE)
+        except CorruptCheckpointError as exc:
+            log.warning("%s; log start offsets fall back to the ConsumeQueues' minimums", exc)
+            return {}
+
+    def save_start_offsets(self) -> None:
+        with self._lock:
+            floors = {key: q.start_floor for key, q in self.queues.items() if q.start_floor > 0}
+        checkpoints.write_offset_checkpoint(self.root / START_OFFSETS_FILE, floors)
+
+    def _report_foreign_queues(self) -> None:
+        directory = self.root / CONSUME_QUEUE_DIR
+        if directory.is_dir():
+            for topic_dir in directory.iterdir():
+                if topic_dir.name not in self.topic_meta:
+                    log.warning("%s: topic %s is not in %s; leaving it alone", directory, topic_dir.name, TOPICS_FILE)
+
+    def _open_queue(self, topic: str, queue_id: int, *, start_floor: int = 0) -> MessageQueue:
+        consume_queue = ConsumeQueue(
+            self.root, topic, queue_id, consume_queue_file_size(self.store_config.maped_file_size_consume_queue)
+        )
+        consume_queue.load()
+        queue = MessageQueue(
+            self, topic, queue_id, consume_queue, self._log_config_for(self.topic_meta[topic]["configs"]),
+            start_floor=start_floor,
+        )  # fmt: skip
+        self.queues[(topic, queue_id)] = queue
+        return queue
+
+    def _log_config_for(self, overrides: Mapping[str, Any]) -> LogConfig:
+        return self.config.log_defaults.with_overrides(overrides)
+
+    # --- recovery ---------------------------------------------------------------------------------------------
+
+    def _recover(self) -> RecoveryResult:
+        commitlog = self.commitlog
+        dispatched_end = max((q.consume_queue.max_physic_offset for q in self.queues.values()), default=-1)
+        if self.clean_start:
+            start = commitlog.start_for_normal_recovery(max(dispatched_end, 0))
+        else:
+            log.warning("%s: the abort file is present - the last run did not shut down cleanly", self.root)
+            start = commitlog.start_for_abnormal_recovery(self.checkpoint.min_timestamp())
+        result = commitlog.recover(start, check_crc=self.store_config.check_crc_on_recover)
+        for queue in self.queues.values():
+            queue.consume_queue.truncate_dirty_logic_files(result.end)
+            queue.consume_queue.correct_min_offset(commitlog.min_offset)
+        if self.clean_start:
+            dispatched_end = max((q.consume_queue.max_physic_offset for q in self.queues.values()), default=-1)
+            reput_from = min(max(dispatched_end, start), result.end)
+        else:
+            reput_from = start
+        self.dispatcher.reput_from_offset = max(reput_from, commitlog.min_offset)
+        redispatched = self.dispatcher.catch_up()
+        for queue in self.queues.values():
+            queue.next_offset = queue._flushed = queue.consume_queue.max_offset
+        log.info(
+            "%s: %s recovery scanned CommitLog %d..%d (%d messages), re-dispatched %d%s",
+            self.root,
+            "normal" if self.clean_start else "abnormal",
+            result.start,
+            result.end,
+            result.messages,
+            redispatched,
+            f"; cut {result.truncated_bytes} bytes: {result.reason}" if result.truncated_bytes else "",
+        )
+        return result
+
+    # --- the dispatch chain -------------------------------------------------------------------------------------
+
+    def _reput_end_offset(self) -> int:
+        """Where the dispatcher may read to: under SYNC_FLUSH only what is on disk (confirmOffset)."""
+        if self.store_config.sync_flush:
+            return self.commitlog.flushed_where
+        return self.commitlog.max_offset
+
+    def _build_consume_queues(self, batch: DispatchBatch) -> None:
+        """CommitLogDispatcherBuildConsumeQueue: one unit per message, grouped per queue, written in order."""
+        units: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+        with self._lock:
+            for offset, info in batch:
+                if info.sys_flag & rm.SYSFLAG_TRANSACTION_MASK in _NOT_DISPATCHED:
+                    continue
+                key = (info.topic, info.queue_id)
+                if key not in self.queues or offset < self.topic_meta[info.topic]["since"]:
+                    continue  # a deleted topic, or one deleted and created again after this message
+                tags = (
+                    rm.tags_code(rm.property_value(info.properties, rm.PROPERTY_TAGS))
+                    if b"TAGS\x01" in (info.properties)
+                    else 0
+                )
+                units.setdefault(key, []).append((offset, info.total_size, tags, info.queue_offset))
+            for key, queue_units in units.items():
+                queue = self.queues[key]
+                queue.consume_queue.put(queue_units)
+                queue.dispatched(sum(unit[1] for unit in queue_units))
+
+    def catch_up(self) -> int:
+        """Dispatch what the CommitLog holds beyond the queues now (a reader wants its own writes)."""
+        return self.dispatcher.catch_up()
+
+    def appended(self) -> None:
+        """An append is in the CommitLog: wake the dispatcher (or dispatch inline without threads)."""
+        if self.dispatcher._thread is None:
+            if not self.store_config.sync_flush:
+                self.dispatcher.catch_up()
+        else:
+            self.dispatcher.wakeup()
+
+    def _commitlog_flushed(self, store_timestamp: int) -> None:
+        if store_timestamp:
+            self.checkpoint.physic_msg_timestamp = store_timestamp
+        if self.store_config.sync_flush:
+            self.appended()
+
+    def flush_consume_queues(self) -> None:
+        """FlushConsumeQueueService: sync every ConsumeQueue, then move the checkpoint's logics timestamp to the
+        last message dispatched before the sync started."""
+        timestamp = self.dispatcher.last_store_timestamp
+        dispatched = self.dispatcher.reput_from_offset
+        with self._lock:
+            queues = list(self.queues.values())
+        for queue in queues:
+            queue.consume_queue.flush()
+        if timestamp:
+            self.checkpoint.logics_msg_timestamp = timestamp
+        self.checkpoint.confirm_phy_offset = dispatched
+
+    def delete_derived_files(self, commitlog_min_offset: int) -> None:
+        """CleanConsumeQueueService: after CommitLog files went, cut what points into them (the IndexFile's
+        deletion joins here)."""
+        with self._lock:
+            queues = list(self.queues.values())
+        for queue in queues:
+            queue.consume_queue.delete_expired_files(commitlog_min_offset)
+            queue.forget_size()
+
+    def read_message(self, physical_offset: int, size: int) -> rm.Message:
+        """The message at a CommitLog offset (a ConsumeQueue unit), without a CRC check."""
+        mapped_file = self.commitlog.queue.find(physical_offset)
+        if mapped_file is None or mapped_file.map is None:
+            raise OffsetOutOfRangeError(f"CommitLog offset {physical_offset} was deleted by retention")
+        position = physical_offset - mapped_file.file_from_offset
+        try:
+            message = rm.decode_message(mapped_file.map, position, check_crc=False)
+        except rm.InvalidMessage as exc:
+            raise KafkaStorageError(f"CommitLog offset {physical_offset}: {exc.reason}") from None
+        if isinstance(message, rm.Blank) or message.total_size != size:
+            raise KafkaStorageError(f"CommitLog offset {physical_offset} holds no message of {size} bytes")
+        return message
+
+    # --- topics -----------------------------------------------------------------------------------------------
+
+    def create_topic(
+        self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None
+    ) -> TopicDescription:
+        validate_topic_name(name)
+        count = self.config.num_partitions if partitions is None else partitions
+        if count < 1:
+            raise InvalidPartitionsError(f"topic {name}: the partition count must be at least 1, got {count}")
+        overrides = dict(configs or {})
+        self._log_config_for(overrides)  # raises ConfigError naming a bad key before anything is created
+        with self._lock:
+            self._check_open()
+            if name in self.topic_meta:
+                raise TopicExistsError(f"topic {name!r} already exists")
+            collision = next((t for t in self.topic_meta if t.replace(".", "_") == name.replace(".", "_")), None)
+            if collision is not None:
+                raise InvalidTopicError(
+                    f"topic {name!r} collides with existing topic {collision!r} ('.' and '_' clash)"
+                )
+            with self.commitlog.put_lock:
+                since = self.commitlog.max_offset
+            stale = self.root / CONSUME_QUEUE_DIR / name
+            if stale.exists():  # left by a deletion that did not finish
+                shutil.rmtree(stale, ignore_errors=True)
+            self.topic_meta[name] = {
+                "topic_id": checkpoints.new_kafka_uuid(),
+                "partitions": count,
+                "configs": {k: str(v) for k, v in overrides.items()},
+                "since": since,
+            }
+            for queue_id in range(count):
+                self._open_queue(name, queue_id)
+            self._save_topics_file()
+            return self._describe(name)
+
+    def delete_topic(self, name: str) -> None:
+        """The topic's ConsumeQueues go; its messages stay in the CommitLog until retention (as in RocketMQ)."""
+        with self._lock:
+            self._check_open()
+            meta = self.topic_meta.pop(name, None)
+            if meta is None:
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            for queue_id in range(meta["partitions"]):
+                queue = self.queues.pop((name, queue_id))
+                queue.closed = True
+                queue.consume_queue.destroy()
+            self._save_topics_file()
+            self.save_start_offsets()
+        doomed = self.root / CONSUME_QUEUE_DIR / name
+        target = doomed.with_name(f"{name}.{uuid.uuid4().hex}-delete")
+        if doomed.exists():
+            doomed.rename(target)
+            shutil.rmtree(target, ignore_errors=True)
+
+    def create_partitions(self, name: str, total: int) -> None:
+        with self._lock:
+            self._check_open()
+            meta = self._meta(name)
+            if total <= meta["partitions"]:
+                raise InvalidPartitionsError(
+                    f"topic {name} has {meta['partitions']} partitions; the new count {total} must be larger"
+                )
+            for queue_id in range(meta["partitions"], total):
+                self._open_queue(name, queue_id)
+            meta["partitions"] = total
+            self._save_topics_file()
+
+    def alter_topic_configs(self, name: str, configs: Mapping[str, Any]) -> None:
+        with self._lock:
+            meta = self._meta(name)
+            new_config = self._log_config_for(configs)
+            meta["configs"] = {k: str(v) for k, v in configs.items()}
+            for queue_id in range(meta["partitions"]):
+                self.queues[(name, queue_id)].config = new_config
+            self._save_topics_file()
+
+    def topics(self) -> dict[str, TopicDescription]:
+        with self._lock:
+            return {name: self._describe(name) for name in sorted(self.topic_meta)}
+
+    def _describe(self, name: str) -> TopicDescription:
+        meta = self.topic_meta[name]
+        return TopicDescription(name, meta["topic_id"], meta["partitions"], dict(meta["configs"]))
+
+    def _meta(self, name: str) -> dict[str, Any]:
+        meta = self.topic_meta.get(name)
+        if meta is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return meta
+
+    # --- data -------------------------------------------------------------------------------------------------
+
+    def partition(self, topic: str, partition: int) -> MessageQueue:
+        try:
+            return self.queues[(topic, partition)]
+        except KeyError:
+            self._check_open()
+            if topic in self.topic_meta:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has no partition {partition} (it has {self.topic_meta[topic]['partitions']})"
+                ) from None
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist") from None
+
+    def partitions(self) -> dict[tuple[str, int], MessageQueue]:
+        return dict(self.queues)
+
+    def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult:
+        """The embedded append: under SYNC_FLUSH it returns once a group commit covers the batch."""
+        self._check_writable()
+        queue = self.partition(topic, partition)
+        result = queue.append(batch_bytes)
+        if queue.flush_due():
+            queue.flush(result.last_offset + 1)
+        return result
+
+    def _check_writable(self) -> None:
+        if self.retention.disk_full:
+            raise KafkaStorageError(
+                f"{self.root}: the disk is {self.retention.disk_usage_ratio:.0f}% full, above "
+                f"tidelog.rocketmq.diskSpaceWarningLevelRatio={self.store_config.disk_space_warning_level_ratio}; "
+                "writes are refused until retention frees space"
+            )
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices:
+        return self.partition(topic, partition).read(offset, max_bytes)
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> TimestampAndOffset | None:
+        return self.partition(topic, partition).offset_for_timestamp(timestamp_ms)
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        return self.partition(topic, partition).log_start_offset
+
+    def log_end_offset(self, topic: str, partition: int) -> int:
+        return self.partition(topic, partition).log_end_offset
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        return self.partition(topic, partition).high_watermark
+
+    def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
+        return self.partition(topic, partition).delete_records(before_offset)
+
+    def flush(self, topic: str | None = None, partition: int | None = None) -> None:
+        """Flush the CommitLog (it holds every queue); a whole-store flush also syncs the ConsumeQueues."""
+        self._check_open()
+        self.flusher.flush_now()
+        if topic is None:
+            self.dispatcher.catch_up()
+            self.flush_consume_queues()
+            self.checkpoint.flush()
+
+    # --- shutdown ---------------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError("the store is closed")
+
+    def close(self) -> None:
+        """A clean shutdown: flush the CommitLog, dispatch all of it, sync the queues and the checkpoint, then
+        remove `abort` (kept if something could not be flushed or dispatched)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for queue in self.queues.values():
+                queue.closed = True
+        clean = True
+        try:
+            if self.scheduler is not None:
+                self.scheduler.shutdown(run_pending_one_shots=False)
+            self.flusher.shutdown()
+            self.dispatcher.shutdown()
+            self.dispatcher.catch_up()
+            self.flush_consume_queues()
+            self.checkpoint.physic_msg_timestamp = self.commitlog.last_store_timestamp or (
+                self.checkpoint.physic_msg_timestamp
+            )
+            self.checkpoint.flush()
+            if self.dispatcher.behind_bytes:
+                log.error(
+                    "%s: %d bytes not dispatched; keeping the abort file", self.root, self.dispatcher.behind_bytes
+                )
+                clean = False
+        except KafkaStorageError as exc:
+            log.error("%s: shutdown could not flush (%s); keeping the abort file", self.root, exc)
+            clean = False
+        finally:
+            self.allocator.shutdown()
+            for queue in self.queues.values():
+                queue.consume_queue.close()
+            self.commitlog.close()
+            self.checkpoint.close()
+            if clean:
+                remove_abort_file(self.root)
+            os.close(self._lock_fd)

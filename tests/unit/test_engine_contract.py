@@ -1,0 +1,265 @@
+"""The storage contract (storage/api.py) that every engine keeps: the same tests, run against the Kafka engine and the
+RocketMQ engine. Appends, reads by offset and by timestamp, log start/end and high watermark, DeleteRecords,
+idempotent retries, topics that survive a reopen, recovery after an unclean exit (a child process that never
+closes), and retention - each engine configured with small files so that retention has whole files to delete."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import tidelog
+from tidelog import Record
+from tidelog.codec.compression import Compression
+from tidelog.codec.record_batch import build_batch
+from tidelog.codec.record_set import decode_batch, iter_batches
+from tidelog.errors import OffsetOutOfRangeError, TopicExistsError, UnknownTopicOrPartitionError
+from tidelog.storage.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, StorageEngine
+
+TS = 1_700_000_000_000
+SRC = Path(__file__).resolve().parents[2] / "src"
+ENGINE_CONFIGS = {
+    "kafka": {"log.segment.bytes": 2048, "log.retention.ms": 86_400_000},
+    "rocketmq": {
+        "tidelog.rocketmq.mapedFileSizeCommitLog": 4096,
+        "tidelog.rocketmq.mapedFileSizeConsumeQueue": 400,
+        "tidelog.rocketmq.fileReservedTime": 0,
+    },
+}
+
+Opener = Callable[..., StorageEngine]
+
+
+@pytest.fixture(params=sorted(ENGINE_CONFIGS))
+def engine_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def open_log(tmp_path: Path, engine_name: str) -> Iterator[Opener]:
+    """Opens the test's log directory with its engine; every engine opened is closed at the end."""
+    opened: list[StorageEngine] = []
+
+    def opener(**config: object) -> StorageEngine:
+        engine = tidelog.open(
+            tmp_path / "data", engine=engine_name, config={**ENGINE_CONFIGS[engine_name], **config}, background=False
+        )
+        opened.append(engine)
+        return engine
+
+    yield opener
+    for engine in opened:
+        engine.close()
+
+
+def expire_old_files(engine: StorageEngine) -> int:
+    """One retention round: Kafka's retention.ms check, RocketMQ's CleanCommitLogService run by hand."""
+    if hasattr(engine, "delete_old_segments"):
+        return engine.delete_old_segments()
+    return engine.retention.run(manual=True)
+
+
+def records_for(batch: int, count: int) -> list[Record]:
+    return [
+        Record(
+            value=f"value {batch}.{i} ".encode() * (1 + i % 4),
+            key=f"key-{batch}-{i}".encode(),
+            timestamp_ms=TS + 10 * batch + i,
+            headers=[("batch", str(batch).encode()), ("i", str(i).encode())],
+        )
+        for i in range(count)
+    ]
+
+
+def as_tuples(records: list[Record]) -> list[tuple[object, ...]]:
+    return [(r.offset, r.timestamp_ms, r.key, r.value, [tuple(h) for h in r.headers]) for r in records]
+
+
+def fill(engine: StorageEngine, topic: str = "t", batches: int = 40) -> list[Record]:
+    if topic not in engine.topics():
+        engine.create_topic(topic, 2)
+    written: list[Record] = []
+    for b in range(batches):
+        batch = records_for(b, 1 + b % 3)
+        base = engine.produce(topic, 0, batch, compression="gzip" if b % 5 == 0 else "none")
+        for i, record in enumerate(batch):
+            written.append(Record(record.value, record.key, record.timestamp_ms, list(record.headers), base + i))
+    return written
+
+
+def read_records(engine: StorageEngine, topic: str, offset: int, max_bytes: int = 1 << 20) -> list[Record]:
+    data = engine.read(topic, 0, offset, max_bytes).read_bytes()
+    return [r for info in iter_batches(data) for r in decode_batch(data, info)]
+
+
+def test_append_assigns_offsets_and_reads_back(open_log: Opener) -> None:
+    engine = open_log()
+    written = fill(engine)
+    assert [r.offset for r in written] == list(range(len(written)))
+    assert engine.log_start_offset("t", 0) == 0
+    assert engine.log_end_offset("t", 0) == engine.high_watermark("t", 0) == len(written)
+    assert as_tuples(list(engine.consume("t", 0))) == as_tuples(written)
+    assert engine.high_watermark("t", 1) == 0 and list(engine.consume("t", 1)) == []
+
+
+def test_read_from_any_offset_returns_whole_batches_from_there(open_log: Opener) -> None:
+    engine = open_log()
+    written = fill(engine)
+    for offset in (0, 1, 7, len(written) - 1):
+        got = read_records(engine, "t", offset)
+        assert got, offset
+        assert got[0].offset <= offset  # a batch may start before the offset asked for (Kafka hands whole batches)
+        assert as_tuples([r for r in got if r.offset >= offset]) == as_tuples(written[offset:])
+    small = engine.read("t", 0, 5, 1)  # less than one batch: the first batch still comes whole
+    assert len(small.slices) == 1 and small.high_watermark == len(written)
+    assert engine.read("t", 0, len(written), 1 << 20).size_in_bytes == 0
+    with pytest.raises(OffsetOutOfRangeError):
+        engine.read("t", 0, len(written) + 1, 1 << 20)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        engine.read("t", 2, 0, 100)
+
+
+def test_keys_headers_nulls_and_compression_round_trip(open_log: Opener) -> None:
+    engine = open_log()
+    engine.create_topic("odd", 1)
+    records = [
+        Record(value=None, key=b"tombstone"),
+        Record(value=b"", key=b""),
+        Record(value=b"\x00\xffbinary", key=b"\x00\x01\x02 not text"),
+        Record(value=b"v", key=None, headers=[("dup", b"1"), ("dup", None), ("KEYS", b"reserved name")]),
+        Record(value=b"w", key="ключ with space".encode(), headers=[("empty", b""), ("bin", b"\x01\x02")]),
+    ]
+    for codec in (Compression.NONE, Compression.ZSTD):
+        engine.append("odd", 0, build_batch(records, compression=codec, now_ms=TS))
+    got = list(engine.consume("odd", 0))
+    assert [(r.key, r.value, [tuple(h) for h in r.headers]) for r in got] == 2 * [
+        (r.key, r.value, [tuple(h) for h in r.headers]) for r in records
+    ]
+    assert [r.timestamp_ms for r in got] == [TS] * 10
+
+
+def test_offset_for_timestamp(open_log: Opener) -> None:
+    engine = open_log()
+    written = fill(engine)
+    assert engine.offset_for_timestamp("t", 0, EARLIEST_TIMESTAMP).offset == 0
+    assert engine.offset_for_timestamp("t", 0, LATEST_TIMESTAMP).offset == len(written)
+    for record in written[::5]:
+        found = engine.offset_for_timestamp("t", 0, record.timestamp_ms)
+        assert (found.timestamp, found.offset) == (record.timestamp_ms, record.offset)
+    between = engine.offset_for_timestamp("t", 0, written[3].timestamp_ms + 5)  # between two batches
+    assert between.offset == next(r.offset for r in written if r.timestamp_ms >= written[3].timestamp_ms + 5)
+    assert engine.offset_for_timestamp("t", 0, 0).offset == 0
+    assert engine.offset_for_timestamp("t", 0, written[-1].timestamp_ms + 1) is None
+    newest = engine.offset_for_timestamp("t", 0, MAX_TIMESTAMP)
+    assert (newest.timestamp, newest.offset) == (written[-1].timestamp_ms, written[-1].offset)
+    assert engine.offset_for_timestamp("t", 1, 0) is None
+
+
+def test_delete_records_moves_the_log_start_and_survives_a_reopen(open_log: Opener) -> None:
+    engine = open_log()
+    written = fill(engine)
+    assert engine.delete_records("t", 0, 10) == 10
+    assert engine.log_start_offset("t", 0) == 10
+    with pytest.raises(OffsetOutOfRangeError):
+        engine.read("t", 0, 9, 1 << 20)
+    assert as_tuples(list(engine.consume("t", 0))) == as_tuples(written[10:])
+    with pytest.raises(OffsetOutOfRangeError):
+        engine.delete_records("t", 0, len(written) + 1)
+    engine.close()
+    engine = open_log()
+    assert engine.log_start_offset("t", 0) == 10
+    assert engine.log_end_offset("t", 0) == len(written)
+
+
+def test_idempotent_retry_gets_the_original_offsets(open_log: Opener) -> None:
+    engine = open_log()
+    engine.create_topic("idem", 1)
+    first = build_batch(records_for(0, 3), producer_id=7, producer_epoch=0, base_sequence=0)
+    second = build_batch(records_for(1, 2), producer_id=7, producer_epoch=0, base_sequence=3)
+    assert engine.append("idem", 0, first).base_offset == 0
+    assert engine.append("idem", 0, second).base_offset == 3
+    retried = engine.append("idem", 0, first)
+    assert (retried.base_offset, retried.last_offset) == (0, 2)
+    assert engine.log_end_offset("idem", 0) == 5
+    engine.close()
+    engine = open_log()  # the producer state comes back after a reopen
+    retried = engine.append("idem", 0, second)
+    assert (retried.base_offset, retried.last_offset) == (3, 4)
+    assert engine.log_end_offset("idem", 0) == 5
+
+
+def test_topics_survive_a_reopen(open_log: Opener) -> None:
+    engine = open_log()
+    engine.create_topic("a", 3, {"retention.ms": 1000})
+    engine.create_topic("b", 1)
+    with pytest.raises(TopicExistsError):
+        engine.create_topic("a", 1)
+    engine.create_partitions("b", 4)
+    engine.produce("a", 2, [Record(b"x", timestamp_ms=TS)])
+    engine.delete_topic("b")
+    engine.close()
+    engine = open_log()
+    topics = engine.topics()
+    assert sorted(topics) == ["a"]
+    assert topics["a"].partitions == 3 and topics["a"].configs == {"retention.ms": "1000"}
+    assert [r.value for r in engine.consume("a", 2)] == [b"x"]
+    engine.create_topic("b", 2)  # a new topic of the old name starts empty
+    assert engine.log_end_offset("b", 0) == 0 and list(engine.consume("b", 0)) == []
+
+
+UNCLEAN_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, sys.argv[3])
+    import tidelog
+    from tidelog import Record
+    config = {**eval(sys.argv[4])}
+    engine = tidelog.open(sys.argv[1], engine=sys.argv[2], config=config, background=False)
+    engine.create_topic("t", 1)
+    for b in range(30):
+        engine.produce("t", 0, [Record(b"v%d.%d" % (b, i), key=b"k", timestamp_ms=1_700_000_000_000 + b)
+                                for i in range(1 + b % 3)])
+    engine.flush("t", 0)
+    os._exit(0)  # no close: no clean-shutdown marker, the abort file stays
+    """
+)
+
+
+def test_recovery_after_an_unclean_exit(open_log: Opener, engine_name: str, tmp_path: Path) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(UNCLEAN_CHILD)
+    subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "data"), engine_name, str(SRC), repr(ENGINE_CONFIGS[engine_name])],
+        check=True,
+        timeout=60,
+    )
+    engine = open_log()
+    expected = [(b"v%d.%d" % (b, i), TS + b) for b in range(30) for i in range(1 + b % 3)]
+    assert [(r.value, r.timestamp_ms) for r in engine.consume("t", 0)] == expected
+    assert engine.log_end_offset("t", 0) == len(expected)
+    assert engine.produce("t", 0, [Record(b"after")]) == len(expected)
+    engine.close()
+    engine = open_log()
+    assert [r.value for r in engine.consume("t", 0, len(expected))] == [b"after"]
+
+
+def test_retention_deletes_whole_old_files_and_moves_the_log_start(open_log: Opener) -> None:
+    engine = open_log()
+    written = fill(engine, batches=120)
+    assert expire_old_files(engine) > 0
+    start = engine.log_start_offset("t", 0)
+    assert 0 < start <= len(written)  # Kafka may delete the active segment too (it rolls a new one)
+    assert engine.log_end_offset("t", 0) == len(written)
+    with pytest.raises(OffsetOutOfRangeError):
+        engine.read("t", 0, start - 1, 1 << 20)
+    assert as_tuples(list(engine.consume("t", 0))) == as_tuples(written[start:])
+    assert engine.produce("t", 0, [Record(b"new", timestamp_ms=TS + 10_000)]) == len(written)
+    engine.close()
+    engine = open_log()
+    assert engine.log_start_offset("t", 0) == start
+    assert engine.log_end_offset("t", 0) == len(written) + 1

@@ -1,0 +1,204 @@
+"""The RocketMQ engine's own behaviour (rocketmq-storage.md §1, §2, §4): what a Kafka batch becomes on disk, read back
+field by field with struct; the dispatcher building ConsumeQueues in the background and catching up after a restart
+or from nothing; SYNC_FLUSH group commit; the abort file and checkpoint; deleted topics staying deleted."""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+import tidelog
+from tidelog import Record
+from tidelog.codec.record_batch import build_batch
+from tidelog.errors import ConfigError, CrcMismatchError, RecordTooLargeError
+from tidelog.storage.rocketmq.checkpoint import read_checkpoint
+from tidelog.storage.rocketmq.engine import RocketMQEngine
+
+TS = 1_700_000_000_000
+SMALL = {"tidelog.rocketmq.mapedFileSizeCommitLog": 8192, "tidelog.rocketmq.mapedFileSizeConsumeQueue": 200}
+
+
+def open_store(path: Path, *, background: bool = False, **config: object) -> RocketMQEngine:
+    engine = tidelog.open(path, engine="rocketmq", config={**SMALL, **config}, background=background)
+    assert isinstance(engine, RocketMQEngine)
+    return engine
+
+
+def parse_properties(raw: bytes) -> dict[str, str]:
+    return dict(item.split("\x01", 1) for item in raw.decode().split("\x02") if item)
+
+
+def message_at(store: Path, physical_offset: int, file_size: int = 8192) -> dict[str, object]:
+    """The message at a CommitLog offset, decoded here with struct alone."""
+    start = physical_offset - physical_offset % file_size
+    data = (store / "commitlog" / f"{start:020d}").read_bytes()
+    pos = physical_offset - start
+    (total, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts) = struct.unpack_from(
+        ">iIiiiqqiq", data, pos
+    )
+    (store_ts,) = struct.unpack_from(">q", data, pos + 56)
+    (body_length,) = struct.unpack_from(">i", data, pos + 84)
+    body = data[pos + 88 : pos + 88 + body_length]
+    topic_length = data[pos + 88 + body_length]
+    topic_at = pos + 89 + body_length
+    topic = data[topic_at : topic_at + topic_length].decode()
+    (properties_length,) = struct.unpack_from(">h", data, topic_at + topic_length)
+    properties = data[topic_at + topic_length + 2 : topic_at + topic_length + 2 + properties_length]
+    assert total == 91 + body_length + topic_length + properties_length
+    return {
+        "magic": magic, "queue_id": queue_id, "queue_offset": queue_offset, "physical_offset": phys,
+        "sys_flag": sys_flag, "born": born_ts, "store": store_ts, "body": body, "topic": topic, "flag": flag,
+        "properties": parse_properties(properties), "crc_ok": crc == (__import__("zlib").crc32(body) & 0x7FFFFFFF),
+    }  # fmt: skip
+
+
+def consume_queue_units(store: Path, topic: str, queue_id: int) -> list[tuple[int, int, int]]:
+    units = []
+    directory = store / "consumequeue" / topic / str(queue_id)
+    for path in sorted(directory.iterdir()) if directory.exists() else []:
+        data = path.read_bytes()
+        assert len(data) == 200 and len(path.name) == 20
+        units += [u for u in struct.iter_unpack(">qiq", data) if u[1] > 0]
+    return units
+
+
+def test_a_kafka_batch_on_disk_field_by_field(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with open_store(store) as engine:
+        engine.create_topic("orders", 2)
+        records = [
+            Record(b"body %d" % i, key=b"order-%d" % i, timestamp_ms=TS + i, headers=[("source", b"web")])
+            for i in range(25)
+        ]
+        for start in range(0, 25, 5):
+            engine.append("orders", 1, build_batch(records[start : start + 5]))
+    units = consume_queue_units(store, "orders", 1)
+    assert len(units) == 25 and consume_queue_units(store, "orders", 0) == []
+    uniq_keys = set()
+    for queue_offset, (physical_offset, _size, tags) in enumerate(units):
+        message = message_at(store, physical_offset)
+        assert message["magic"] == 0xDAA320A7 and message["crc_ok"] and tags == 0
+        assert (message["topic"], message["queue_id"], message["queue_offset"]) == ("orders", 1, queue_offset)
+        assert message["physical_offset"] == physical_offset
+        assert message["body"] == b"body %d" % queue_offset and message["born"] == TS + queue_offset
+        properties = message["properties"]
+        assert properties["KEYS"] == f"order-{queue_offset}" and properties["source"] == "web"
+        assert properties["KAFKA_BATCH"] == f"{queue_offset % 5}/5"
+        assert len(properties["UNIQ_KEY"]) == 32
+        uniq_keys.add(properties["UNIQ_KEY"])
+    assert len(uniq_keys) == 25
+    stores = [message_at(store, u[0])["store"] for u in units]
+    assert stores == sorted(stores)
+    names = sorted(p.name for p in (store / "commitlog").iterdir())
+    assert names[0] == "00000000000000000000" and all(len(n) == 20 for n in names)
+    assert not (store / "abort").exists()
+    checkpoint = read_checkpoint(store / "checkpoint")
+    assert checkpoint["physicMsgTimestamp"] >= max(stores) and checkpoint["logicsMsgTimestamp"] >= max(stores)
+
+
+def test_abort_file_while_open(tmp_path: Path) -> None:
+    engine = open_store(tmp_path / "store")
+    assert (tmp_path / "store" / "abort").read_text().strip() == str(os.getpid())
+    engine.close()
+    assert not (tmp_path / "store" / "abort").exists()
+
+
+def test_background_dispatcher_makes_appends_readable(tmp_path: Path) -> None:
+    with open_store(tmp_path / "store", background=True) as engine:
+        engine.create_topic("t", 3)
+        for i in range(300):
+            engine.produce("t", i % 3, [Record(b"%d" % i, timestamp_ms=TS + i)])
+        for partition in range(3):  # a read waits for nothing: it dispatches what it needs inline
+            assert [r.value for r in engine.consume("t", partition)] == [b"%d" % i for i in range(partition, 300, 3)]
+
+
+def test_consume_queues_are_rebuilt_from_the_commitlog(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with open_store(store) as engine:
+        engine.create_topic("t", 2)
+        for i in range(200):
+            engine.produce("t", i % 2, [Record(b"m%d" % i, key=b"k", timestamp_ms=TS + i)])
+    before = consume_queue_units(store, "t", 0)
+    for path in (store / "consumequeue" / "t" / "0").iterdir():
+        path.unlink()  # lose one queue entirely...
+    (store / "abort").write_text("1\n")  # ...in a crash
+    with open_store(store) as engine:
+        assert engine.recovery.reason is None
+        assert [r.value for r in engine.consume("t", 0)] == [b"m%d" % i for i in range(0, 200, 2)]
+        assert engine.log_end_offset("t", 1) == 100
+    assert consume_queue_units(store, "t", 0) == before
+
+
+def test_sync_flush_group_commit(tmp_path: Path) -> None:
+    with open_store(tmp_path / "store", background=True, **{"tidelog.rocketmq.flushDiskType": "SYNC_FLUSH"}) as engine:
+        engine.create_topic("t", 4)
+        errors: list[BaseException] = []
+
+        def producer(partition: int) -> None:
+            try:
+                for i in range(60):
+                    result = engine.append("t", partition, build_batch([Record(b"%d" % i)]))
+                    queue = engine.partition("t", partition)
+                    assert queue.flushed_offset > result.base_offset  # acknowledged = on disk
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=producer, args=(p,)) for p in range(4) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        assert engine.commitlog.flushed_where == engine.commitlog.max_offset
+        assert engine.flusher.flush_count < 480  # fsyncs were shared between waiting producers
+        for partition in range(4):
+            assert engine.high_watermark("t", partition) == 120
+            assert not engine.partition("t", partition).flush_due()
+
+
+def test_sync_flush_dispatches_only_what_is_on_disk(tmp_path: Path) -> None:
+    with open_store(tmp_path / "store", **{"tidelog.rocketmq.flushDiskType": "SYNC_FLUSH"}) as engine:
+        engine.create_topic("t", 1)
+        queue = engine.partition("t", 0)
+        queue.append(build_batch([Record(b"a"), Record(b"b")]))  # the broker's path: the flush comes later
+        assert queue.log_end_offset == 2 and queue.flush_due()
+        assert queue.high_watermark == 0 and queue.flushed_offset == 0
+        queue.flush(2)
+        assert queue.flushed_offset == 2 and queue.high_watermark == 2
+
+
+def test_deleted_topic_stays_deleted_after_a_redispatch(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with open_store(store) as engine:
+        engine.create_topic("t", 1)
+        engine.produce("t", 0, [Record(b"old %d" % i) for i in range(20)])
+        engine.delete_topic("t")
+        engine.create_topic("t", 1)
+        engine.produce("t", 0, [Record(b"new")])
+    (store / "abort").write_text("1\n")
+    os.truncate(store / "checkpoint", 0)  # no checkpoint: re-dispatch the whole CommitLog
+    with open_store(store) as engine:
+        assert [r.value for r in engine.consume("t", 0)] == [b"new"]
+
+
+def test_bad_input_is_refused_and_stores_nothing(tmp_path: Path) -> None:
+    with open_store(tmp_path / "store", **{"tidelog.rocketmq.maxMessageSize": 100}) as engine:
+        engine.create_topic("t", 1)
+        batch = bytearray(build_batch([Record(b"x")]))
+        batch[-1] ^= 0xFF
+        with pytest.raises(CrcMismatchError):
+            engine.append("t", 0, bytes(batch))
+        with pytest.raises(RecordTooLargeError, match="maxMessageSize"):
+            engine.append("t", 0, build_batch([Record(b"y" * 101)]))
+        with pytest.raises(RecordTooLargeError, match="mapedFileSizeCommitLog"):
+            engine.append("t", 0, build_batch([Record(b"z" * 90) for _ in range(100)]))
+        assert engine.log_end_offset("t", 0) == 0 and engine.commitlog.max_offset == 0
+
+
+def test_one_store_directory_only(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"log\.dirs"):
+        tidelog.open(tmp_path / "a", engine="rocketmq", config={"log.dirs": f"{tmp_path}/a,{tmp_path}/b"})
