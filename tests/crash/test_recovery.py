@@ -190,19 +190,25 @@ def test_kill_minus_nine_loses_no_acknowledged_record(tmp_path: Path) -> None:
     acknowledged: list[tuple[int, int, int, int]] = []  # (base offset, count, trial, seq)
     for trial in range(5):
         started = time.monotonic()
-        child = subprocess.Popen(
-            [sys.executable, str(script), str(data), str(trial), str(SRC)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        stderr_path = tmp_path / f"child-{trial}.stderr"
+        with stderr_path.open("w") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, str(script), str(data), str(trial), str(SRC)],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
         try:
             ready = child.stdout.readline()
-            assert ready == "ready\n", child.stderr.read()
+            assert ready == "ready\n", stderr_path.read_text()
             time.sleep(rng.uniform(0.05, 0.6))
         finally:
             child.send_signal(signal.SIGKILL)
-            out, err = child.communicate()
+            # read through the same buffered pipe as readline: communicate() would read the raw descriptor and
+            # miss the acknowledgements readline() had already buffered
+            out = child.stdout.read()
+            child.wait()
+        err = stderr_path.read_text()
         assert child.returncode == -signal.SIGKILL, err
         assert not (data / ".kafka_cleanshutdown").exists()  # the next open must recover
         lines = out.split("\n")[:-1]  # a line cut short by the kill is not an acknowledgement

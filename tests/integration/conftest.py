@@ -85,6 +85,13 @@ class BrokerProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def shut_down_cleanly_on_disk(self) -> bool:
+        """Does the log dir say the last run shut down cleanly? Kafka writes `.kafka_cleanshutdown` at a clean
+        stop; the RocketMQ engine removes its `abort` file."""
+        if self.overrides.get("tidelog.storage.engine") == "rocketmq":
+            return not (self.log_dir / "abort").exists()
+        return (self.log_dir / ".kafka_cleanshutdown").exists()
+
     def stderr_text(self) -> str:
         try:
             return self.stderr_path.read_text(errors="replace")
@@ -218,8 +225,17 @@ class BrokerFactory:
         self.base_dir = base_dir
         self.brokers: list[BrokerProcess] = []
 
-    def __call__(self, overrides: dict[str, Any] | None = None, /, **kwargs: Any) -> BrokerProcess:
-        settings = {str(k): str(v) for k, v in (overrides or {}).items()}
+    def __call__(
+        self,
+        overrides: dict[str, Any] | None = None,
+        /,
+        *,
+        engine: str = "kafka",
+        sync_flush: bool = False,
+        **kwargs: Any,
+    ) -> BrokerProcess:
+        settings = engine_overrides(engine, sync_flush=sync_flush)
+        settings.update({str(k): str(v) for k, v in (overrides or {}).items()})
         settings.update({_config_key(k): str(v) for k, v in kwargs.items()})
         index = len(self.brokers)
         log_dir = self.base_dir / f"broker{index}-logs"
@@ -244,7 +260,8 @@ StartBroker = Callable[..., BrokerProcess]
 
 @pytest.fixture
 def start_broker(tmp_path: Path) -> Iterator[StartBroker]:
-    """`start_broker({"log.flush.interval.messages": 1})` or `start_broker(log_flush_interval_messages=1)`."""
+    """`start_broker({"log.flush.interval.messages": 1})` or `start_broker(log_flush_interval_messages=1)`;
+    `start_broker(engine="rocketmq", sync_flush=True)` for another storage engine or acks=all on disk."""
     factory = BrokerFactory(tmp_path)
     try:
         yield factory
@@ -270,6 +287,36 @@ def start_module_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
         yield factory
     finally:
         factory.close_all()
+
+
+# --- the storage engine under the broker ---------------------------------------------------------------------
+
+ENGINES = ("kafka", "rocketmq")
+ROCKETMQ_COMMITLOG_FILE_BYTES = 64 << 20  # RocketMQ's 1 GiB files (two preallocated) are too much for tests
+
+
+def engine_overrides(engine: str, *, sync_flush: bool = False) -> dict[str, str]:
+    """Broker overrides selecting a storage engine. `sync_flush`: acks=all waits until the message is on disk
+    (Kafka: log.flush.interval.messages=1; RocketMQ: flushDiskType=SYNC_FLUSH, its group commit)."""
+    if engine == "kafka":
+        return {"log.flush.interval.messages": "1"} if sync_flush else {}
+    overrides = {
+        "tidelog.storage.engine": "rocketmq",
+        "tidelog.rocketmq.mapedFileSizeCommitLog": str(ROCKETMQ_COMMITLOG_FILE_BYTES),
+    }
+    if sync_flush:
+        overrides["tidelog.rocketmq.flushDiskType"] = "SYNC_FLUSH"
+    return overrides
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine_broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> BrokerProcess:
+    """A broker per storage engine, for the tests every engine must pass; the Kafka one is the module's `broker`."""
+    if request.param == "kafka":
+        return request.getfixturevalue("broker")
+    factory = BrokerFactory(tmp_path_factory.mktemp(f"{request.param}-broker"))
+    request.addfinalizer(factory.close_all)
+    return factory(engine=request.param)
 
 
 # --- pytest hooks ---------------------------------------------------------------------------------------------

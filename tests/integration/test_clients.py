@@ -28,6 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tidelog.partitioner import partition_for_key
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+ENGINES = ["kafka", "rocketmq"]  # storage engines under the broker for the tests every engine must pass
 PARTITIONS = 3
 N_RECORDS = 400
 TIMEOUT_S = 30.0
@@ -332,13 +333,13 @@ def assert_log_matches(
 
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("idempotence", [False, True], ids=["plain", "idempotent"])
-def test_confluent_kafka_roundtrip(broker, codec: str, idempotence: bool) -> None:
+def test_confluent_kafka_roundtrip(engine_broker, codec: str, idempotence: bool) -> None:
     topic = f"ck-{codec}-{'idem' if idempotence else 'plain'}"
-    create_topic(broker.bootstrap, topic)
+    create_topic(engine_broker.bootstrap, topic)
     records = make_records(topic)
-    placed = ck_produce_ok(broker.bootstrap, topic, records, codec, **{"enable.idempotence": idempotence})
-    assert_log_matches(records, ck_consume(broker.bootstrap, topic, len(records)), placed=placed)
-    assert sum(high for _, high in watermarks(broker.bootstrap, topic)) == len(records)
+    placed = ck_produce_ok(engine_broker.bootstrap, topic, records, codec, **{"enable.idempotence": idempotence})
+    assert_log_matches(records, ck_consume(engine_broker.bootstrap, topic, len(records)), placed=placed)
+    assert sum(high for _, high in watermarks(engine_broker.bootstrap, topic)) == len(records)
 
 
 @pytest.mark.parametrize("codec", CODECS)
@@ -361,14 +362,14 @@ def test_aiokafka_roundtrip(broker, codec: str) -> None:
 
 @needs_kcat
 @pytest.mark.parametrize("codec", CODECS)
-def test_kcat_roundtrip(broker, codec: str) -> None:
+def test_kcat_roundtrip(engine_broker, codec: str) -> None:
     topic = f"kcat-{codec}"
-    create_topic(broker.bootstrap, topic)
+    create_topic(engine_broker.bootstrap, topic)
     records = [Rec(r.key, r.value, (("via", b"kcat"),)) for r in make_records(topic, 200)]
-    kcat_produce(broker.bootstrap, topic, records, codec)
-    assert_log_matches(records, kcat_consume(broker.bootstrap, topic, len(records)))
+    kcat_produce(engine_broker.bootstrap, topic, records, codec)
+    assert_log_matches(records, kcat_consume(engine_broker.bootstrap, topic, len(records)))
     # the same records as librdkafka's Python binding sees them
-    assert_log_matches(records, ck_consume(broker.bootstrap, topic, len(records)))
+    assert_log_matches(records, ck_consume(engine_broker.bootstrap, topic, len(records)))
 
 
 @needs_kcat
@@ -418,10 +419,10 @@ def test_cross_client(broker, cross_topics, producer: str, consumer: str) -> Non
 # --- offsets: by time, beginning and end ----------------------------------------------------------------------
 
 
-def test_offsets_for_times_and_watermarks(broker) -> None:
+def test_offsets_for_times_and_watermarks(engine_broker) -> None:
     topic = "times"
-    create_topic(broker.bootstrap, topic, partitions=1)
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50})
+    create_topic(engine_broker.bootstrap, topic, partitions=1)
+    producer = Producer({"bootstrap.servers": engine_broker.bootstrap, "linger.ms": 50})
     # 10 records 1 s apart: the first five share one batch, the rest go one batch each
     for i in range(10):
         producer.produce(topic, key=b"k", value=f"v{i}".encode(), timestamp=TS + i * 1000)
@@ -438,7 +439,7 @@ def test_offsets_for_times_and_watermarks(broker) -> None:
         TS + 9000: 9,
         TS + 9001: -1,  # after the last record: none (librdkafka reports OFFSET_END, -1)
     }
-    consumer = ck_consumer(broker.bootstrap, topic)
+    consumer = ck_consumer(engine_broker.bootstrap, topic)
     try:
         for ts, offset in cases.items():  # one at a time: a request may name a partition only once
             [found] = consumer.offsets_for_times([TopicPartition(topic, 0, ts)], timeout=10)
@@ -451,7 +452,7 @@ def test_offsets_for_times_and_watermarks(broker) -> None:
     from kafka import TopicPartition as KpTopicPartition
 
     tp = KpTopicPartition(topic, 0)
-    kp = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, enable_auto_commit=False)
+    kp = KafkaConsumer(bootstrap_servers=engine_broker.bootstrap, group_id=None, enable_auto_commit=False)
     try:
         for ts, offset in cases.items():
             answer = kp.offsets_for_times({tp: ts})[tp]
@@ -518,10 +519,10 @@ def test_admin_validate_only_creates_nothing(broker) -> None:
     assert "admin-dry-run" not in client.list_topics(timeout=10).topics
 
 
-def test_admin_delete_topic(broker) -> None:
-    client = admin(broker.bootstrap)
-    create_topic(broker.bootstrap, "admin-doomed")
-    ck_produce_ok(broker.bootstrap, "admin-doomed", make_records("admin-doomed", 30))
+def test_admin_delete_topic(engine_broker) -> None:
+    client = admin(engine_broker.bootstrap)
+    create_topic(engine_broker.bootstrap, "admin-doomed")
+    ck_produce_ok(engine_broker.bootstrap, "admin-doomed", make_records("admin-doomed", 30))
     assert "admin-doomed" in client.list_topics(timeout=10).topics
     client.delete_topics(["admin-doomed"], operation_timeout=10)["admin-doomed"].result(timeout=TIMEOUT_S)
     assert "admin-doomed" not in client.list_topics(timeout=10).topics
@@ -529,19 +530,19 @@ def test_admin_delete_topic(broker) -> None:
         client.delete_topics(["admin-doomed"], operation_timeout=10)["admin-doomed"].result(timeout=TIMEOUT_S)
     assert raised.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
     # A topic of the same name starts over, empty
-    create_topic(broker.bootstrap, "admin-doomed")
-    assert all(wm == (0, 0) for wm in watermarks(broker.bootstrap, "admin-doomed"))
+    create_topic(engine_broker.bootstrap, "admin-doomed")
+    assert all(wm == (0, 0) for wm in watermarks(engine_broker.bootstrap, "admin-doomed"))
 
 
 # --- idempotent producer, acks -------------------------------------------------------------------------------
 
 
-def test_idempotent_producer_exactly_once_in_order(broker) -> None:
+def test_idempotent_producer_exactly_once_in_order(engine_broker) -> None:
     topic = "idempotent-5000"
-    create_topic(broker.bootstrap, topic)
+    create_topic(engine_broker.bootstrap, topic)
     records = [Rec(f"key-{i % 211}".encode(), f"{i}".encode()) for i in range(5000)]
     placed = ck_produce_ok(
-        broker.bootstrap,
+        engine_broker.bootstrap,
         topic,
         records,
         "lz4",
@@ -554,7 +555,7 @@ def test_idempotent_producer_exactly_once_in_order(broker) -> None:
             "batch.num.messages": 100,  # many small in-flight batches per partition
         },
     )
-    got = ck_consume(broker.bootstrap, topic, len(records))
+    got = ck_consume(engine_broker.bootstrap, topic, len(records))
     values = [int(g.value) for g in got]
     assert len(values) == 5000 and set(values) == set(range(5000)), "records lost or duplicated"
     assert_log_matches(records, got, placed=placed, headers=False)
@@ -563,10 +564,10 @@ def test_idempotent_producer_exactly_once_in_order(broker) -> None:
         assert sequence == sorted(sequence), f"partition {p} is out of order"
 
 
-@pytest.fixture(scope="module")
-def flush_broker(start_module_broker):
-    """A broker that fsyncs every message (acks=all waits for the group commit)."""
-    return start_module_broker(log_flush_interval_messages=1)
+@pytest.fixture(scope="module", params=ENGINES)
+def flush_broker(request, start_module_broker):
+    """A broker that fsyncs every message (acks=all waits for the group commit), per storage engine."""
+    return start_module_broker(engine=request.param, sync_flush=True)
 
 
 @pytest.mark.parametrize("acks", ["0", "1", "all"])
@@ -584,18 +585,18 @@ def test_acks_deliver(flush_broker, acks: str) -> None:
 # --- restarts ------------------------------------------------------------------------------------------------
 
 
-def test_restart_clean_and_after_kill(start_broker) -> None:
-    broker = start_broker(log_flush_interval_messages=1)
-    marker = Path(broker.log_dir) / ".kafka_cleanshutdown"
+@pytest.mark.parametrize("engine", ENGINES)
+def test_restart_clean_and_after_kill(start_broker, engine: str) -> None:
+    broker = start_broker(engine=engine, sync_flush=True)
     topic = "restart"
     create_topic(broker.bootstrap, topic, partitions=2)
     first = make_records("restart-a", 300)
     ck_produce_ok(broker.bootstrap, topic, first, "zstd", acks="all")
 
     broker.stop()  # asserts exit code 0
-    assert marker.exists(), "a clean shutdown must leave .kafka_cleanshutdown"
+    assert broker.shut_down_cleanly_on_disk(), "a clean shutdown must say so on disk"
     broker.restart()
-    assert not marker.exists(), "the clean-shutdown marker must be consumed at start-up (else a crash looks clean)"
+    assert not broker.shut_down_cleanly_on_disk(), "a running broker's log dir must look crashed until it stops"
     assert_log_matches(first, ck_consume(broker.bootstrap, topic, len(first), partitions=2), partitions=2)
 
     # kill -9 in the middle of acks=all production: every acknowledged record survives, exactly once
@@ -628,7 +629,7 @@ def test_restart_clean_and_after_kill(start_broker) -> None:
     producer.purge()  # what was acknowledged before the kill is reported now; the rest is dropped
     producer.flush(10)
     assert len(acked) < produced, "nothing was in flight at the kill; the test proves less than it should"
-    assert not marker.exists()
+    assert not broker.shut_down_cleanly_on_disk()
 
     broker.restart()
     total = sum(high for _, high in watermarks(broker.bootstrap, topic, 2))

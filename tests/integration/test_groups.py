@@ -958,12 +958,12 @@ def test_deleting_a_topic_deletes_the_groups_offsets_for_it(gbroker) -> None:
 # --- 5. committed offsets across restarts ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("engine", ["kafka", "rocketmq"])
 @pytest.mark.parametrize("how", ["clean-stop", "sigkill", "sigkill-flush-every-message"])
-def test_committed_offsets_survive_a_restart(start_broker, how: str) -> None:
-    overrides = {"group.initial.rebalance.delay.ms": 0}
-    if how == "sigkill-flush-every-message":
-        overrides["log.flush.interval.messages"] = 1
-    broker = start_broker(overrides)
+def test_committed_offsets_survive_a_restart(start_broker, how: str, engine: str) -> None:
+    broker = start_broker(
+        {"group.initial.rebalance.delay.ms": 0}, engine=engine, sync_flush=how == "sigkill-flush-every-message"
+    )
     topic, group, partitions = "restart-offsets", "restart-offsets", 3
     create_topic(broker.bootstrap, topic, partitions)
     placed = produce(broker.bootstrap, topic, partitions, 90)  # 30 per partition

@@ -140,3 +140,40 @@ def test_reading_files_while_the_broker_appends(spark: Any, broker: LocalBroker)
         stop.set()
         thread.join()
     assert counts == sorted(counts) and counts[-1] > 0
+
+
+# --- the same through a broker on the RocketMQ engine ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rocketmq_broker(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    log_dir = tmp_path_factory.mktemp("rocketmq-broker") / "store"
+    overrides = {
+        "num.partitions": "3",
+        "tidelog.storage.engine": "rocketmq",
+        "tidelog.rocketmq.mapedFileSizeCommitLog": str(16 << 20),
+    }
+    with LocalBroker(log_dir, overrides) as running:
+        yield running
+
+
+def test_through_the_kafka_protocol_on_the_rocketmq_engine(spark: Any, rocketmq_broker: LocalBroker) -> None:
+    create_topic(rocketmq_broker.bootstrap, "clicks", 3)
+    sent = []
+    for codec in ("none", "zstd"):
+        sent += produce(rocketmq_broker.bootstrap, "clicks", 300, codec=codec, start=len(sent))
+    df = (
+        spark.read.format("tidelog")
+        .option("kafka.bootstrap.servers", rocketmq_broker.bootstrap)
+        .option("subscribe", "clicks")
+        .option("includeHeaders", "true")
+        .load()
+    )
+    check_rows(df.collect(), sent, 3)
+
+
+def test_the_path_reader_names_the_rocketmq_engine(spark: Any, rocketmq_broker: LocalBroker) -> None:
+    create_topic(rocketmq_broker.bootstrap, "by-path", 1)
+    produce(rocketmq_broker.bootstrap, "by-path", 5)
+    with pytest.raises(Exception, match="store of the RocketMQ engine"):
+        spark.read.format("tidelog").option("subscribe", "by-path").load(str(rocketmq_broker.log_dir)).count()

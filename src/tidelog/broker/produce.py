@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,11 +60,12 @@ class Flusher:
         if partition_log.flushed_offset < offset:
             await self._enqueue(partition_log, offset)
 
-    def flush_later(self, partition_log: Partition) -> None:
-        """Start a flush round without waiting for it (the policy says flush, the producer asked acks=1)."""
+    def flush_later(self, partition_log: Partition, on_done: Callable[[], None]) -> None:
+        """Start a flush round without waiting for it (the policy says flush, the producer asked acks=1);
+        `on_done` runs after the round."""
         if partition_log.flushed_offset < partition_log.log_end_offset:
             future = self._enqueue(partition_log, partition_log.log_end_offset)
-            future.add_done_callback(lambda done: done.exception())  # failures are logged by the round
+            future.add_done_callback(lambda done: (done.exception(), on_done()))  # the round logs failures
 
     def _enqueue(self, partition_log: Partition, offset: int) -> asyncio.Future[None]:
         waiter = _Waiter(partition_log, offset, asyncio.get_running_loop().create_future())
@@ -141,7 +144,7 @@ class ProduceApis:
     async def handle_produce(self, request: Request, connection: Connection) -> Response:
         body = request.body
         acks = body.acks
-        pending: list[tuple[dict[str, Any], Partition, int]] = []
+        pending: list[tuple[dict[str, Any], Partition, int, tuple[str, int]]] = []
         responses = []
         for topic_data in body.topic_data:
             partition_responses = []
@@ -164,10 +167,11 @@ class ProduceApis:
                     log.debug("produce to %s-%d failed: %s", topic_data.name, partition_data.index, exc)
                     continue
                 if partition_log.flush_due():
+                    key = (topic_data.name, partition_data.index)
                     if acks == -1:
-                        pending.append((answer, partition_log, partition_log.log_end_offset))
+                        pending.append((answer, partition_log, partition_log.log_end_offset, key))
                     else:
-                        self.flusher.flush_later(partition_log)
+                        self.flusher.flush_later(partition_log, partial(self.broker.fetch.notifier.notify, key))
             responses.append({"name": topic_data.name, "partition_responses": partition_responses})
         if acks == 0:
             return None
@@ -177,9 +181,9 @@ class ProduceApis:
         return Deferred(self._when_durable(body, pending))
 
     async def _when_durable(
-        self, body: dict[str, Any], pending: list[tuple[dict[str, Any], Partition, int]]
+        self, body: dict[str, Any], pending: list[tuple[dict[str, Any], Partition, int, tuple[str, int]]]
     ) -> dict[str, Any]:
-        for answer, partition_log, offset in pending:
+        for answer, partition_log, offset, key in pending:
             try:
                 await self.flusher.wait_durable(partition_log, offset)
             except TidelogError as exc:
@@ -187,6 +191,7 @@ class ProduceApis:
             except Exception as exc:
                 answer["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
                 answer["error_message"] = str(exc)
+            self.broker.fetch.notifier.notify(key)  # an engine may show only flushed data (RocketMQ SYNC_FLUSH)
         return body
 
     def _append(

@@ -388,6 +388,12 @@ class LogFiles:
                 raise LogFilesError(
                     f"path '{path}' is not a directory (expected a tidelog or Kafka log directory, log.dirs)"
                 )
+            if (path / "commitlog").is_dir() and (path / "consumequeue").is_dir():
+                raise LogFilesError(
+                    f"path '{path}' is a store of the RocketMQ engine (commitlog/, consumequeue/): the path reader "
+                    "reads Kafka-layout segment files only. Serve it with `tidelog serve --override "
+                    "tidelog.storage.engine=rocketmq` and read it with the option kafka.bootstrap.servers"
+                )
         self._start_offsets: dict[tuple[str, int], int] = {}
         for path in self.paths:
             checkpoint = path / LOG_START_OFFSET_CHECKPOINT

@@ -289,7 +289,7 @@ class MessageQueue(Partition):
         self._producer_state_loaded = True
         end = self.consume_queue.max_offset
         start = max(self.log_start_offset, end - PRODUCER_REPLAY_UNITS)
-        for queue_offset, physical_offset, size in self._units(start, end):
+        for queue_offset, physical_offset, size in self.units(start, end):
             message = self.engine.read_message(physical_offset, size)
             info = rm.producer_info(message.properties_bytes)
             if info is None:
@@ -302,7 +302,7 @@ class MessageQueue(Partition):
 
     # --- reads ------------------------------------------------------------------------------------------------
 
-    def _units(self, start: int, end: int) -> list[tuple[int, int, int]]:
+    def units(self, start: int, end: int) -> list[tuple[int, int, int]]:
         """(queue offset, CommitLog offset, size) of the units in [start, end)."""
         found: list[tuple[int, int, int]] = []
         while start < end:
@@ -327,7 +327,7 @@ class MessageQueue(Partition):
         group: list[Record] = []
         position = offset
         while position < high_watermark and (remaining > 0 or (min_one_message and not slices)):
-            units = self._units(position, min(high_watermark, position + READ_UNITS))
+            units = self.units(position, min(high_watermark, position + READ_UNITS))
             if not units:
                 break
             for queue_offset, physical_offset, size in units:
@@ -367,7 +367,7 @@ class MessageQueue(Partition):
         low, high = self.log_start_offset, self.high_watermark
         if timestamp_ms == MAX_TIMESTAMP:
             best: TimestampAndOffset | None = None
-            for queue_offset, physical_offset, _size in self._units(low, high):
+            for queue_offset, physical_offset, _size in self.units(low, high):
                 timestamp = self.engine.commitlog.read_born_timestamp(physical_offset)
                 if best is None or timestamp > best.timestamp:
                     best = TimestampAndOffset(timestamp, queue_offset)
