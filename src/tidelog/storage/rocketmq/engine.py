@@ -454,14 +454,14 @@ class RocketMQEngine(StorageEngine):
 
     def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult:
         """The embedded append: under SYNC_FLUSH it returns once a group commit covers the batch."""
-        self._check_writable()
         queue = self.partition(topic, partition)
         result = queue.append(batch_bytes)
         if queue.flush_due():
             queue.flush(result.last_offset + 1)
         return result
 
-    def _check_writable(self) -> None:
+    def check_writable(self) -> None:
+        """Refuse appends while the disk is over diskSpaceWarningLevelRatio (RocketMQ's 'disk full')."""
         if self.retention.disk_full:
             raise KafkaStorageError(
                 f"{self.root}: the disk is {self.retention.disk_usage_ratio:.0f}% full, above "
