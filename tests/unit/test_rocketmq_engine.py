@@ -202,3 +202,24 @@ def test_bad_input_is_refused_and_stores_nothing(tmp_path: Path) -> None:
 def test_one_store_directory_only(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"log\.dirs"):
         tidelog.open(tmp_path / "a", engine="rocketmq", config={"log.dirs": f"{tmp_path}/a,{tmp_path}/b"})
+
+
+def test_a_directory_of_the_other_engine_is_refused(tmp_path: Path) -> None:
+    with open_store(tmp_path / "store") as engine:
+        engine.create_topic("t", 1)
+    with pytest.raises(ConfigError, match=r"tidelog\.storage\.engine=rocketmq"):
+        tidelog.open(tmp_path / "store")
+    tidelog.open(tmp_path / "kafka").close()
+    with pytest.raises(ConfigError, match=r"tidelog\.storage\.engine=kafka"):
+        open_store(tmp_path / "kafka")
+
+
+def test_the_spark_path_reader_names_the_engine(tmp_path: Path) -> None:
+    from tidelog.errors import LogFilesError
+    from tidelog.spark.logfiles import LogFiles
+
+    with open_store(tmp_path / "store") as engine:
+        engine.create_topic("t", 1)
+        engine.produce("t", 0, [Record(b"x")])
+    with pytest.raises(LogFilesError, match="RocketMQ engine"):
+        LogFiles([str(tmp_path / "store")])

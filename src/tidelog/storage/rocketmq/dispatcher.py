@@ -51,6 +51,11 @@ class ReputMessageService:
             self._thread = threading.Thread(target=self._run, name="tidelog-reput", daemon=True)
             self._thread.start()
 
+    @property
+    def threaded(self) -> bool:
+        """Is a background thread dispatching? (Else appends dispatch inline.)"""
+        return self._thread is not None
+
     def wakeup(self) -> None:
         self._wake.set()
 

@@ -117,6 +117,8 @@ class RocketMQEngine(StorageEngine):
         self.allocator = AllocateMappedFileService(background=background)
         self.commitlog = CommitLog(self.root, store.maped_file_size_commit_log, allocator=self.allocator)
         self.commitlog.load()
+        for directory in (self.commitlog.directory, self.root / CONSUME_QUEUE_DIR):
+            directory.mkdir(exist_ok=True)  # created at start, as RocketMQ does: they mark the store
         self.topic_meta: dict[str, dict[str, Any]] = {}
         self.queues: dict[tuple[str, int], MessageQueue] = {}
         self._load_topics_file()
@@ -296,18 +298,23 @@ class RocketMQEngine(StorageEngine):
         return self.dispatcher.catch_up()
 
     def appended(self) -> None:
-        """An append is in the CommitLog: wake the dispatcher (or dispatch inline without threads)."""
-        if self.dispatcher._thread is None:
-            if not self.store_config.sync_flush:
-                self.dispatcher.catch_up()
-        else:
-            self.dispatcher.wakeup()
+        """An append is in the CommitLog: under ASYNC_FLUSH it may be dispatched now."""
+        if not self.store_config.sync_flush:
+            self._dispatch_soon()
 
     def _commitlog_flushed(self, store_timestamp: int) -> None:
+        """A flush moved: under SYNC_FLUSH what it covers may be dispatched now."""
         if store_timestamp:
             self.checkpoint.physic_msg_timestamp = store_timestamp
         if self.store_config.sync_flush:
-            self.appended()
+            self._dispatch_soon()
+
+    def _dispatch_soon(self) -> None:
+        """Wake the dispatcher thread, or dispatch inline without threads."""
+        if self.dispatcher.threaded:
+            self.dispatcher.wakeup()
+        else:
+            self.dispatcher.catch_up()
 
     def flush_consume_queues(self) -> None:
         """FlushConsumeQueueService: sync every ConsumeQueue, then move the checkpoint's logics timestamp to the
