@@ -636,6 +636,15 @@ def batch_position(properties: bytes | bytearray | memoryview) -> BatchPosition:
     return BatchPosition(int(index), int(count))
 
 
+def ends_batch(properties: Mapping[str, str]) -> bool:
+    """Is the message with these (parsed) properties the last of the Kafka batch it came from?"""
+    text = properties.get(PROPERTY_BATCH)
+    if text is None:
+        return True
+    index, _, count = text.partition("/")
+    return int(index) == int(count) - 1
+
+
 class ProducerInfo(NamedTuple):
     producer_id: int
     epoch: int

@@ -339,8 +339,7 @@ class MessageQueue(Partition):
                         f"offset {message.queue_offset} (CommitLog offset {physical_offset})"
                     )
                 group.append(rm.message_to_record(message))
-                index, count = rm.batch_position(message.properties_bytes)
-                if index == count - 1:
+                if rm.ends_batch(message.properties):
                     batch = MemorySlice(build_batch(group, base_offset=group[0].offset))
                     group = []
                     if slices and len(batch) > remaining:
