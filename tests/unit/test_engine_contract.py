@@ -29,6 +29,7 @@ ENGINE_CONFIGS = {
         "tidelog.rocketmq.mapedFileSizeCommitLog": 4096,
         "tidelog.rocketmq.mapedFileSizeConsumeQueue": 400,
         "tidelog.rocketmq.fileReservedTime": 0,
+        "tidelog.rocketmq.deleteCommitLogFilesInterval": 0,
     },
 }
 

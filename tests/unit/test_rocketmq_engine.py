@@ -223,3 +223,26 @@ def test_the_spark_path_reader_names_the_engine(tmp_path: Path) -> None:
         engine.produce("t", 0, [Record(b"x")])
     with pytest.raises(LogFilesError, match="RocketMQ engine"):
         LogFiles([str(tmp_path / "store")])
+
+
+def test_consume_queue_flush_rounds(tmp_path: Path) -> None:
+    """A round syncs queues with flushConsumeQueueLeastPages dirty pages; a thorough round all, and the checkpoint."""
+    settings = {
+        "tidelog.rocketmq.mapedFileSizeConsumeQueue": 200_000,
+        "tidelog.rocketmq.flushConsumeQueueLeastPages": 1,
+        "tidelog.rocketmq.flushConsumeQueueThoroughInterval": 3_600_000,
+    }
+    with open_store(tmp_path / "store", **settings) as engine:
+        engine.create_topic("t", 2)
+        for i in range(300):  # 6,000 bytes of units in queue 0: more than a page; 20 bytes in queue 1
+            engine.produce("t", 0, [Record(b"%d" % i, timestamp_ms=TS)])
+        engine.produce("t", 1, [Record(b"one", timestamp_ms=TS)])
+        busy, quiet = (engine.partition("t", p).consume_queue for p in (0, 1))
+        assert busy.dirty_bytes() == 6000 and quiet.dirty_bytes() == 20
+        engine._scheduled_consume_queue_flush()
+        assert busy.dirty_bytes() == 0 and quiet.dirty_bytes() == 20
+        assert engine.checkpoint.logics_msg_timestamp == 0  # only a thorough round moves it
+        engine._last_thorough_cq_flush -= 3601
+        engine._scheduled_consume_queue_flush()
+        assert quiet.dirty_bytes() == 0
+        assert engine.checkpoint.logics_msg_timestamp == engine.dispatcher.last_store_timestamp > 0

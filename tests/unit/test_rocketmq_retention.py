@@ -28,6 +28,7 @@ def open_store(path: Path, **config: object) -> RocketMQEngine:
         "tidelog.rocketmq.mapedFileSizeCommitLog": FILE_SIZE,
         "tidelog.rocketmq.mapedFileSizeConsumeQueue": 200,
         "tidelog.rocketmq.deleteFileBatchMax": 100,
+        "tidelog.rocketmq.deleteCommitLogFilesInterval": 0,
         **config,
     }
     engine = tidelog.open(path, engine="rocketmq", config=settings, background=False)

@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -56,7 +57,7 @@ from tidelog.storage.rocketmq.commitlog import CommitLog, RecoveryResult
 from tidelog.storage.rocketmq.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue, consume_queue_file_size
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, Dispatcher, ReputMessageService
 from tidelog.storage.rocketmq.flush import CommitLogFlusher
-from tidelog.storage.rocketmq.mapped_file import AllocateMappedFileService
+from tidelog.storage.rocketmq.mapped_file import OS_PAGE_SIZE, AllocateMappedFileService
 from tidelog.storage.rocketmq.message_queue import MessageQueue
 from tidelog.storage.rocketmq.retention import CleanCommitLogService
 
@@ -142,12 +143,13 @@ class RocketMQEngine(StorageEngine):
             on_flushed=self._commitlog_flushed,
         )
         self.retention = CleanCommitLogService(self)
+        self._last_thorough_cq_flush = time.monotonic()
         self.flusher.start()
         self.dispatcher.start()
         self.scheduler = Scheduler("tidelog-rocketmq-scheduler") if background else None
         if self.scheduler is not None:
             self.scheduler.schedule(
-                "flush consume queues", self.flush_consume_queues, store.flush_interval_consume_queue,
+                "flush consume queues", self._scheduled_consume_queue_flush, store.flush_interval_consume_queue,
                 store.flush_interval_consume_queue,
             )  # fmt: skip
             self.scheduler.schedule(
@@ -317,17 +319,32 @@ class RocketMQEngine(StorageEngine):
             self.dispatcher.catch_up()
 
     def flush_consume_queues(self) -> None:
-        """FlushConsumeQueueService: sync every ConsumeQueue, then move the checkpoint's logics timestamp to the
-        last message dispatched before the sync started."""
+        """A full FlushConsumeQueueService round: sync every ConsumeQueue, then move the checkpoint's logics
+        timestamp to the last message dispatched before the sync started."""
         timestamp = self.dispatcher.last_store_timestamp
         dispatched = self.dispatcher.reput_from_offset
         with self._lock:
             queues = list(self.queues.values())
         for queue in queues:
             queue.consume_queue.flush()
+        self._last_thorough_cq_flush = time.monotonic()
         if timestamp:
             self.checkpoint.logics_msg_timestamp = timestamp
         self.checkpoint.confirm_phy_offset = dispatched
+
+    def _scheduled_consume_queue_flush(self) -> None:
+        """Every flushIntervalConsumeQueue: sync the queues with at least flushConsumeQueueLeastPages dirty pages;
+        every flushConsumeQueueThoroughInterval all of them (only a full round may move the checkpoint)."""
+        store = self.store_config
+        if (time.monotonic() - self._last_thorough_cq_flush) * 1000 >= store.flush_consume_queue_thorough_interval:
+            self.flush_consume_queues()
+            return
+        least_bytes = max(1, store.flush_consume_queue_least_pages * OS_PAGE_SIZE)
+        with self._lock:
+            queues = list(self.queues.values())
+        for queue in queues:
+            if queue.consume_queue.dirty_bytes() >= least_bytes:
+                queue.consume_queue.flush()
 
     def delete_derived_files(self, commitlog_min_offset: int) -> None:
         """CleanConsumeQueueService: after CommitLog files went, cut what points into them (the IndexFile's

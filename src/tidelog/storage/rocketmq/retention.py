@@ -7,9 +7,10 @@ never past the first file that must stay:
 - at any hour while the store's disk is more than `diskMaxUsedSpaceRatio` % used, the same expired files;
 - above `diskSpaceCleanForciblyRatio` %, files regardless of age (cleanImmediately);
 - above `diskSpaceWarningLevelRatio` %, appends are refused (disk full) until usage falls again.
-At most `deleteFileBatchMax` files per round. Then each ConsumeQueue drops its files whose last unit points below the
-new CommitLog minimum and moves its minimum offset to the first unit still in the CommitLog (the Kafka log start
-offset follows); the engine's other derived files (IndexFiles) are cut the same way.
+At most `deleteFileBatchMax` files per round, `deleteCommitLogFilesInterval` ms apart. Then each ConsumeQueue
+drops its files whose last unit points below the new CommitLog minimum and moves its minimum offset to the first
+unit still in the CommitLog (the Kafka log start offset follows); the engine's other derived files (IndexFiles) are
+cut the same way.
 """
 
 from __future__ import annotations
@@ -56,13 +57,19 @@ class CleanCommitLogService:
         clean_immediately = ratio > config.disk_space_clean_forcibly_ratio
         if not (manual or space_to_delete or is_time_to_delete(config.delete_when, now)):
             return 0
-        deleted = engine.commitlog.queue.delete_expired_by_time(
-            config.file_reserved_time * HOUR_MS,
-            now,
-            clean_immediately=clean_immediately,
-            delete_file_batch_max=config.delete_file_batch_max,
-            max_end_offset=engine.dispatcher.reput_from_offset,
-        )
+        deleted = 0
+        while deleted < config.delete_file_batch_max:
+            if deleted and config.delete_commit_log_files_interval:  # spread the unlinks (RocketMQ's 04:00 spikes)
+                time.sleep(config.delete_commit_log_files_interval / 1000)
+            if not engine.commitlog.queue.delete_expired_by_time(
+                config.file_reserved_time * HOUR_MS,
+                now,
+                clean_immediately=clean_immediately,
+                delete_file_batch_max=1,
+                max_end_offset=engine.dispatcher.reput_from_offset,
+            ):
+                break
+            deleted += 1
         if deleted:
             log.info(
                 "%s: deleted %d CommitLog file(s) (%s); the CommitLog now starts at %d",
