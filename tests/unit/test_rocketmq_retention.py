@@ -149,3 +149,28 @@ def test_disk_usage_ratios(tmp_path: Path) -> None:
         engine.retention.run()
         assert not engine.retention.disk_full
         assert engine.produce("t", 0, [Record(b"accepted")]) == end
+
+
+def test_topics_kept_forever_keep_the_newest_value_of_every_key(tmp_path: Path) -> None:
+    """__consumer_offsets (retention.ms=-1) lives in the CommitLog: deleting old files must not lose a key's value."""
+    store = tmp_path / "store"
+    with open_store(store, **{"tidelog.rocketmq.fileReservedTime": 0}) as engine:
+        engine.create_topic("offsets", 1, {"retention.ms": "-1"})
+        engine.create_topic("filler", 1)
+        newest: dict[bytes, bytes | None] = {}
+        for round_ in range(6):
+            for k in range(8):
+                key, value = b"group-%d" % k, b"offset %d" % (round_ * 100 + k)
+                if k == 3 and round_ == 5:
+                    value = None  # the key was deleted
+                engine.produce("offsets", 0, [Record(value, key=key, timestamp_ms=TS)])
+                newest[key] = value
+            for _ in range(20):
+                engine.produce("filler", 0, [Record(b"f" * 100, timestamp_ms=TS)])
+        assert engine.retention.run(manual=True) > 0
+        assert len(commitlog_files(store)) == 1
+        assert engine.log_start_offset("filler", 0) > 0
+        kept = {r.key: r.value for r in engine.consume("offsets", 0)}
+        assert kept == {k: v for k, v in newest.items() if v is not None}
+    with open_store(store) as engine:  # the copies are ordinary messages: they survive a restart
+        assert {r.key: r.value for r in engine.consume("offsets", 0)} == {k: v for k, v in newest.items() if v}

@@ -389,8 +389,7 @@ class RocketMQEngine(StorageEngine):
                 raise InvalidTopicError(
                     f"topic {name!r} collides with existing topic {collision!r} ('.' and '_' clash)"
                 )
-            with self.commitlog.put_lock:
-                since = self.commitlog.max_offset
+            since = self.commitlog.max_offset  # no message of the new topic can be older
             stale = self.root / CONSUME_QUEUE_DIR / name
             if stale.exists():  # left by a deletion that did not finish
                 shutil.rmtree(stale, ignore_errors=True)

@@ -424,23 +424,22 @@ class MappedFileQueue:
             mapped_file.destroy()
         return doomed
 
-    def delete_expired_by_time(
+    def expired_prefix(
         self,
         expired_ms: int,
         now_ms: int,
         *,
         clean_immediately: bool,
-        delete_file_batch_max: int,
+        limit: int,
         max_end_offset: int | None = None,
     ) -> int:
-        """Delete files (oldest first, never the last, none ending after `max_end_offset`) modified more than
-        `expired_ms` ago, or regardless of age when `clean_immediately`; stop at the first that must stay
-        (MappedFileQueue.deleteExpiredFileByTime)."""
+        """How many files from the oldest on may go (MappedFileQueue.deleteExpiredFileByTime's walk): modified more
+        than `expired_ms` ago, or any age when `clean_immediately`; never the last one, none ending after
+        `max_end_offset`, at most `limit`, stopping at the first that must stay."""
         with self.lock:
-            candidates = self.files[:-1]
             count = 0
-            for mapped_file in candidates:
-                if count >= delete_file_batch_max:
+            for mapped_file in self.files[:-1]:
+                if count >= limit:
                     break
                 if max_end_offset is not None and mapped_file.file_from_offset + self.file_size > max_end_offset:
                     break
@@ -448,10 +447,7 @@ class MappedFileQueue:
                 if not (now_ms >= modified_ms + expired_ms or clean_immediately):
                     break
                 count += 1
-        if count:
-            for doomed in self.delete_first_files(count):
-                log.info("deleted expired store file %s", doomed.path)
-        return count
+            return count
 
     def close(self) -> None:
         with self.lock:

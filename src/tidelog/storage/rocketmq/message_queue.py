@@ -159,7 +159,8 @@ class MessageQueue(Partition):
 
     def append(self, data: bytes | bytearray | memoryview, *, from_client: bool = True) -> AppendResult:
         """Validate the batch(es), encode every record as a CommitLog message and put them in one go."""
-        self.engine.check_writable()
+        if from_client:  # internal writes (committed offsets, retention's copies of compacted keys) still go
+            self.engine.check_writable()
         view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
         batches = [self._encode(view, position, header) for position, header in self._validate(view, from_client)]
         engine = self.engine

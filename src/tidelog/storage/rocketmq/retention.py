@@ -10,7 +10,7 @@ never past the first file that must stay:
 At most `deleteFileBatchMax` files per round, `deleteCommitLogFilesInterval` ms apart. Then each ConsumeQueue
 drops its files whose last unit points below the new CommitLog minimum and moves its minimum offset to the first
 unit still in the CommitLog (the Kafka log start offset follows); the engine's other derived files (IndexFiles) are
-cut the same way.
+cut the same way. Topics with retention.ms=-1 keep the newest value of each key (see keep_compacted_records).
 """
 
 from __future__ import annotations
@@ -20,12 +20,17 @@ import shutil
 import time
 from typing import TYPE_CHECKING
 
+from tidelog.codec.record_batch import Record, build_batch
+from tidelog.codec.rocketmq_message import message_to_record
+
 if TYPE_CHECKING:
     from tidelog.storage.rocketmq.engine import RocketMQEngine
+    from tidelog.storage.rocketmq.message_queue import MessageQueue
 
 log = logging.getLogger("tidelog.storage.rocketmq")
 
 HOUR_MS = 3600 * 1000
+COPY_BATCH_RECORDS = 500
 
 
 def is_time_to_delete(delete_when: str, now_ms: int) -> bool:
@@ -57,18 +62,25 @@ class CleanCommitLogService:
         clean_immediately = ratio > config.disk_space_clean_forcibly_ratio
         if not (manual or space_to_delete or is_time_to_delete(config.delete_when, now)):
             return 0
+        commitlog = engine.commitlog
         deleted = 0
         while deleted < config.delete_file_batch_max:
             if deleted and config.delete_commit_log_files_interval:  # spread the unlinks (RocketMQ's 04:00 spikes)
                 time.sleep(config.delete_commit_log_files_interval / 1000)
-            if not engine.commitlog.queue.delete_expired_by_time(
+            expired = commitlog.queue.expired_prefix(
                 config.file_reserved_time * HOUR_MS,
                 now,
                 clean_immediately=clean_immediately,
-                delete_file_batch_max=1,
+                limit=1,
                 max_end_offset=engine.dispatcher.reput_from_offset,
-            ):
+            )
+            if not expired:
                 break
+            doomed = commitlog.queue.files[0]
+            keep_compacted_records(engine, doomed.file_from_offset + commitlog.file_size)
+            commitlog.queue.delete_first_files(1)
+            log.info("%s: deleted CommitLog file %s", engine.root, doomed.path.name)
+            engine.delete_derived_files(commitlog.min_offset)
             deleted += 1
         if deleted:
             log.info(
@@ -78,5 +90,44 @@ class CleanCommitLogService:
                 "disk over the forced-clean ratio" if clean_immediately else "expired",
                 engine.commitlog.min_offset,
             )
-            engine.delete_derived_files(engine.commitlog.min_offset)
         return deleted
+
+
+def keep_compacted_records(engine: RocketMQEngine, below: int) -> int:
+    """Before the CommitLog below `below` goes: for each queue of a topic that asks to be kept forever
+    (retention.ms=-1, as the broker's __consumer_offsets does), append again the newest record of every key that
+    has no newer record after `below` and is not a tombstone. One CommitLog cannot keep one topic's files forever,
+    so such a topic is kept the way a compacted one is: every key's latest value survives (RocketMQ keeps its
+    consumer offsets outside the CommitLog; here they live in that topic). Records without a key are not kept.
+    Returns the records copied."""
+    kept_forever = [q for q in engine.partitions().values() if q.config.retention_ms < 0]
+    if not kept_forever:
+        return 0
+    with engine.commitlog.put_lock:  # no append may slip a newer value of a key in between the look and the copy
+        if engine.store_config.sync_flush:
+            engine.flusher.flush_now()  # only flushed messages are dispatched
+        engine.catch_up()
+        return sum(_copy_newest_values(engine, queue, below) for queue in kept_forever)
+
+
+def _copy_newest_values(engine: RocketMQEngine, queue: MessageQueue, below: int) -> int:
+    units = queue.units(queue.log_start_offset, queue.high_watermark)
+    if not units or units[0][1] >= below:
+        return 0
+    newest: dict[bytes | None, Record] = {}
+    for _queue_offset, physical_offset, size in units:
+        record = message_to_record(engine.read_message(physical_offset, size))
+        if physical_offset < below:
+            newest[record.key] = record
+        else:
+            newest.pop(record.key, None)  # a newer record of the key stays anyway
+    live = [
+        Record(r.value, r.key, r.timestamp_ms, r.headers)
+        for r in newest.values()
+        if r.key is not None and r.value is not None  # a tombstone deleted its key
+    ]
+    for start in range(0, len(live), COPY_BATCH_RECORDS):
+        queue.append(build_batch(live[start : start + COPY_BATCH_RECORDS]), from_client=False)
+    if live:
+        log.info("%s: kept %d live record(s) of %s ahead of retention", engine.root, len(live), queue.name)
+    return len(live)
