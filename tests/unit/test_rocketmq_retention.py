@@ -125,9 +125,9 @@ def test_disk_usage_ratios(tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.mkdir()
     used = disk_used_percent(store)
-    if not 11 <= used <= 94:
+    if not 15 <= used <= 85:
         pytest.skip(f"the disk is {used:.0f}% used; the ratios cannot be set around it")
-    below = int(used) - 1
+    below = int(used) - 5  # a margin: other processes may free a few GB meanwhile
     delete_when = {"tidelog.rocketmq.deleteWhen": other_hour(), "tidelog.rocketmq.fileReservedTime": 1}
     with open_store(store, **delete_when, **{"tidelog.rocketmq.diskMaxUsedSpaceRatio": below}) as engine:
         fill(engine)
