@@ -28,6 +28,7 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from tidelog.errors import MalformedRequestError, UnsupportedVersionError
+from tidelog.protocol.bounds import check_sizes
 
 _API_KEY_VERSION = struct.Struct(">hh")
 
@@ -68,6 +69,8 @@ class Request:
 
 def peek_api(payload: bytes) -> tuple[int, int, int]:
     """(api key, api version, correlation id) from the fixed start of every request header."""
+    if len(payload) < 8:
+        raise MalformedRequestError(f"request of {len(payload)} bytes is shorter than a request header")
     api_key, api_version = _API_KEY_VERSION.unpack_from(payload, 0)
     (correlation_id,) = struct.unpack_from(">i", payload, 4)
     return api_key, api_version, correlation_id
@@ -82,6 +85,7 @@ def decode_request(payload: bytes, supported: Mapping[int, tuple[int, int]]) -> 
             f"API key {api_key} version {api_version} is not supported", api_key, api_version, correlation_id
         )
     request_cls = _request_class(api_key, api_version)
+    check_sizes(payload, (request_cls.__header_schema__, request_cls))  # before kio's reader allocates anything
     try:
         header, header_size = _reader(request_cls.__header_schema__)(payload, 0)
         body, body_size = _reader(request_cls)(payload, header_size)
@@ -92,6 +96,10 @@ def decode_request(payload: bytes, supported: Mapping[int, tuple[int, int]]) -> 
         ) from exc
     # Bytes after the body are ignored, as Kafka's parser does (librdkafka sends some in Metadata v12).
     del body_size
+    if (null_field := _null_array(body)) is not None:
+        raise MalformedRequestError(
+            f"{ApiKey(api_key).name} v{api_version} request: non-nullable field {null_field} was serialized as null"
+        )
     return Request(api_key, api_version, correlation_id, header.client_id, body)
 
 
@@ -114,6 +122,24 @@ def response_header(api_key: int, api_version: int, correlation_id: int) -> byte
     buffer = io.BytesIO()
     _writer(header_cls)(buffer, build(header_cls, {"correlation_id": correlation_id}))
     return buffer.getvalue()
+
+
+def _null_array(entity: Any, path: str = "") -> str | None:
+    """The path of the first array that is null where the schema says it may not be (kio reads any array of
+    length -1 as None; Kafka's own parser refuses it), or None. Strings are checked by kio itself."""
+    for spec in _fields(type(entity)):
+        if not spec.is_array and spec.entity is None:
+            continue
+        value = getattr(entity, spec.name)
+        if value is None:
+            if spec.is_array and not spec.optional:
+                return path + spec.name
+            continue
+        if spec.entity is not None:
+            for index, item in enumerate(value if spec.is_array else (value,)):
+                if (inner := _null_array(item, f"{path}{spec.name}[{index}].")) is not None:
+                    return inner
+    return None
 
 
 @cache

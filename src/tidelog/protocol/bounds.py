@@ -1,0 +1,178 @@
+"""Collection sizes checked before a request is decoded: Kafka's "tried to allocate a collection of size N, but
+there are only M bytes remaining" rule, applied ahead of kio's native reader.
+
+kio (0.6.5) reserves memory for a compact array (flexible versions) from its declared length before reading any
+element, and a length near 2^32 makes that reservation fail, which aborts the whole process: twelve bytes could
+stop the broker. So every array, string and bytes length in the request is walked first - fields skipped by their
+wire size, tagged fields by their declared size - and a length larger than the bytes left is refused with
+MalformedRequestError, as Kafka's own parser refuses it. The walk reads lengths only, never builds objects.
+
+Wire sizes per kafka_type: int8/uint8/bool 1, int16/uint16/error_code 2, int32/uint32/timedelta_i32 4,
+int64/uint64/float64/timedelta_i64/datetime_i64 8, uuid 16. Strings and bytes: int16 (string) or int32 (bytes,
+records) length, -1 for null; in flexible versions an unsigned varint of length + 1, 0 for null. Arrays: int32
+count, -1 for null; flexible: unsigned varint of count + 1. A nullable struct starts with an int8 marker (-1 null).
+A flexible struct ends with its tagged fields: count, then per field tag, size and `size` bytes. The request
+header's client_id is always a non-flexible nullable string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import typing
+from dataclasses import dataclass
+from functools import cache
+from types import NoneType, UnionType
+
+from tidelog.errors import MalformedRequestError
+
+FIXED_SIZES = {
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "int16": 2,
+    "uint16": 2,
+    "error_code": 2,
+    "int32": 4,
+    "uint32": 4,
+    "timedelta_i32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "timedelta_i64": 8,
+    "datetime_i64": 8,
+    "uuid": 16,
+}
+_INT8 = struct.Struct(">b")
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    kafka_type: str
+    entity: type | None  # the struct type of a struct field or of an array's elements
+    is_array: bool
+    nullable: bool
+    legacy_string: bool  # RequestHeader.client_id: non-flexible whatever the version
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    flexible: bool
+    fields: tuple[_Field, ...]  # in wire order, tagged fields left out
+    tagged: dict[int, _Field]
+
+
+def check_sizes(payload: bytes | memoryview, classes: tuple[type, ...]) -> None:
+    """Walk `payload` as the kio entity classes in `classes`, one after the other (header, body)."""
+    pos = 0
+    for cls in classes:
+        pos = _skip_entity(_layout(cls), payload, pos, len(payload))
+
+
+@cache
+def _layout(cls: type) -> _Layout:
+    hints = typing.get_type_hints(cls)
+    fields: list[_Field] = []
+    tagged: dict[int, _Field] = {}
+    for field in dataclasses.fields(cls):
+        field_type = hints[field.name]
+        nullable = False
+        if typing.get_origin(field_type) in (UnionType, typing.Union):
+            nullable = NoneType in typing.get_args(field_type)
+            field_type = next(a for a in typing.get_args(field_type) if a is not NoneType)
+        is_array = typing.get_origin(field_type) is tuple
+        element = typing.get_args(field_type)[0] if is_array else field_type
+        spec = _Field(
+            field.name,
+            field.metadata.get("kafka_type", ""),
+            element if dataclasses.is_dataclass(element) else None,
+            is_array,
+            nullable,
+            cls.__name__ == "RequestHeader" and field.name == "client_id",
+        )
+        if "tag" in field.metadata:
+            tagged[int(field.metadata["tag"])] = spec
+        else:
+            fields.append(spec)
+    return _Layout(bool(getattr(cls, "__flexible__", False)), tuple(fields), tagged)
+
+
+def _skip_entity(layout: _Layout, buf: bytes | memoryview, pos: int, end: int) -> int:
+    for field in layout.fields:
+        pos = _skip_field(field, layout.flexible, buf, pos, end)
+    if layout.flexible:
+        count, pos = _uvarint(buf, pos, end)
+        for _ in range(count):
+            tag, pos = _uvarint(buf, pos, end)
+            size, pos = _uvarint(buf, pos, end)
+            _need(size, pos, end, "tagged field")
+            field = layout.tagged.get(tag)
+            if field is not None:  # kio decodes the tags it knows: their contents are bounded by their size
+                _skip_field(field, True, buf, pos, pos + size)
+            pos += size
+    return pos
+
+
+def _skip_field(field: _Field, flexible: bool, buf: bytes | memoryview, pos: int, end: int) -> int:
+    if not field.is_array:
+        return _skip_value(field, flexible, buf, pos, end)
+    if flexible:
+        count, pos = _uvarint(buf, pos, end)
+        count -= 1
+    else:
+        count, pos = _int(buf, pos, end, _INT32)
+    _need(count, pos, end, f"array {field.name}")  # every element takes at least one byte
+    for _ in range(count):
+        pos = _skip_value(field, flexible, buf, pos, end, in_array=True)
+    return pos
+
+
+def _skip_value(
+    field: _Field, flexible: bool, buf: bytes | memoryview, pos: int, end: int, *, in_array: bool = False
+) -> int:
+    if field.entity is not None:
+        if field.nullable and not in_array:
+            marker, pos = _int(buf, pos, end, _INT8)
+            if marker < 0:
+                return pos
+        return _skip_entity(_layout(field.entity), buf, pos, end)
+    kafka_type = field.kafka_type
+    size = FIXED_SIZES.get(kafka_type)
+    if size is not None:
+        _need(size, pos, end, field.name)
+        return pos + size
+    if kafka_type not in ("string", "bytes", "records"):
+        raise MalformedRequestError(f"field {field.name} has a type this check does not know: {kafka_type!r}")
+    if flexible and not field.legacy_string:
+        length, pos = _uvarint(buf, pos, end)
+        length -= 1
+    else:
+        length, pos = _int(buf, pos, end, _INT16 if kafka_type == "string" else _INT32)
+    _need(length, pos, end, field.name)
+    return pos + max(length, 0)
+
+
+def _need(size: int, pos: int, end: int, what: str) -> None:
+    if size > end - pos:
+        raise MalformedRequestError(f"{what} declares {size} elements or bytes, only {end - pos} bytes remain")
+
+
+def _int(buf: bytes | memoryview, pos: int, end: int, fmt: struct.Struct) -> tuple[int, int]:
+    _need(fmt.size, pos, end, "an integer")
+    return fmt.unpack_from(buf, pos)[0], pos + fmt.size
+
+
+def _uvarint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+    result = 0
+    for shift in range(0, 35, 7):
+        if pos >= end:
+            raise MalformedRequestError(f"an unsigned varint runs past the end at byte {pos}")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+    raise MalformedRequestError(f"an unsigned varint longer than 5 bytes ends at byte {pos}")
