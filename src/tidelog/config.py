@@ -9,6 +9,7 @@ An unknown key, a value of the wrong type or out of range raises ConfigError nam
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,20 +17,21 @@ from typing import Any
 from tidelog.errors import ConfigError
 
 LONG_MAX = (1 << 63) - 1
+LONG_MIN = -(1 << 63)
 INT_MAX = (1 << 31) - 1
+_JAVA_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the line terminators of java.util.Properties
 
 
 def parse_int(key: str, raw: Any) -> int:
+    """A Java long: decimal digits with an optional sign (no `1_000`, no other scripts' digits), in range."""
     if isinstance(raw, bool):
-        raise ConfigError(f"config {key}: expected an integer, got {raw!r}")
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, str):
-        try:
-            return int(raw.strip())
-        except ValueError:
-            pass
-    raise ConfigError(f"config {key}: expected an integer, got {raw!r}")
+        raise ConfigError(f"config {key}: expected a 64-bit integer, got {raw!r}")
+    if isinstance(raw, str) and _JAVA_INTEGER.fullmatch(raw.strip()):
+        raw = int(raw.strip())
+    if not isinstance(raw, int) or not LONG_MIN <= raw <= LONG_MAX:
+        raise ConfigError(f"config {key}: expected a 64-bit integer, got {raw!r}")
+    return raw
 
 
 def parse_bool(key: str, raw: Any) -> bool:
@@ -143,7 +145,7 @@ BROKER_KEYS: dict[str, Key] = {
         *(
             replace(TOPIC_KEYS[topic], name=broker)
             if multiplier == 1
-            else Key(broker, parse_int, minimum=TOPIC_KEYS[topic].minimum)
+            else Key(broker, parse_int, minimum=TOPIC_KEYS[topic].minimum, maximum=INT_MAX)  # Kafka: type INT
             for broker, (topic, multiplier) in BROKER_TO_TOPIC.items()
         ),
     ]
@@ -338,15 +340,26 @@ class EngineConfig:
 
 
 def load_properties(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read a Java-style `.properties` file (key=value or key: value, # and ! comments)."""
+    """Read a Java-style `.properties` file (see parse_properties)."""
+    with open(path, "rb") as handle:
+        return parse_properties(handle.read(), os.fspath(path))
+
+
+def parse_properties(data: bytes | str, source: str) -> dict[str, str]:
+    """key=value or key: value lines, # and ! comments, UTF-8; `source` names the file in errors."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            raise ConfigError(f"{source}:{line}: not UTF-8 text (byte {exc.start})") from None
     settings: dict[str, str] = {}
-    with open(path, encoding="utf-8") as handle:
-        for number, raw_line in enumerate(handle, start=1):
-            line = raw_line.strip()
-            if not line or line[0] in "#!":
-                continue
-            separator = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-            if separator <= 0:
-                raise ConfigError(f"{path}:{number}: expected key=value, got {line!r}")
-            settings[line[:separator].strip()] = line[separator + 1 :].strip()
+    for number, raw_line in enumerate(_LINE_BREAK.split(data), start=1):
+        line = raw_line.strip()
+        if not line or line[0] in "#!":
+            continue
+        separator = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if separator <= 0:
+            raise ConfigError(f"{source}:{number}: expected key=value, got {line!r}")
+        settings[line[:separator].strip()] = line[separator + 1 :].strip()
     return settings

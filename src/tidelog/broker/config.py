@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidelog.config import BROKER_KEYS, EngineConfig, Key, parse_bool, parse_int, parse_list
+from tidelog.config import BROKER_KEYS, INT_MAX, EngineConfig, Key, parse_bool, parse_int, parse_list
 from tidelog.errors import ConfigError
 
-LISTENER = re.compile(r"^(?P<name>[A-Z_][A-Z0-9_]*)://(?P<host>\[[^\]]*\]|[^:]*):(?P<port>\d+)$")
+LISTENER = re.compile(r"^(?P<name>[A-Z_][A-Z0-9_]*)://(?P<host>\[[^\]]*\]|[^:]*):(?P<port>[0-9]{1,5})$")
 
 SERVER_KEYS: dict[str, Key] = {
     k.name: k
@@ -29,7 +29,7 @@ SERVER_KEYS: dict[str, Key] = {
         Key("group.max.session.timeout.ms", parse_int, minimum=0),
         Key("group.initial.rebalance.delay.ms", parse_int, minimum=0),
         Key("offsets.topic.num.partitions", parse_int, minimum=1),
-        Key("offsets.retention.minutes", parse_int, minimum=1),
+        Key("offsets.retention.minutes", parse_int, minimum=1, maximum=INT_MAX),  # Kafka: type INT
         Key("offsets.retention.check.interval.ms", parse_int, minimum=1),
         Key("producer.id.expiration.ms", parse_int, minimum=1),
         Key("tidelog.metrics.port", parse_int, minimum=-1, maximum=65535),
@@ -52,7 +52,10 @@ class Listener:
         if match["name"] != "PLAINTEXT":
             raise ConfigError(f"config {key}: listener {match['name']} is not supported yet (only PLAINTEXT)")
         host = match["host"].strip("[]") or "0.0.0.0"
-        return cls(match["name"], host, int(match["port"]))
+        port = int(match["port"])
+        if port > 65535:
+            raise ConfigError(f"config {key}: port {port} of {text!r} is above 65535")
+        return cls(match["name"], host, port)
 
 
 @dataclass(frozen=True)
