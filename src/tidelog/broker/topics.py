@@ -33,6 +33,18 @@ log = logging.getLogger("tidelog.broker")
 
 AUTHORIZED_OPERATIONS_OMITTED = -(1 << 31)
 INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+# Creating a partition takes the event loop ~5-10 ms (files, index mappings, checkpoints): one request may add at
+# most this many, so no CreateTopics or CreatePartitions stalls every other client for more than seconds.
+MAX_NEW_PARTITIONS_PER_REQUEST = 1000
+
+
+def _take_partition_budget(budget: list[int], topic: str, count: int) -> None:
+    if count > budget[0]:
+        raise InvalidPartitionsError(
+            f"topic {topic}: {count} new partitions exceed what one request may create "
+            f"({MAX_NEW_PARTITIONS_PER_REQUEST}, {budget[0]} left in this request)"
+        )
+    budget[0] -= count
 
 
 class TopicApis:
@@ -63,7 +75,8 @@ class TopicApis:
         else:
             names = [t.name for t in requested if t.name is not None]
         allow_create = getattr(body, "allow_auto_topic_creation", True) and self.broker.config.auto_create_topics_enable
-        topics = [self._describe_topic(name, allow_create, node_id) for name in names]
+        budget = [MAX_NEW_PARTITIONS_PER_REQUEST]
+        topics = [self._describe_topic(name, allow_create, node_id, budget) for name in names]
         return {
             "throttle_time": 0,
             "brokers": [
@@ -80,12 +93,13 @@ class TopicApis:
             "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
         }
 
-    def _describe_topic(self, name: str, allow_create: bool, node_id: int) -> dict[str, Any]:
+    def _describe_topic(self, name: str, allow_create: bool, node_id: int, budget: list[int]) -> dict[str, Any]:
         engine = self.broker.engine
         description = engine.topics().get(name)
         if description is None and allow_create:
             try:
                 validate_topic_name(name)
+                _take_partition_budget(budget, name, engine.config.num_partitions)
                 description = engine.create_topic(name)
                 log.info("auto-created topic %s with %d partition(s)", name, description.partitions)
             except TidelogError as exc:
@@ -118,6 +132,7 @@ class TopicApis:
         body = request.body
         engine = self.broker.engine
         results = []
+        budget = [MAX_NEW_PARTITIONS_PER_REQUEST]
         for topic in body.topics:
             result: dict[str, Any] = {
                 "name": topic.name,
@@ -140,10 +155,11 @@ class TopicApis:
                 if topic.name in engine.topics():
                     raise TopicExistsError(f"topic {topic.name!r} already exists")
                 engine.config.log_defaults.with_overrides(configs)
+                count = partitions if partitions is not None else engine.config.num_partitions
                 if getattr(body, "validate_only", False):
-                    count = partitions if partitions is not None else engine.config.num_partitions
                     result.update(num_partitions=count, replication_factor=1)
                     continue
+                _take_partition_budget(budget, topic.name, count)
                 description = engine.create_topic(topic.name, partitions, configs)
                 result.update(
                     topic_id=description.topic_id,
@@ -194,6 +210,7 @@ class TopicApis:
         body = request.body
         engine = self.broker.engine
         results = []
+        budget = [MAX_NEW_PARTITIONS_PER_REQUEST]
         for topic in body.topics:
             result: dict[str, Any] = {"name": topic.name, "error_code": 0, "error_message": None}
             try:
@@ -207,6 +224,7 @@ class TopicApis:
                         f"topic {topic.name} has {current.partitions} partitions; {topic.count} is not more"
                     )
                 if not body.validate_only:
+                    _take_partition_budget(budget, topic.name, topic.count - current.partitions)
                     engine.create_partitions(topic.name, topic.count)
             except TidelogError as exc:
                 result.update(error_code=exc.kafka_error_code, error_message=str(exc))

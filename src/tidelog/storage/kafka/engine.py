@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import re
+import resource
 import shutil
 import threading
 import uuid
@@ -68,6 +69,11 @@ KNOWN_LOG_DIR_FILES = {
 }
 KEY_INDEX_INTERVAL_MS = 1000  # how often the key indexes follow the logs (tidelog.index.keys=true)
 FOREIGN_PARTITION_DIRS = {"__cluster_metadata-0"}  # KRaft's metadata log: not a topic of ours
+# Open files a partition holds: its active segment's .log, and .index and .timeindex twice each (the file and the
+# duplicate descriptor its memory mapping keeps). Partitions may take 3/4 of the process's open-file limit; the
+# rest is for client connections and segment rolls, so one request cannot leave the broker unable to accept.
+FILES_PER_PARTITION = 5
+PARTITION_SHARE_OF_OPEN_FILES = 0.75
 
 
 def _parse_topics_file(text: str) -> dict[str, Any]:
@@ -417,6 +423,7 @@ class KafkaEngine(StorageEngine):
             self._check_open()
             if name in self.topic_meta:
                 raise TopicExistsError(f"topic {name!r} already exists")
+            self._check_open_file_budget(name, count)
             collision = next((t for t in self.topic_meta if t.replace(".", "_") == name.replace(".", "_")), None)
             if collision is not None:
                 raise InvalidTopicError(
@@ -431,6 +438,18 @@ class KafkaEngine(StorageEngine):
                 self._open_partition(self._least_loaded_dir(), name, partition)
             self._save_topics_file()
             return self._describe(name)
+
+    def _check_open_file_budget(self, topic: str, new_partitions: int) -> None:
+        """Refuse partitions the process could not keep open (a CreateTopics asking for 2^31 of them)."""
+        limit, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if limit == resource.RLIM_INFINITY:
+            return
+        room = int(limit * PARTITION_SHARE_OF_OPEN_FILES) // FILES_PER_PARTITION - len(self.logs)
+        if new_partitions > room:
+            raise InvalidPartitionsError(
+                f"topic {topic}: {new_partitions} more partitions would not fit the broker's open-file limit "
+                f"({limit}, ulimit -n); {max(room, 0)} more fit"
+            )
 
     def delete_topic(self, name: str) -> None:
         with self._lock:
@@ -463,6 +482,7 @@ class KafkaEngine(StorageEngine):
                 raise InvalidPartitionsError(
                     f"topic {name} has {meta['partitions']} partitions; the new count {total} must be larger"
                 )
+            self._check_open_file_budget(name, total - meta["partitions"])
             for partition in range(meta["partitions"], total):
                 self._open_partition(self._least_loaded_dir(), name, partition)
             meta["partitions"] = total
