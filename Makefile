@@ -4,12 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test system-deps java lint bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark clean
+.PHONY: demo test system-deps java lint bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark fuzz-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench,spark]'
+	$(PY) -m pip install -q -e '.[test,bench,spark,fuzz]'
 	touch $(STAMP)
 
 demo: $(STAMP) java
@@ -56,6 +56,10 @@ bench-broker: $(STAMP)
 
 bench-spark: $(STAMP)
 	$(PY) bench/spark_read.py
+
+# Coverage-guided fuzzing (atheris), 1,000,000 inputs per target; figures in docs/reliability.md.
+fuzz-long: $(STAMP)
+	$(PY) tests/fuzz/run.py --runs 1000000
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis tidelog-demo-data
