@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -474,3 +474,26 @@ def test_raw_idempotent_produce_dedups_and_checks_sequences(seeded) -> None:
     got = consume_partition(seeded.bootstrap, topic, 0, 5)
     assert [v for _, v, _ in got] == [b"0", b"1", b"2", b"3", b"4"]
     assert_broker_healthy(seeded, clients=False)
+
+
+@pytest.mark.parametrize("partitions", [1001, 100_000])  # librdkafka sends at most 100,000
+def test_a_request_for_too_many_partitions_is_refused_at_once(seeded, partitions: int) -> None:
+    """Found by the random-request test: CreatePartitions/CreateTopics for 2^31-1 partitions opened files until the
+    broker hit its descriptor limit and stopped accepting connections. One request may create 1,000 partitions."""
+    admin = AdminClient({"bootstrap.servers": seeded.bootstrap})
+    name = f"robustness-huge-{partitions}"
+    started = time.monotonic()
+    [future] = admin.create_topics([NewTopic(name, partitions, 1)], request_timeout=30).values()
+    with pytest.raises(KafkaException) as error:
+        future.result(timeout=30)
+    assert error.value.args[0].code() == KafkaError.INVALID_PARTITIONS
+    grows = f"robustness-grows-{partitions}"
+    create_topics(seeded.bootstrap, grows)
+    [future] = admin.create_partitions([NewPartitions(grows, min(1 + partitions, 100_000))]).values()
+    with pytest.raises(KafkaException) as error:
+        future.result(timeout=30)
+    assert error.value.args[0].code() == KafkaError.INVALID_PARTITIONS
+    assert time.monotonic() - started < 20
+    topics = admin.list_topics(timeout=10).topics
+    assert name not in topics and len(topics[grows].partitions) == 1
+    assert_broker_healthy(seeded)
