@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test system-deps java lint bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark fuzz-long clean
+.PHONY: demo test system-deps java lint bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark fuzz-long soak-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,10 @@ bench-spark: $(STAMP)
 # Coverage-guided fuzzing (atheris), 1,000,000 inputs per target; figures in docs/reliability.md.
 fuzz-long: $(STAMP)
 	$(PY) tests/fuzz/run.py --runs 1000000
+
+# Soak: 200+ client connections against one broker for 10 minutes; memory, descriptors and every record checked.
+soak-long: $(STAMP)
+	$(PY) -m pytest -q -s -m slow tests/soak/test_soak.py::test_soak_long
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis tidelog-demo-data
