@@ -5,7 +5,9 @@ kio (0.6.5) reserves memory for a compact array (flexible versions) from its dec
 element, and a length near 2^32 makes that reservation fail, which aborts the whole process: twelve bytes could
 stop the broker. So every array, string and bytes length in the request is walked first - fields skipped by their
 wire size, tagged fields by their declared size - and a length larger than the bytes left is refused with
-MalformedRequestError, as Kafka's own parser refuses it. The walk reads lengths only, never builds objects.
+MalformedRequestError, as Kafka's own parser refuses it. The walk reads lengths only, never builds objects, and
+skips runs of fixed-size fields in one step; non-flexible versions are not walked (kio checks an int32 array count
+against the bytes left itself).
 
 Wire sizes per kafka_type: int8/uint8/bool 1, int16/uint16/error_code 2, int32/uint32/timedelta_i32 4,
 int64/uint64/float64/timedelta_i64/datetime_i64 8, uuid 16. Strings and bytes: int16 (string) or int32 (bytes,
@@ -56,6 +58,7 @@ class _Field:
     is_array: bool
     nullable: bool
     legacy_string: bool  # RequestHeader.client_id: non-flexible whatever the version
+    fixed: int = 0  # > 0: a run of fixed-size fields taking this many bytes, skipped in one step
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,11 @@ class _Layout:
 
 
 def check_sizes(payload: bytes | memoryview, classes: tuple[type, ...]) -> None:
-    """Walk `payload` as the kio entity classes in `classes`, one after the other (header, body)."""
+    """Walk `payload` as the kio entity classes in `classes`, one after the other (header, body).
+
+    Only flexible versions need it: kio checks a legacy (int32) array count against the bytes left itself."""
+    if not any(getattr(cls, "__flexible__", False) for cls in classes):
+        return
     pos = 0
     for cls in classes:
         pos = _skip_entity(_layout(cls), payload, pos, len(payload))
@@ -95,14 +102,26 @@ def _layout(cls: type) -> _Layout:
         )
         if "tag" in field.metadata:
             tagged[int(field.metadata["tag"])] = spec
+        elif fields and fields[-1].fixed and _fixed_size(spec):
+            fields[-1] = dataclasses.replace(fields[-1], fixed=fields[-1].fixed + _fixed_size(spec))
         else:
-            fields.append(spec)
+            fields.append(dataclasses.replace(spec, fixed=_fixed_size(spec)))
     return _Layout(bool(getattr(cls, "__flexible__", False)), tuple(fields), tagged)
+
+
+def _fixed_size(field: _Field) -> int:
+    if field.is_array or field.entity is not None:
+        return 0
+    return FIXED_SIZES.get(field.kafka_type, 0)
 
 
 def _skip_entity(layout: _Layout, buf: bytes | memoryview, pos: int, end: int) -> int:
     for field in layout.fields:
-        pos = _skip_field(field, layout.flexible, buf, pos, end)
+        if field.fixed:
+            _need(field.fixed, pos, end, field.name)
+            pos += field.fixed
+        else:
+            pos = _skip_field(field, layout.flexible, buf, pos, end)
     if layout.flexible:
         count, pos = _uvarint(buf, pos, end)
         for _ in range(count):
