@@ -328,6 +328,7 @@ def test_soak_short(start_broker) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(LONG_SECONDS + 600)
 def test_soak_long(start_broker) -> None:  # type: ignore[no-untyped-def]
     config = SoakConfig(seconds=LONG_SECONDS)
     broker = start_broker()
