@@ -42,6 +42,19 @@ def parse_bool(key: str, raw: Any) -> bool:
     raise ConfigError(f"config {key}: expected true or false, got {raw!r}")
 
 
+def parse_float(key: str, raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ConfigError(f"config {key}: expected a number, got {raw!r}")
+    if isinstance(raw, int | float):
+        return float(raw)
+    if isinstance(raw, str):
+        try:
+            return float(raw.strip())
+        except ValueError:
+            pass
+    raise ConfigError(f"config {key}: expected a number, got {raw!r}")
+
+
 def parse_str(key: str, raw: Any) -> str:
     if not isinstance(raw, str):
         raise ConfigError(f"config {key}: expected a string, got {raw!r}")
@@ -100,7 +113,11 @@ TOPIC_KEYS: dict[str, Key] = {
         Key("file.delete.delay.ms", parse_int, minimum=0),
         Key("max.message.bytes", parse_int, minimum=0, maximum=INT_MAX),
         Key("message.timestamp.type", parse_str, choices=("CreateTime", "LogAppendTime")),
-        Key("cleanup.policy", parse_list, choices=("delete",)),
+        Key("cleanup.policy", parse_list, choices=("delete", "compact")),
+        Key("min.cleanable.dirty.ratio", parse_float, minimum=0, maximum=1),
+        Key("min.compaction.lag.ms", parse_int, minimum=0),
+        Key("max.compaction.lag.ms", parse_int, minimum=1),
+        Key("delete.retention.ms", parse_int, minimum=0),
     ]
 }
 
@@ -124,6 +141,10 @@ BROKER_TO_TOPIC: dict[str, tuple[str, int]] = {
     "message.max.bytes": ("max.message.bytes", 1),
     "log.message.timestamp.type": ("message.timestamp.type", 1),
     "log.cleanup.policy": ("cleanup.policy", 1),
+    "log.cleaner.min.cleanable.ratio": ("min.cleanable.dirty.ratio", 1),
+    "log.cleaner.delete.retention.ms": ("delete.retention.ms", 1),
+    "log.cleaner.min.compaction.lag.ms": ("min.compaction.lag.ms", 1),
+    "log.cleaner.max.compaction.lag.ms": ("max.compaction.lag.ms", 1),
 }
 
 BROKER_KEYS: dict[str, Key] = {
@@ -138,6 +159,9 @@ BROKER_KEYS: dict[str, Key] = {
         Key("log.flush.scheduler.interval.ms", parse_int, minimum=1),
         Key("log.flush.offset.checkpoint.interval.ms", parse_int, minimum=1),
         Key("log.flush.start.offset.checkpoint.interval.ms", parse_int, minimum=1),
+        Key("log.cleaner.enable", parse_bool),
+        Key("log.cleaner.backoff.ms", parse_int, minimum=0),
+        Key("log.cleaner.dedupe.buffer.size", parse_int, minimum=24),
         Key("tidelog.storage.engine", parse_str, choices=("kafka", "rocketmq")),
         Key("tidelog.index.keys", parse_bool),
         Key("tidelog.index.keys.maxHashSlotNum", parse_int, minimum=1, maximum=INT_MAX // 4),
@@ -250,6 +274,14 @@ class LogConfig:
     max_message_bytes: int = 1_048_588
     message_timestamp_type: str = "CreateTime"
     cleanup_policy: tuple[str, ...] = ("delete",)
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = LONG_MAX
+    delete_retention_ms: int = 86_400_000
+
+    @property
+    def compact(self) -> bool:
+        return "compact" in self.cleanup_policy
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> LogConfig:
         """Apply topic-level keys (`segment.bytes`, ...); unknown keys raise ConfigError."""
@@ -274,6 +306,15 @@ class KeyIndexConfig:
 
 
 @dataclass(frozen=True)
+class CleanerConfig:
+    """The log cleaner's broker settings (Kafka's CleanerConfig; one cleaner thread)."""
+
+    enabled: bool = True  # log.cleaner.enable
+    backoff_ms: int = 15_000  # log.cleaner.backoff.ms
+    dedupe_buffer_size: int = 128 * 1024 * 1024  # log.cleaner.dedupe.buffer.size
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Broker-level storage settings plus the default LogConfig for every topic."""
 
@@ -287,6 +328,7 @@ class EngineConfig:
     log_start_offset_checkpoint_interval_ms: int = 60_000
     log_defaults: LogConfig = field(default_factory=LogConfig)
     key_index: KeyIndexConfig = field(default_factory=KeyIndexConfig)
+    cleaner: CleanerConfig = field(default_factory=CleanerConfig)
     rocketmq: RocketMQStoreConfig = field(default_factory=RocketMQStoreConfig)
 
     @classmethod
@@ -332,6 +374,11 @@ class EngineConfig:
                 enabled=values.get("tidelog.index.keys", KeyIndexConfig.enabled),
                 max_hash_slot_num=values.get("tidelog.index.keys.maxHashSlotNum", KeyIndexConfig.max_hash_slot_num),
                 max_index_num=values.get("tidelog.index.keys.maxIndexNum", KeyIndexConfig.max_index_num),
+            ),
+            cleaner=CleanerConfig(
+                enabled=values.get("log.cleaner.enable", CleanerConfig.enabled),
+                backoff_ms=values.get("log.cleaner.backoff.ms", CleanerConfig.backoff_ms),
+                dedupe_buffer_size=values.get("log.cleaner.dedupe.buffer.size", CleanerConfig.dedupe_buffer_size),
             ),
             rocketmq=RocketMQStoreConfig(
                 **{_rocketmq_field(name): value for name, value in values.items() if name in ROCKETMQ_KEYS}

@@ -1065,7 +1065,7 @@ def test_default_flush_waits_for_roll_or_close(data_dir: Path) -> None:
         ({"log.retention.ms": -2}, "log.retention.ms"),
         ({"num.partitions": 0}, "num.partitions"),
         ({"log.message.timestamp.type": "WallClock"}, "log.message.timestamp.type"),
-        ({"log.cleanup.policy": "compact,delete"}, "log.cleanup.policy"),
+        ({"log.cleanup.policy": "compact,shrink"}, "log.cleanup.policy"),
         ({"log.preallocate": "true"}, "log.preallocate"),
     ],
 )

@@ -316,6 +316,9 @@ class TopicApis:
             "auto.create.topics.enable": str(config.auto_create_topics_enable).lower(),
             "socket.request.max.bytes": config.socket_request_max_bytes,
             "offsets.topic.num.partitions": config.offsets_topic_num_partitions,
+            "log.cleaner.enable": str(config.engine.cleaner.enabled).lower(),
+            "log.cleaner.backoff.ms": config.engine.cleaner.backoff_ms,
+            "log.cleaner.dedupe.buffer.size": config.engine.cleaner.dedupe_buffer_size,
         }
         return [
             {
@@ -341,11 +344,13 @@ SOURCE_DEFAULT = 5
 
 
 def _config_type(value: object) -> int:
-    """Kafka's ConfigType: 1 BOOLEAN, 2 STRING, 5 LONG, 7 LIST."""
+    """Kafka's ConfigType: 1 BOOLEAN, 2 STRING, 5 LONG, 6 DOUBLE, 7 LIST."""
     if isinstance(value, bool) or value in ("true", "false"):
         return 1
     if isinstance(value, int):
         return 5
+    if isinstance(value, float):
+        return 6
     if isinstance(value, tuple):
         return 7
     return 2

@@ -647,6 +647,99 @@ def decode_v2(buf: bytes | bytearray | memoryview, table: BatchTable, *, with_he
     )
 
 
+@dataclass(slots=True)
+class RecordLayout:
+    """Where each record of some v2 data batches lies, for a rewriter (the log cleaner) that keeps some records
+    and re-encodes them: the part from the key length on is copied as is, the deltas before it are rewritten.
+
+    Positions index `data` (the batches' record sections, decompressed). `batch` is the row of each record's
+    batch in the table given to `record_layout`."""
+
+    data: bytes | bytearray | memoryview
+    batch: np.ndarray  # int64
+    offset: np.ndarray  # int64, absolute
+    timestamp: np.ndarray  # int64: baseTimestamp + timestampDelta (the record's CreateTime)
+    offset_delta: np.ndarray  # int64
+    key_start: np.ndarray  # int64
+    key_length: np.ndarray  # int64, -1 = null key
+    value_length: np.ndarray  # int64, -1 = null value (a tombstone)
+    tail_start: np.ndarray  # int64: the keyLength varint
+    record_end: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+
+def record_layout(buf: bytes | bytearray | memoryview, table: BatchTable) -> RecordLayout:
+    """The RecordLayout of every record of the v2 data batches in `table` (empty batches hold none)."""
+    header = table.header
+    counts = header["records_count"].astype(np.int64)
+    rows = np.nonzero(counts > 0)[0]
+    z = np.zeros(0, dtype=np.int64)
+    if len(rows) == 0:
+        return RecordLayout(b"", z, z, z, z, z, z, z, z, z)
+    table, header, counts = table.take(rows), header[rows], counts[rows]
+    positions = table.position
+    codecs = header["attributes"].astype(np.int64) & COMPRESSION_MASK
+    if codecs.any():
+        view = memoryview(buf)
+        sections: list[bytes | memoryview] = []
+        starts_list: list[int] = []
+        cursor = 0
+        for pos, size, codec in zip(positions.tolist(), table.size.tolist(), codecs.tolist(), strict=True):
+            raw = view[pos + HEADER_SIZE : pos + size]
+            try:
+                section = decompress(Compression.from_id(codec), raw) if codec else raw
+            except CorruptRecordError as exc:
+                raise CorruptRecordError(f"batch at byte {pos}: {exc}") from exc
+            starts_list.append(cursor)
+            cursor += len(section)
+            sections.append(section)
+        sections.append(bytes(PADDING))
+        data: bytes | bytearray | memoryview = b"".join(sections)
+        starts = np.array(starts_list, dtype=np.int64)
+        ends = np.append(starts[1:], cursor).astype(np.int64)
+    else:
+        data = buf if len(buf) >= table.end + PADDING else bytes(buf) + bytes(PADDING)
+        starts = positions + HEADER_SIZE
+        ends = positions + table.size
+    if (counts * MIN_RECORD_BYTES > ends - starts).any():
+        where = int(np.argmax(counts * MIN_RECORD_BYTES > ends - starts))
+        raise CorruptRecordError(f"batch at byte {int(positions[where])} declares more records than it has bytes for")
+    arr = np.frombuffer(data, dtype=np.uint8)
+    body, length = _frame_records(data, arr, starts, ends, counts, positions)
+    record_end = body + length
+    timestamp_delta, offset_delta, key_length, key_start = _record_prefix(arr, body)
+    tail_start = key_start - _varint_size(key_length)
+    value_at = key_start + np.maximum(key_length, 0)
+    value_length, _ = _varints(arr, value_at, in_bounds=True)
+    bad = (value_at >= record_end) | (key_length < -1) | (value_length < -1)
+    if bad.any():
+        where = int(positions[np.repeat(np.arange(len(counts)), counts)[np.argmax(bad)]])
+        raise CorruptRecordError(f"batch at byte {where}: a record's key or value does not fit its length")
+    return RecordLayout(
+        data,
+        np.repeat(rows, counts),
+        np.repeat(header["base_offset"].astype(np.int64), counts) + offset_delta,
+        np.repeat(header["base_timestamp"].astype(np.int64), counts) + timestamp_delta,
+        offset_delta.astype(np.int64),
+        key_start.astype(np.int64),
+        key_length.astype(np.int64),
+        value_length.astype(np.int64),
+        tail_start.astype(np.int64),
+        record_end,
+    )
+
+
+def _varint_size(value: np.ndarray) -> np.ndarray:
+    """Bytes of the zig-zag varint encoding of each (int32) value."""
+    zigzag = ((value.astype(np.int64) << 1) ^ (value.astype(np.int64) >> 63)).astype(np.uint64)
+    size = np.ones(len(value), dtype=np.int64)
+    for k in range(1, 5):
+        size += zigzag >= np.uint64(1 << (7 * k))
+    return size
+
+
 def _decode_headers(
     arr: np.ndarray,
     p: np.ndarray,

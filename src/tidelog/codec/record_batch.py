@@ -440,9 +440,6 @@ def build_batch(
         encode_record(delta, ts - base_timestamp, record)
         for delta, ts, record in zip(deltas, timestamps, records, strict=True)
     )
-    if compression is not Compression.NONE and records:
-        body = compress(compression, body)
-
     attributes = int(compression)
     if timestamp_type is TimestampType.LOG_APPEND_TIME:
         attributes |= TIMESTAMP_TYPE_MASK
@@ -452,7 +449,39 @@ def build_batch(
         attributes |= CONTROL_MASK
     if delete_horizon_ms is not None:
         attributes |= DELETE_HORIZON_MASK
+    return assemble_batch(
+        body,
+        records_count=len(records),
+        attributes=attributes,
+        base_offset=base_offset,
+        last_offset_delta=last_offset_delta,
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        partition_leader_epoch=partition_leader_epoch,
+    )
 
+
+def assemble_batch(
+    records: bytes,
+    *,
+    records_count: int,
+    attributes: int,
+    base_offset: int,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    partition_leader_epoch: int,
+) -> bytes:
+    """A v2 batch around already encoded `records` (uncompressed, back to back): compressed with the codec of
+    `attributes` (an empty batch stays uncompressed, as Kafka writes it), header packed, CRC computed."""
+    codec = Compression.from_id(attributes & COMPRESSION_MASK)
+    body = compress(codec, records) if codec is not Compression.NONE and records_count else records
     header = bytearray(
         HEADER.pack(
             base_offset,
@@ -467,7 +496,7 @@ def build_batch(
             producer_id,
             producer_epoch,
             base_sequence,
-            len(records),
+            records_count,
         )
     )
     crc = crc32c(body, crc32c(memoryview(header)[ATTRIBUTES_OFFSET:]))

@@ -45,6 +45,7 @@ from tidelog.storage.api import (
     TopicDescription,
 )
 from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.cleaner import CLEANER_OFFSET_CHECKPOINT, CleanStats, LogCleaner
 from tidelog.storage.kafka.key_index import PartitionKeyIndex, record_at
 from tidelog.storage.kafka.partition_log import PARTITION_DIR, PartitionLog, partition_dir_name
 from tidelog.storage.kafka.scheduler import Scheduler
@@ -63,7 +64,7 @@ KNOWN_LOG_DIR_FILES = {
     checkpoints.LOG_START_OFFSET_CHECKPOINT,
     checkpoints.CLEAN_SHUTDOWN_FILE,
     "replication-offset-checkpoint",
-    "cleaner-offset-checkpoint",
+    CLEANER_OFFSET_CHECKPOINT,
     LOCK_FILE,
     TOPICS_FILE,
 }
@@ -128,6 +129,9 @@ class KafkaEngine(StorageEngine):
                 self._dir_locks.append(self._lock_dir(log_dir))
             self._check_meta_properties()
             self.scheduler = Scheduler() if background else None
+            self.cleaner = LogCleaner(config.cleaner, clock)
+            for log_dir in self.log_dirs:
+                self.cleaner.load_checkpoint(log_dir)
             self._load_topics_file()
             for log_dir in self.log_dirs:
                 self._load_log_dir(log_dir)
@@ -373,6 +377,10 @@ class KafkaEngine(StorageEngine):
         )
         if flush_check < LONG_MAX:
             self.scheduler.schedule("time-based flush", self._flush_due_logs, flush_check, flush_check)
+        if config.cleaner.enabled:
+            self.scheduler.schedule(
+                "log cleaner", self.clean_logs, config.cleaner.backoff_ms, max(config.cleaner.backoff_ms, 1)
+            )
         if config.key_index.enabled:
             self.scheduler.schedule(
                 "key index catch-up", self.catch_up_key_indexes, KEY_INDEX_INTERVAL_MS, KEY_INDEX_INTERVAL_MS
@@ -385,6 +393,28 @@ class KafkaEngine(StorageEngine):
             if partition_log is not None:
                 key_index.catch_up(partition_log)
                 key_index.delete_expired(partition_log.log_start_offset)
+
+    def clean_logs(self) -> list[CleanStats]:
+        """One round of the log cleaner: the filthiest compacted log over its dirty ratio (or overdue) is cleaned,
+        then the next, each log at most once; the first dirty offsets go to `cleaner-offset-checkpoint`."""
+        done: list[CleanStats] = []
+        cleaned: set[tuple[str, int]] = set()
+        while True:
+            with self._lock:
+                if self._closed:
+                    return done
+                candidates = [lg for key, lg in self.logs.items() if key not in cleaned]
+            to_clean = self.cleaner.filthiest(candidates)
+            if to_clean is None:
+                return done
+            key = (to_clean.log.topic, to_clean.log.partition)
+            cleaned.add(key)
+            done.append(self.cleaner.clean(to_clean))
+            with self._lock:
+                log_dir = self._log_dir_of.get(key)
+                keys = [k for k, d in self._log_dir_of.items() if d == log_dir]
+            if log_dir is not None:
+                self.cleaner.write_checkpoint(log_dir, keys)
 
     def _flush_due_logs(self) -> None:
         now = self.clock()

@@ -21,7 +21,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
+from tidelog.codec.columnar import record_layout, scan_batches
 from tidelog.codec.record_batch import (
+    HEADER_SIZE,
     BatchHeader,
     check_crc,
     check_header_fields,
@@ -30,6 +34,7 @@ from tidelog.codec.record_batch import (
     read_header,
     set_log_append_time,
 )
+from tidelog.codec.record_set import peek_batch
 from tidelog.config import LogConfig
 from tidelog.errors import (
     CorruptCheckpointError,
@@ -55,9 +60,11 @@ from tidelog.storage.kafka.key_index import KEY_INDEX_DIR
 from tidelog.storage.kafka.producer_state import ProducerStateManager
 from tidelog.storage.kafka.scheduler import Scheduler
 from tidelog.storage.kafka.segment import (
+    CLEANED_SUFFIX,
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    SWAP_SUFFIX,
     TIME_INDEX_SUFFIX,
     LogSegment,
     now_ms,
@@ -240,20 +247,34 @@ class PartitionLog(Partition):
             checkpoints.write_partition_metadata(path, self.topic_id)
 
     def _clean_up_files(self) -> set[int]:
-        """Finish or undo interrupted file operations; report stray files. Returns segments needing recovery."""
-        needs_recovery: set[int] = set()
-        names = {p.name for p in self.directory.iterdir()}
-        for name in sorted(names):
+        """Finish or undo interrupted file operations; report stray files. Returns segments needing recovery.
+
+        As Kafka's LogLoader: `.deleted` and `.tmp` files go; every `.cleaned` file goes, and so does every
+        `.swap` at or above the lowest `.cleaned` offset (an unfinished replacement); an index `.swap` goes (it is
+        rebuilt); a `.log.swap` replaces the normal segments within its offset range and takes its final name."""
+        names = sorted(p.name for p in self.directory.iterdir())
+        cleaned_bases = [offset_from_file_name(n) for n in names if n.endswith(CLEANED_SUFFIX) and n[:20].isdigit()]
+        min_cleaned = min(cleaned_bases, default=None)
+        swaps: list[str] = []
+        for name in names:
             path = self.directory / name
-            if name.endswith(DELETED_SUFFIX) or name.endswith(".cleaned") or name.endswith(".tmp"):
+            if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX, ".tmp")):
                 log.info("%s: removing leftover %s", self.name, name)
                 path.unlink(missing_ok=True)
-            elif name.endswith(".swap"):
-                final = path.with_name(name[: -len(".swap")])
-                log.info("%s: completing interrupted swap of %s", self.name, final.name)
-                os.replace(path, final)
-                if final.name.endswith(LOG_SUFFIX):
-                    needs_recovery.add(offset_from_file_name(final.name))
+            elif name.endswith(SWAP_SUFFIX):
+                final = name[: -len(SWAP_SUFFIX)]
+                if not SEGMENT_FILE.match(final):
+                    log.warning("%s: stray file %s is not part of a Kafka log; leaving it alone", self.name, name)
+                elif (min_cleaned is not None and offset_from_file_name(name) >= min_cleaned) or not final.endswith(
+                    LOG_SUFFIX
+                ):
+                    log.info("%s: removing %s of an unfinished replacement", self.name, name)
+                    path.unlink()
+                else:
+                    swaps.append(name)
+        needs_recovery: set[int] = set()
+        for name in swaps:
+            needs_recovery.add(self._complete_swap(name))
         for path in self.directory.iterdir():
             name = path.name
             if name in (checkpoints.PARTITION_METADATA, checkpoints.LEADER_EPOCH_CHECKPOINT, KEY_INDEX_DIR):
@@ -267,6 +288,29 @@ class PartitionLog(Partition):
                     log.info("%s: removing index %s that has no .log", self.name, name)
                     path.unlink()
         return needs_recovery
+
+    def _complete_swap(self, swap_name: str) -> int:
+        """Put a finished `.log.swap` in place of the segments its offsets cover; returns its base offset."""
+        base = offset_from_file_name(swap_name)
+        swap_path = self.directory / swap_name
+        next_offset = base + 1
+        with open(swap_path, "rb") as handle:
+            position, size = 0, os.fstat(handle.fileno()).st_size
+            while (peeked := peek_batch(os.pread(handle.fileno(), HEADER_SIZE, position), 0)) is not None:
+                if position + peeked.size > size:
+                    break
+                next_offset = max(next_offset, peeked.last_offset + 1)
+                position += peeked.size
+        for path in list(self.directory.iterdir()):
+            name = path.name
+            covered = SEGMENT_FILE.match(name) and base <= offset_from_file_name(name) < next_offset
+            if covered and not name.endswith(".snapshot"):
+                log.info("%s: %s is replaced by %s", self.name, name, swap_name)
+                path.unlink()
+        log.info("%s: completing the interrupted swap of %s", self.name, swap_name)
+        os.replace(swap_path, self.directory / swap_name[: -len(SWAP_SUFFIX)])
+        checkpoints.fsync_directory(self.directory)
+        return base
 
     def _last_offset_in(self, segment: LogSegment, previous_last: int) -> int:
         last = previous_last
@@ -513,7 +557,20 @@ class PartitionLog(Partition):
             raise InvalidRecordError("an append needs at least one record batch")
         if from_client and len(headers) > 1:
             raise InvalidRecordError(f"a producer must send exactly one batch per partition, got {len(headers)}")
+        if from_client and self.config.compact:
+            self._check_keys(view)
         return headers, pending
+
+    def _check_keys(self, view: memoryview) -> None:
+        """A compacted topic keeps the latest record per key: a record without a key is refused (as Kafka's
+        LogValidator). The keys are found for all records at once (columnar decoding), only for compacted topics."""
+        table = scan_batches(view)
+        keyless = record_layout(view, table.take(np.nonzero(~table.is_control)[0])).key_length < 0
+        if keyless.any():
+            raise InvalidRecordError(
+                f"Compacted topic cannot accept message without key in topic partition {self.name} "
+                f"({int(keyless.sum())} of {len(keyless)} records have no key)"
+            )
 
     # --- reads ------------------------------------------------------------------------------------------------
 
@@ -679,6 +736,49 @@ class PartitionLog(Partition):
             self.scheduler.schedule(f"delete segments of {self.name}", delete_files, delay)
         else:
             delete_files()
+
+    # --- compaction (the log cleaner's side of the log: storage/kafka/cleaner.py) --------------------------------
+
+    def cleaning_view(self) -> tuple[list[LogSegment], int, int]:
+        """A consistent copy of (segments, log start offset, high watermark) for the cleaner to plan a pass."""
+        with self._lock:
+            return list(self.segments), self.log_start_offset, self.high_watermark
+
+    def producer_last_offsets(self) -> dict[int, int]:
+        """Producer id -> last offset of its latest batch, for every producer the log tracks (RETAIN_EMPTY)."""
+        with self._lock:
+            return {
+                pid: entry.batches[-1].last_offset
+                for pid, entry in self.producer_state.producers.items()
+                if entry.batches
+            }
+
+    def replace_segments(self, old: list[LogSegment], new: LogSegment) -> bool:
+        """Swap the cleaner's `new` segment (written as `.cleaned`, flushed) in for the consecutive `old` ones,
+        crash-safely (Kafka's LocalLog.replaceSegments): `.cleaned` -> `.swap`, directory fsync; old files ->
+        `.deleted`; `.swap` -> final names, directory fsync. Loading finishes or undoes a swap a crash interrupted.
+        Readers holding slices of the old segments keep their open files until the delayed deletion.
+        Returns False (and deletes `new`) when the log changed meanwhile (retention, closing)."""
+        with self._lock:
+            slot = next((i for i, s in enumerate(self.segments) if s is old[0]), None)
+            unchanged = slot is not None and self.segments[slot : slot + len(old)] == old
+            if self._closed or not unchanged or old[-1] is self.active_segment:
+                new.delete_files()
+                return False
+            new.change_file_suffix(SWAP_SUFFIX)
+            checkpoints.fsync_directory(self.directory)
+            for segment in old:
+                segment.rename_to_deleted()
+            new.change_file_suffix("")
+            checkpoints.fsync_directory(self.directory)
+            self.segments[slot : slot + len(old)] = [new]
+            self._bases = [s.base_offset for s in self.segments]
+        self._schedule_file_deletion(old)
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def delete_records(self, before_offset: int) -> int:
         """Move the log start offset up to `before_offset` (DeleteRecords); whole segments below it go."""

@@ -32,6 +32,8 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 DELETED_SUFFIX = ".deleted"
+CLEANED_SUFFIX = ".cleaned"  # the log cleaner's output, still being written
+SWAP_SUFFIX = ".swap"  # a finished replacement waiting to be renamed into place
 SCAN_CHUNK_BYTES = 64 * 1024
 RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -59,19 +61,26 @@ class RecoveryResult(NamedTuple):
 
 
 class LogSegment:
-    def __init__(self, directory: Path, base_offset: int, config: LogConfig, *, now_ms: int) -> None:
+    def __init__(
+        self, directory: Path, base_offset: int, config: LogConfig, *, now_ms: int, file_suffix: str = ""
+    ) -> None:
+        """`file_suffix` (CLEANED_SUFFIX) is appended to the three file names of a segment being written aside."""
         self.directory = directory
         self.base_offset = base_offset
         self.config = config
-        self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        self.log_path = directory / (segment_file_name(base_offset, LOG_SUFFIX) + file_suffix)
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         self.file = os.fdopen(self._fd, "r+b", buffering=0)
         self.size = os.fstat(self._fd).st_size
         self.index = OffsetIndex(
-            directory / segment_file_name(base_offset, INDEX_SUFFIX), base_offset, config.segment_index_bytes
+            directory / (segment_file_name(base_offset, INDEX_SUFFIX) + file_suffix),
+            base_offset,
+            config.segment_index_bytes,
         )
         self.time_index = TimeIndex(
-            directory / segment_file_name(base_offset, TIME_INDEX_SUFFIX), base_offset, config.segment_index_bytes
+            directory / (segment_file_name(base_offset, TIME_INDEX_SUFFIX) + file_suffix),
+            base_offset,
+            config.segment_index_bytes,
         )
         self.bytes_since_last_index_entry = 0
         self.max_timestamp_so_far = self.time_index.last_entry
@@ -206,6 +215,9 @@ class LogSegment:
 
     def read_batch_bytes(self, location: BatchLocation) -> bytes:
         return os.pread(self._fd, location.size, location.position)
+
+    def read_bytes(self, position: int, size: int) -> bytes:
+        return os.pread(self._fd, size, position)
 
     def find_offset_by_timestamp(self, target_timestamp: int, starting_offset: int) -> TimestampOffset | None:
         """First record with timestamp >= target and offset >= starting_offset, via the time index."""
@@ -354,11 +366,19 @@ class LogSegment:
 
     def rename_to_deleted(self) -> None:
         """First step of deletion: readers holding slices keep the open file; the name says it is going."""
-        deleted_path = self.log_path.with_name(self.log_path.name + DELETED_SUFFIX)
-        os.rename(self.log_path, deleted_path)
-        self.log_path = deleted_path
-        for index in (self.index, self.time_index):
-            index.rename(index.path.with_name(index.path.name + DELETED_SUFFIX))
+        self.change_file_suffix(DELETED_SUFFIX)
+
+    def change_file_suffix(self, suffix: str) -> None:
+        """Rename the .log and both indexes to `<base>.<kind><suffix>` ("" = the final names); open files stay
+        open, so readers holding slices are unaffected. The .log goes last: it is what loading looks at."""
+        for index, kind in ((self.index, INDEX_SUFFIX), (self.time_index, TIME_INDEX_SUFFIX)):
+            index.rename(self.directory / (segment_file_name(self.base_offset, kind) + suffix))
+        new_log_path = self.directory / (segment_file_name(self.base_offset, LOG_SUFFIX) + suffix)
+        os.rename(self.log_path, new_log_path)
+        self.log_path = new_log_path
+
+    def set_last_modified_ms(self, mtime_ms: int) -> None:
+        os.utime(self.log_path, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
 
     def delete_files(self) -> None:
         self.index.delete()
