@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test system-deps java lint bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark fuzz-long soak-long clean
+.PHONY: demo test system-deps java lint bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction fuzz-long soak-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
 
-bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark
+bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction
 
 bench-append: $(STAMP)
 	$(PY) bench/append_throughput.py
@@ -64,6 +64,9 @@ fuzz-long: $(STAMP)
 # Soak: 200+ client connections against one broker for 10 minutes; memory, descriptors and every record checked.
 soak-long: $(STAMP)
 	$(PY) -m pytest -q -s -m slow tests/soak/test_soak.py::test_soak_long
+
+bench-compaction: $(STAMP)
+	$(PY) bench/compaction.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis tidelog-demo-data

@@ -13,9 +13,11 @@ import struct
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tidelog import Record
+from tidelog.codec.columnar import key_digests, record_layout, scan_batches
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import build_batch
 from tidelog.config import EngineConfig
@@ -413,3 +415,18 @@ def test_cleaned_segments_read_by_dump_log_and_kafka_python(tmp_path: Path, cloc
         assert batch.validate_crc()
         seen += [(r.offset, r.key, r.value, r.timestamp) for r in batch]
     assert seen == expected
+
+
+def test_key_digests_tell_keys_apart_and_match_equal_keys() -> None:
+    keys = [b"", b"a", b"a\x00", b"\x00a", b"b", b"12345678", b"123456789", b"12345678\x00", b"x" * 100, b"x" * 101]
+    keys += [k for k in keys]  # each twice
+    keys += [f"key-{i}".encode() for i in range(2000)]
+    batch = build_batch([Record(b"v" * (i % 7), key=k, timestamp_ms=TS) for i, k in enumerate(keys)])
+    layout = record_layout(batch, scan_batches(batch))
+    digests = key_digests(layout, np.arange(len(keys)))
+    assert all(len(d) == 16 for d in digests)
+    by_key: dict[bytes, set[bytes]] = {}
+    for key, digest in zip(keys, digests, strict=True):
+        by_key.setdefault(key, set()).add(digest)
+    assert all(len(d) == 1 for d in by_key.values())  # equal keys, equal digests
+    assert len({next(iter(d)) for d in by_key.values()}) == len(by_key)  # distinct keys, distinct digests

@@ -731,6 +731,57 @@ def record_layout(buf: bytes | bytearray | memoryview, table: BatchTable) -> Rec
     )
 
 
+_P1 = np.uint64(0x9E3779B97F4A7C15)
+_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_P3 = np.uint64(0x165667B19E3779F9)
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+
+
+def _fmix64(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finaliser: every input bit affects every output bit."""
+    h = h ^ (h >> np.uint64(33))
+    h = h * _M1
+    h = h ^ (h >> np.uint64(33))
+    h = h * _M2
+    return h ^ (h >> np.uint64(33))
+
+
+def key_digests(layout: RecordLayout, rows: np.ndarray) -> list[bytes]:
+    """A 16-byte digest of the key of each record at `rows` (all with keys), for all of them at once.
+
+    Kafka's cleaner maps MD5(key); this is a 128-bit non-cryptographic hash (two independent 64-bit lanes fed the
+    key 8 bytes at a time, then the length, then MurmurHash3's finaliser), computed with numpy over all keys: a
+    Python step per 8-byte word position, not per key. Equal keys give equal digests; for n distinct keys a
+    collision has a probability of about n^2 / 2^129."""
+    if len(rows) == 0:
+        return []
+    arr = np.frombuffer(layout.data, dtype=np.uint8)
+    starts = layout.key_start[rows]
+    lengths = layout.key_length[rows].astype(np.uint64)
+    h1 = np.full(len(rows), 0x243F6A8885A308D3, dtype=np.uint64)
+    h2 = np.full(len(rows), 0x13198A2E03707344, dtype=np.uint64)
+    longest = int(lengths.max()) if len(lengths) else 0
+    for word in range(0, longest, 8):
+        live = np.nonzero(lengths > word)[0]
+        if len(live) < len(lengths):
+            w = _eight_byte_windows(arr, starts[live] + word)
+            remaining = lengths[live] - np.uint64(word)
+        else:
+            w = _eight_byte_windows(arr, starts + word)
+            remaining = lengths - np.uint64(word)
+        short = remaining < 8  # the key's last word: bytes after the key do not count
+        if short.any():
+            shift = np.where(short, (np.uint64(8) - np.minimum(remaining, np.uint64(8))) * np.uint64(8), np.uint64(0))
+            w = (w >> shift) << shift
+        a, b = h1[live] ^ w, h2[live] ^ w
+        h1[live] = ((a << np.uint64(31)) | (a >> np.uint64(33))) * _P1
+        h2[live] = ((b << np.uint64(27)) | (b >> np.uint64(37))) * _P2
+    h1 = _fmix64(h1 ^ lengths)
+    h2 = _fmix64(h2 ^ (lengths * _P3))
+    return np.stack([h1, h2], axis=1).view("V16").ravel().tolist()
+
+
 def _varint_size(value: np.ndarray) -> np.ndarray:
     """Bytes of the zig-zag varint encoding of each (int32) value."""
     zigzag = ((value.astype(np.int64) << 1) ^ (value.astype(np.int64) >> 63)).astype(np.uint64)

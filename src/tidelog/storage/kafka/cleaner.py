@@ -27,8 +27,9 @@ dropped - unless it is the last batch of a producer the log still tracks: then a
 same offsets and sequence) stays (RETAIN_EMPTY), so the producer's sequence continues after cleaning. Control
 batches and legacy (v0/v1) entries are copied as they are (tidelog writes no transactions).
 
-Per-record work is vectorised (record_layout decodes a chunk of batches at once); Python steps run per batch,
-plus one dict operation per keyed record and an encode per record of a re-encoded batch.
+Per-record work is vectorised (record_layout decodes a chunk of batches at once, key_digests hashes their keys);
+Python steps run per batch, plus one C-level dict operation per keyed record and an encode per record kept in a
+re-encoded batch.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tidelog.codec.columnar import BatchTable, RecordLayout, record_layout, scan_batches
+from tidelog.codec.columnar import BatchTable, RecordLayout, key_digests, record_layout, scan_batches
 from tidelog.codec.record_batch import (
     COMPRESSION_MASK,
     CONTROL_MASK,
@@ -123,13 +124,6 @@ def segment_chunks(segment: LogSegment, position: int = 0) -> Iterator[tuple[byt
         position += table.end
 
 
-def _keys(layout: RecordLayout, rows: np.ndarray) -> list[bytes]:
-    """The key bytes of the records at `rows` (all with keys): one C-level slice per key."""
-    starts = layout.key_start[rows]
-    ends = starts + layout.key_length[rows]
-    return list(map(bytes(layout.data).__getitem__, map(slice, starts.tolist(), ends.tolist())))
-
-
 class Cleaner:
     """One pass over one log at a time (Kafka's Cleaner)."""
 
@@ -204,14 +198,14 @@ class Cleaner:
         keyed = np.nonzero(layout.key_length >= 0)[0]
         last_offsets = table.last_offset
         if offset_map.room_for(len(keyed)):
-            offset_map.put_many(_keys(layout, keyed), layout.offset[keyed].tolist())
+            offset_map.put_many(key_digests(layout, keyed), layout.offset[keyed].tolist())
             offset_map.latest_offset = int(last_offsets[-1])
             return False
         record_batch = data_rows[layout.batch[keyed]]  # row in `table` of each keyed record
         bounds = np.searchsorted(record_batch, np.arange(len(table) + 1))
         for row in range(len(table)):
             rows = keyed[bounds[row] : bounds[row + 1]]
-            offset_map.put_many(_keys(layout, rows), layout.offset[rows].tolist())
+            offset_map.put_many(key_digests(layout, rows), layout.offset[rows].tolist())
             offset_map.latest_offset = int(last_offsets[row])
             if offset_map.is_full:
                 return True
@@ -271,7 +265,7 @@ class Cleaner:
         keyed = layout.key_length >= 0
         found = np.full(len(layout), NOT_FOUND, dtype=np.int64)
         keyed_rows = np.nonzero(keyed)[0]
-        found[keyed_rows] = offset_map.get_many(_keys(layout, keyed_rows))
+        found[keyed_rows] = offset_map.get_many(key_digests(layout, keyed_rows))
         is_tombstone = layout.value_length < 0
         keep = (layout.offset > offset_map.latest_offset) | (
             keyed & (layout.offset >= found) & (~is_tombstone | tombstones_stay[record_row])

@@ -2,10 +2,11 @@
 (Kafka's SkimpyOffsetMap).
 
 Kafka keeps MD5(key) -> offset in an open-addressing table of 24-byte entries inside
-`log.cleaner.dedupe.buffer.size` bytes, filled up to a load factor of 0.9. Here a dict keyed by the key bytes
-holds the same mapping (no hash collisions to worry about), and the same memory accounting bounds it: at most
-`0.9 * dedupe_buffer_size / 24` keys per pass. When it is full the pass ends after the batch that filled it,
-at `latest_offset + 1`, as in Kafka. Keys go in a batch-load at a time (`put_many`), offsets ascending.
+`log.cleaner.dedupe.buffer.size` bytes, filled up to a load factor of 0.9. Here a dict keyed by a 16-byte digest
+of the key (codec/columnar.key_digests, computed for a chunk of records at once) holds the same mapping, and the
+same memory accounting bounds it: at most `0.9 * dedupe_buffer_size / 24` keys per pass. When it is full the pass
+ends after the batch that filled it, at `latest_offset + 1`, as in Kafka. Keys go in many at a time
+(`put_many`), offsets ascending.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class OffsetMap:
     def __init__(self, memory_bytes: int) -> None:
         slots = memory_bytes // ENTRY_BYTES
         self.max_entries = max(1, int(slots * LOAD_FACTOR))
-        self.offsets: dict[bytes, int] = {}
+        self.offsets: dict[bytes, int] = {}  # key digest -> offset
         self.latest_offset = -1  # the last offset covered (every batch read, with or without keys)
 
     def __len__(self) -> int:
