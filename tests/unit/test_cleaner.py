@@ -23,6 +23,7 @@ from tidelog.codec.record_batch import build_batch
 from tidelog.config import EngineConfig
 from tidelog.errors import ConfigError, InvalidRecordError, OutOfOrderSequenceError
 from tidelog.storage.kafka.engine import KafkaEngine
+from tidelog.storage.kafka.offset_map import OffsetMap
 from tidelog.tools.dump_log import DumpOptions, dump_files
 
 with warnings.catch_warnings():
@@ -430,3 +431,13 @@ def test_key_digests_tell_keys_apart_and_match_equal_keys() -> None:
         by_key.setdefault(key, set()).add(digest)
     assert all(len(d) == 1 for d in by_key.values())  # equal keys, equal digests
     assert len({next(iter(d)) for d in by_key.values()}) == len(by_key)  # distinct keys, distinct digests
+
+
+def test_offset_map_lookup_tells_apart_digests_sharing_their_first_half() -> None:
+    offset_map = OffsetMap(24 * 100)
+    same_high = [struct.pack("=QQ", 7, low) for low in (3, 1, 2)]
+    offset_map.put_many([*same_high, struct.pack("=QQ", 1, 1), same_high[1]], [10, 11, 12, 13, 14])
+    assert len(offset_map) == 4
+    offset_map.freeze()
+    queries = np.frombuffer(b"".join([*same_high, struct.pack("=QQ", 7, 9), struct.pack("=QQ", 9, 1)]), np.uint64)
+    assert offset_map.get_many(queries.reshape(-1, 2)).tolist() == [10, 14, 12, -1, -1]

@@ -748,14 +748,19 @@ def _fmix64(h: np.ndarray) -> np.ndarray:
 
 
 def key_digests(layout: RecordLayout, rows: np.ndarray) -> list[bytes]:
-    """A 16-byte digest of the key of each record at `rows` (all with keys), for all of them at once.
+    """key_digest_array as one 16-byte `bytes` per key (dict keys)."""
+    return key_digest_array(layout, rows).view("V16").ravel().tolist()
+
+
+def key_digest_array(layout: RecordLayout, rows: np.ndarray) -> np.ndarray:
+    """A 16-byte digest (two uint64 per row) of the key of each record at `rows` (all with keys), for all at once.
 
     Kafka's cleaner maps MD5(key); this is a 128-bit non-cryptographic hash (two independent 64-bit lanes fed the
     key 8 bytes at a time, then the length, then MurmurHash3's finaliser), computed with numpy over all keys: a
     Python step per 8-byte word position, not per key. Equal keys give equal digests; for n distinct keys a
     collision has a probability of about n^2 / 2^129."""
     if len(rows) == 0:
-        return []
+        return np.zeros((0, 2), dtype=np.uint64)
     arr = np.frombuffer(layout.data, dtype=np.uint8)
     starts = layout.key_start[rows]
     lengths = layout.key_length[rows].astype(np.uint64)
@@ -779,7 +784,7 @@ def key_digests(layout: RecordLayout, rows: np.ndarray) -> list[bytes]:
         h2[live] = ((b << np.uint64(27)) | (b >> np.uint64(37))) * _P2
     h1 = _fmix64(h1 ^ lengths)
     h2 = _fmix64(h2 ^ (lengths * _P3))
-    return np.stack([h1, h2], axis=1).view("V16").ravel().tolist()
+    return np.stack([h1, h2], axis=1)
 
 
 def _varint_size(value: np.ndarray) -> np.ndarray:

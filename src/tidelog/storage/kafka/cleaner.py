@@ -43,7 +43,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tidelog.codec.columnar import BatchTable, RecordLayout, key_digests, record_layout, scan_batches
+from tidelog.codec.columnar import (
+    BatchTable,
+    RecordLayout,
+    key_digest_array,
+    key_digests,
+    record_layout,
+    scan_batches,
+)
 from tidelog.codec.record_batch import (
     COMPRESSION_MASK,
     CONTROL_MASK,
@@ -142,6 +149,7 @@ class Cleaner:
             segments, to_clean.first_dirty_offset, to_clean.first_uncleanable_offset, offset_map, stats
         )
         stats.end_offset = end_offset
+        offset_map.freeze()
         config = partition_log.config
         to_recopy = [s for s in segments[:-1] if s.base_offset < end_offset]
         producer_last_offsets = partition_log.producer_last_offsets()
@@ -265,7 +273,7 @@ class Cleaner:
         keyed = layout.key_length >= 0
         found = np.full(len(layout), NOT_FOUND, dtype=np.int64)
         keyed_rows = np.nonzero(keyed)[0]
-        found[keyed_rows] = offset_map.get_many(key_digests(layout, keyed_rows))
+        found[keyed_rows] = offset_map.get_many(key_digest_array(layout, keyed_rows))
         is_tombstone = layout.value_length < 0
         keep = (layout.offset > offset_map.latest_offset) | (
             keyed & (layout.offset >= found) & (~is_tombstone | tombstones_stay[record_row])
