@@ -441,3 +441,23 @@ def test_offset_map_lookup_tells_apart_digests_sharing_their_first_half() -> Non
     offset_map.freeze()
     queries = np.frombuffer(b"".join([*same_high, struct.pack("=QQ", 7, 9), struct.pack("=QQ", 9, 1)]), np.uint64)
     assert offset_map.get_many(queries.reshape(-1, 2)).tolist() == [10, 14, 12, -1, -1]
+
+
+def test_compact_delete_also_applies_time_retention(tmp_path: Path, clock: Clock) -> None:
+    with open_engine(tmp_path, clock) as engine:
+        configs = {**COMPACT, "cleanup.policy": "compact,delete", "retention.ms": str(2 * HOUR)}
+        engine.create_topic("t", 1, configs=configs)
+        produce_rounds(engine, "t", 10, 4)  # record time TS..: three hours old at the clock below
+        clock.now = TS + 3 * HOUR
+        for r in range(10, 20):
+            records = [Record(f"r{r}-k{k}".encode(), key=f"k{k}".encode(), timestamp_ms=clock.now) for k in range(4)]
+            engine.append("t", 0, build_batch(records))
+        assert engine.delete_old_segments() > 0  # the old rounds' segments expire
+        start = engine.log_start_offset("t", 0)
+        assert start > 0
+        records = contents(engine, "t")
+        assert records[0][0] >= start and all(r[3] == clock.now for r in records)
+        produce_rounds(engine, "t", 6, 4, start=20)
+        engine.clean_logs()  # the first dirty offset moves along with the log start
+        values = {key: value for _o, key, value, _t in contents(engine, "t")}
+        assert values == {f"k{k}".encode(): f"r25-k{k}".encode() for k in range(4)}
