@@ -109,8 +109,9 @@ def time_copy(files: list[Path], target: Path) -> float:
     return elapsed
 
 
-def time_clean(pristine: Path, work: Path, keys: int) -> tuple[float, int, int, int]:
-    """(seconds, bytes read, bytes written, records kept) of one cleaning of a fresh copy; checks the result."""
+def time_clean(pristine: Path, work: Path, keys: int) -> tuple[float, int, int, int, int]:
+    """(seconds, bytes read, bytes written, records read, records kept) of one cleaning of a fresh copy;
+    checks the result."""
     shutil.copytree(pristine, work)
     warm(log_files(work))
     engine = tidelog.open(work, config=CONFIG, background=False)
@@ -130,7 +131,7 @@ def time_clean(pristine: Path, work: Path, keys: int) -> tuple[float, int, int, 
             latest[record.key] = record.value
         if len(latest) != keys:
             raise SystemExit(f"{len(latest)} keys after cleaning, expected {keys}")
-        result = (elapsed, stats[0].bytes_read, stats[0].bytes_written, stats[0].records_kept)
+        result = (elapsed, stats[0].bytes_read, stats[0].bytes_written, stats[0].records_read, stats[0].records_kept)
     finally:
         engine.close()
         shutil.rmtree(work)
@@ -162,6 +163,7 @@ def main() -> None:
         "after",
         "records kept",
         "clean MB/s",
+        "clean records/s",
         "copy+fsync MB/s",
         "clean vs copy",
     )
@@ -179,10 +181,11 @@ def main() -> None:
                 f"  {codec_name}: wrote {fmt_bytes(size)} in {len(files)} segments "
                 f"in {time.perf_counter() - started:.1f} s"
             )
-            cleans, copies = [], []
+            cleans, rates, copies = [], [], []
             for _ in range(args.repeat):
-                elapsed, read, written, kept = time_clean(pristine, scratch / "work", args.keys)
+                elapsed, read, written, records, kept = time_clean(pristine, scratch / "work", args.keys)
                 cleans.append(read / elapsed / 1e6)
+                rates.append(records / elapsed)
                 warm(files)
                 copies.append(size / time_copy(files, scratch / "copy") / 1e6)
             console.print(
@@ -196,6 +199,7 @@ def main() -> None:
                 fmt_bytes(written),
                 f"{kept:,}",
                 f"{clean_mbps:.0f}",
+                f"{median(rates):,.0f}",
                 f"{copy_mbps:.0f}",
                 ratio(clean_mbps, copy_mbps),
             )

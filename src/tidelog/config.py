@@ -283,6 +283,12 @@ class LogConfig:
     def compact(self) -> bool:
         return "compact" in self.cleanup_policy
 
+    @property
+    def max_segment_ms(self) -> int:
+        """When the active segment rolls by time: segment.ms, or max.compaction.lag.ms if that is shorter on a
+        compacted topic (KIP-354), so that records become cleanable in time (the active segment never is)."""
+        return min(self.segment_ms, self.max_compaction_lag_ms) if self.compact else self.segment_ms
+
     def with_overrides(self, overrides: Mapping[str, Any]) -> LogConfig:
         """Apply topic-level keys (`segment.bytes`, ...); unknown keys raise ConfigError."""
         changes: dict[str, Any] = {}

@@ -461,3 +461,23 @@ def test_compact_delete_also_applies_time_retention(tmp_path: Path, clock: Clock
         engine.clean_logs()  # the first dirty offset moves along with the log start
         values = {key: value for _o, key, value, _t in contents(engine, "t")}
         assert values == {f"k{k}".encode(): f"r25-k{k}".encode() for k in range(4)}
+
+
+def test_max_compaction_lag_rolls_the_active_segment_and_forces_a_clean(tmp_path: Path, clock: Clock) -> None:
+    with open_engine(tmp_path, clock, **{"log.segment.bytes": 1 << 20}) as engine:
+        lag = {"cleanup.policy": "compact", "max.compaction.lag.ms": "1000", "min.cleanable.dirty.ratio": "0.99"}
+        engine.create_topic("t", 1, configs=lag)
+        engine.create_topic("plain", 1, configs={"max.compaction.lag.ms": "1000"})  # delete policy: no effect
+        for topic in ("t", "plain"):
+            for r in range(3):  # record time moves 2 s per round: past the lag, so each round rolls (KIP-354)
+                records = [Record(b"v%d" % r, key=b"k", timestamp_ms=TS + 2000 * r)]
+                engine.append(topic, 0, build_batch(records))
+        assert [s.base_offset for s in engine.partition_log("t", 0).segments] == [0, 1, 2]
+        assert len(engine.partition_log("plain", 0).segments) == 1
+        engine.clean_logs()  # the dirty ratio is below 0.99 after a first pass, but the lag is exceeded
+        produce = build_batch([Record(b"v3", key=b"k", timestamp_ms=TS + 6000)])
+        engine.append("t", 0, produce)
+        to_clean = engine.cleaner.log_to_clean(engine.partition_log("t", 0))
+        assert to_clean.cleanable_ratio < 0.99 and to_clean.must_clean  # overdue, not dirty enough
+        assert len(engine.clean_logs()) == 1
+        assert [r[2] for r in contents(engine, "t")] == [b"v2", b"v3"]  # v3 is in the active segment

@@ -87,7 +87,7 @@ class LogSegment:
         self.created_ms = now_ms
         self._rolling_based_timestamp: int | None = None
         jitter = config.segment_jitter_ms
-        self.roll_jitter_ms = 0 if jitter == 0 else random.randrange(min(jitter, config.segment_ms))
+        self.roll_jitter_ms = 0 if jitter == 0 else random.randrange(min(jitter, config.max_segment_ms))
 
     # --- appending -------------------------------------------------------------------------------------------
 
@@ -139,7 +139,7 @@ class LogSegment:
     ) -> bool:
         config = self.config
         reached_roll_ms = (
-            self.time_waited_for_roll(now_ms, max_timestamp_in_messages) > config.segment_ms - self.roll_jitter_ms
+            self.time_waited_for_roll(now_ms, max_timestamp_in_messages) > config.max_segment_ms - self.roll_jitter_ms
         )
         return (
             self.size > config.segment_bytes - messages_size
