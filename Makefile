@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test system-deps java lint bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction fuzz-long soak-long clean
+.PHONY: demo test system-deps java lint bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
 
-bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction
+bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines
 
 bench-append: $(STAMP)
 	$(PY) bench/append_throughput.py
@@ -56,6 +56,9 @@ bench-broker: $(STAMP)
 
 bench-spark: $(STAMP)
 	$(PY) bench/spark_read.py
+
+bench-engines: $(STAMP)
+	$(PY) bench/engine_partitions.py --plot
 
 # Coverage-guided fuzzing (atheris), 1,000,000 inputs per target; figures in docs/reliability.md.
 fuzz-long: $(STAMP)

@@ -2,9 +2,11 @@
 RocketMQ's one CommitLog keeps its speed as topics multiply, Kafka's file-per-partition log does not).
 
 For each flush policy, each engine and each partition count P (default 1, 10, 100, 1000, 5000), on an emptied and
-synced directory: open the engine, create one topic with P partitions (not timed), then append the same bytes -
-batches of --batch-records records with 1 KiB values, pre-built - to partitions chosen round-robin, and time until
-every append returned and one final engine.flush() finished (so every byte is on disk in every row).
+synced directory: open the engine, create one topic with P partitions and append one batch to each, flushed (not
+timed: every partition's files exist and are open, the first CommitLog file is allocated), then append the same
+bytes - batches of --batch-records records with 1 KiB values, pre-built - to partitions chosen round-robin, and
+time until every append returned and one final engine.flush() finished (so every byte is on disk in every row).
+A run writes --async-mib / --sync-mib, or 2 batches per partition when that is more.
 
   async  both engines fsync in the background every 500 ms: Kafka engine log.flush.interval.ms=500 (its scheduler
          flushes each dirty partition), RocketMQ engine ASYNC_FLUSH with flushIntervalCommitLog=500; one writer.
@@ -50,6 +52,7 @@ ENGINES = ("kafka", "rocketmq")
 POLICIES = ("async", "sync")
 DD_SECONDS = re.compile(r"copied, ([0-9.eE+-]+) s")
 TARGET_LOSS = 0.10
+MIN_APPENDS_PER_PARTITION = 2  # a run writes at least this many batches to every partition
 PNG = Path(__file__).resolve().parent.parent / "docs" / "engine-partitions.png"
 
 ENGINE_CONFIG: dict[tuple[str, str], dict[str, str]] = {
@@ -116,6 +119,9 @@ def run_engine(
     engine = tidelog.open(directory, engine=engine_name, config=config)
     try:
         engine.create_topic(TOPIC, partitions=partitions)
+        for partition in range(partitions):  # not timed: every partition's files exist and are open
+            engine.append(TOPIC, partition, batches[0])
+        engine.flush()
         total = sum(len(batches[i % len(batches)]) for i in range(appends))
         threads = writers if policy == "sync" else 1
         errors: list[BaseException] = []
@@ -183,11 +189,13 @@ def main() -> None:
             for engine_name in engines:
                 for count in counts:
                     empty_dir(scratch)
-                    result = run_engine(scratch, engine_name, policy, count, batches, appends, args.writers)
+                    runs = max(appends, MIN_APPENDS_PER_PARTITION * count)
+                    result = run_engine(scratch, engine_name, policy, count, batches, runs, args.writers)
                     results.append(result)
                     console.print(
                         f"  {policy:5} {engine_name:8} {count:5} partitions: {result.mb_per_s:8.1f} MB/s "
-                        f"({result.seconds:.2f} s, {result.open_files} open files at the end)"
+                        f"({fmt_bytes(result.data_bytes)} in {result.seconds:.2f} s, "
+                        f"{result.open_files} open files at the end)"
                     )
     report(results, counts, engines, policies)
     if args.plot:

@@ -16,6 +16,7 @@ from tidelog.storage.rocketmq.index_file import (
     INDEX_DIR,
     IndexFile,
     IndexService,
+    KeyHasher,
     index_file_size,
     index_key_hash,
     message_index_keys,
@@ -50,6 +51,12 @@ def test_key_hash_is_javas_abs_hash_code() -> None:
     assert java_hash("polygenelubricants") == -(1 << 31)  # abs() overflows in Java: RocketMQ uses 0
     assert index_key_hash("polygenelubricants") == 0
     assert index_key_hash("t#é€😀") == abs(java_hash_utf16("t#é€😀"))  # UTF-16 code units, surrogate pairs
+    hasher = KeyHasher()  # the fast path computes the same hashes
+    for topic, key in [("t", "Hello"), ("t", ""), ("", "polygenelubricants"), ("t", "é€😀"), ("topic", "x" * 600)]:
+        assert hasher.hash(topic, key) == index_key_hash(f"{topic}#{key}"), (topic, key)
+    assert hasher.hash("polygenelubrican", "ts") == index_key_hash("polygenelubrican#ts")
+    minimum = next(k for k in ("polygenelubricants", "GydZG_", "DESIGNING WORKHOUSES") if java_hash(k) == -(1 << 31))
+    assert hasher.hash(minimum[:3], minimum[4:]) == index_key_hash(f"{minimum[:3]}#{minimum[4:]}")
 
 
 def java_hash_utf16(text: str) -> int:
@@ -205,7 +212,7 @@ def test_wrong_size_is_a_clear_error(tmp_path: Path) -> None:
 def test_default_size_file_is_sparse(tmp_path: Path) -> None:
     path = tmp_path / time_to_file_name(TS)
     index_file = IndexFile(path, 5_000_000, 20_000_000, create=True)
-    assert index_file.put_keys([("t#k", 0, TS)]) == 1
+    assert index_file.put_keys([(index_key_hash("t#k"), 0, TS)]) == 1
     index_file.flush()
     stat = os.stat(path)
     assert stat.st_size == 420_000_040

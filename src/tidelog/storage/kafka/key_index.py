@@ -28,7 +28,7 @@ from tidelog.codec.rocketmq_message import index_key
 from tidelog.config import KeyIndexConfig
 from tidelog.errors import TidelogError
 from tidelog.storage.api import Partition
-from tidelog.storage.rocketmq.index_file import IndexService, build_key
+from tidelog.storage.rocketmq.index_file import IndexService
 
 log = logging.getLogger("tidelog.storage")
 
@@ -77,13 +77,14 @@ class PartitionKeyIndex:
         end = partition.high_watermark
         while offset < end:
             data = partition.read(offset, CATCH_UP_CHUNK_BYTES).read_bytes()
-            keys: list[tuple[str, int, int]] = []
+            keys: list[tuple[int, int, int]] = []
+            hash_key = self.service.hasher.hash
             next_offset = offset
             for info in iter_batches(data):
                 if info.last_offset >= offset and not info.is_control:
                     for record in decode_batch(data, info):
                         if record.offset >= offset and record.key is not None:
-                            keys.append((build_key(self.topic, index_key(record.key)), record.offset, _time(record)))
+                            keys.append((hash_key(self.topic, index_key(record.key)), record.offset, _time(record)))
                 next_offset = max(next_offset, info.next_offset)
             if next_offset == offset:
                 break  # nothing readable here (the log moved under us); the next call tries again
