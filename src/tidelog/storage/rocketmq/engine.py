@@ -2,17 +2,19 @@
 (RocketMQ's DefaultMessageStore). A Kafka partition is a queue; a Kafka offset is the queue offset.
 
 The store directory (`log.dirs`, exactly one) holds RocketMQ's layout - `commitlog/`, `consumequeue/<topic>/<id>/`,
-`checkpoint`, `abort`, `lock` - plus two tidelog files Kafka clients need and RocketMQ keeps elsewhere:
-`tidelog-topics.json` (topic ids, partition counts, configs and the CommitLog offset each topic was created at, so
-messages of a deleted namesake are never dispatched into it) and `tidelog-log-start-offsets` (DeleteRecords, in
-Kafka's offset-checkpoint format).
+`index/` (the key index, with `messageIndexEnable`), `checkpoint`, `abort`, `lock` - plus two tidelog files Kafka
+clients need and RocketMQ keeps elsewhere: `tidelog-topics.json` (topic ids, partition counts, configs and the
+CommitLog offset each topic was created at, so messages of a deleted namesake are never dispatched into it) and
+`tidelog-log-start-offsets` (DeleteRecords, in Kafka's offset-checkpoint format).
 
 Start-up (DefaultMessageStore.load/recover): take the lock, note whether `abort` was left by a crash and create it;
 load CommitLog and ConsumeQueue files; normal recovery starts at the file holding the dispatched end, abnormal
 recovery at the last file whose first message is older than the checkpoint's min timestamp; both check every
 message (body CRC with `checkCRCOnRecover`), cut the CommitLog at the first invalid one, cut the ConsumeQueues
-beyond it, then re-dispatch what is not in the queues. A clean close flushes, dispatches everything, writes the
-checkpoint and removes `abort`.
+beyond it, then re-dispatch what is not in the queues. The IndexFiles follow RocketMQ's rule (after a crash, files
+that end past the checkpoint's indexMsgTimestamp are dropped), files indexing offsets past the new CommitLog end go
+too, and what the remaining files miss is indexed again from the CommitLog before dispatching resumes. A clean
+close flushes, dispatches everything, writes the checkpoint and removes `abort`.
 """
 
 from __future__ import annotations
@@ -36,12 +38,20 @@ from tidelog.errors import (
     InvalidPartitionsError,
     InvalidTopicError,
     KafkaStorageError,
+    KeyIndexDisabledError,
     LogClosedError,
     OffsetOutOfRangeError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
-from tidelog.storage.api import AppendResult, FileSlices, StorageEngine, TimestampAndOffset, TopicDescription
+from tidelog.storage.api import (
+    AppendResult,
+    FileSlices,
+    KeyLocation,
+    StorageEngine,
+    TimestampAndOffset,
+    TopicDescription,
+)
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.engine import validate_topic_name
 from tidelog.storage.kafka.scheduler import Scheduler
@@ -57,6 +67,7 @@ from tidelog.storage.rocketmq.commitlog import CommitLog, RecoveryResult
 from tidelog.storage.rocketmq.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue, consume_queue_file_size
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, Dispatcher, ReputMessageService
 from tidelog.storage.rocketmq.flush import CommitLogFlusher
+from tidelog.storage.rocketmq.index_file import INDEX_DIR, IndexService, message_index_keys
 from tidelog.storage.rocketmq.mapped_file import OS_PAGE_SIZE, AllocateMappedFileService
 from tidelog.storage.rocketmq.message_queue import MessageQueue
 from tidelog.storage.rocketmq.retention import CleanCommitLogService
@@ -66,6 +77,8 @@ log = logging.getLogger("tidelog.storage.rocketmq")
 TOPICS_FILE = "tidelog-topics.json"
 START_OFFSETS_FILE = "tidelog-log-start-offsets"
 _NOT_DISPATCHED = rm.SYSFLAG_TRANSACTION_PREPARED, rm.SYSFLAG_TRANSACTION_ROLLBACK
+REINDEX_BATCH = 2048  # messages per IndexFile batch when recovery re-indexes from the CommitLog
+LONG_MAX = (1 << 63) - 1
 
 
 def _parse_topics_file(text: str) -> dict[str, Any]:
@@ -128,6 +141,18 @@ class RocketMQEngine(StorageEngine):
             for queue_id in range(meta["partitions"]):
                 self._open_queue(topic, queue_id, start_floor=start_offsets.get((topic, queue_id), 0))
         self._report_foreign_queues()
+        self.index: IndexService | None = None
+        if store.message_index_enable:
+            self.index = IndexService(
+                self.root / INDEX_DIR,
+                store.max_hash_slot_num,
+                store.max_index_num,
+                on_file_full=self._index_file_flushed,
+                clock=self.clock,
+            )
+            self.index.load(
+                clean_shutdown=self.clean_start, index_checkpoint_timestamp=self.checkpoint.index_msg_timestamp
+            )
         self.dispatcher = ReputMessageService(
             self.commitlog, self._reput_end_offset, self._dispatch_targets(), background=background
         )
@@ -163,8 +188,8 @@ class RocketMQEngine(StorageEngine):
 
     def _dispatch_targets(self) -> list[Dispatcher]:
         """The dispatch chain (CommitLogDispatcher list): each gets every dispatched batch of messages, in order.
-        The IndexFile builder joins here."""
-        return [self._build_consume_queues]
+        The IndexFile builder is the second (CommitLogDispatcherBuildIndex), with messageIndexEnable."""
+        return [self._build_consume_queues] + ([self.index.build_index] if self.index is not None else [])
 
     # --- topics file and start offsets ----------------------------------------------------------------------------
 
@@ -251,6 +276,10 @@ class RocketMQEngine(StorageEngine):
         else:
             reput_from = start
         self.dispatcher.reput_from_offset = max(reput_from, commitlog.min_offset)
+        if self.index is not None:
+            self.index.drop_beyond(result.end)
+            # from the last message the kept files index (a message boundary; it is skipped as already indexed)
+            self._reindex(self.index.last_indexed_offset, self.dispatcher.reput_from_offset)
         redispatched = self.dispatcher.catch_up()
         for queue in self.queues.values():
             queue.next_offset = queue._flushed = queue.consume_queue.max_offset
@@ -265,6 +294,18 @@ class RocketMQEngine(StorageEngine):
             f"; cut {result.truncated_bytes} bytes: {result.reason}" if result.truncated_bytes else "",
         )
         return result
+
+    def _reindex(self, start: int, end: int) -> None:
+        """Index the messages in [start, end) that dispatching will not see again (IndexFiles dropped at load)."""
+        assert self.index is not None
+        batch = []
+        for item in self.commitlog.iter_dispatch(max(start, self.commitlog.min_offset), end):
+            batch.append(item)
+            if len(batch) >= REINDEX_BATCH:
+                self.index.build_index(batch)
+                batch = []
+        if batch:
+            self.index.build_index(batch)
 
     # --- the dispatch chain -------------------------------------------------------------------------------------
 
@@ -318,6 +359,10 @@ class RocketMQEngine(StorageEngine):
         else:
             self.dispatcher.catch_up()
 
+    def _index_file_flushed(self, end_timestamp: int) -> None:
+        """A full IndexFile is on disk: recovery after a crash keeps the files up to it (indexMsgTimestamp)."""
+        self.checkpoint.index_msg_timestamp = max(self.checkpoint.index_msg_timestamp, end_timestamp)
+
     def flush_consume_queues(self) -> None:
         """A full FlushConsumeQueueService round: sync every ConsumeQueue, then move the checkpoint's logics
         timestamp to the last message dispatched before the sync started."""
@@ -354,6 +399,8 @@ class RocketMQEngine(StorageEngine):
         for queue in queues:
             queue.consume_queue.delete_expired_files(commitlog_min_offset)
             queue.forget_size()
+        if self.index is not None:
+            self.index.delete_expired_files(commitlog_min_offset)
 
     def read_message(self, physical_offset: int, size: int) -> rm.Message:
         """The message at a CommitLog offset (a ConsumeQueue unit), without a CRC check."""
@@ -368,6 +415,47 @@ class RocketMQEngine(StorageEngine):
         if isinstance(message, rm.Blank) or message.total_size != size:
             raise KafkaStorageError(f"CommitLog offset {physical_offset} holds no message of {size} bytes")
         return message
+
+    # --- key lookup ---------------------------------------------------------------------------------------------
+
+    def lookup_key(self, topic: str, key: bytes, *, max_results: int = 64) -> list[KeyLocation]:
+        """Records of `topic` whose Kafka key (or RocketMQ KEYS entry) is `key`, newest first, through the
+        IndexFile (IndexService.queryOffset); each candidate is read from the CommitLog and kept only when its
+        topic and key match and it is still readable in its queue (the index keeps 4-byte hashes)."""
+        if self.index is None:
+            raise KeyIndexDisabledError(
+                "the RocketMQ engine keeps no index with tidelog.rocketmq.messageIndexEnable=false"
+            )
+        meta = self._meta(topic)
+        self.catch_up()
+        indexed = rm.index_key(key)
+        candidates = self.index.query_offsets(
+            topic, indexed, max_results, 0, LONG_MAX, max_msgs_num_batch=max_results
+        ).phy_offsets
+        found: list[KeyLocation] = []
+        for offset in dict.fromkeys(candidates):
+            message = self._message_at(offset)
+            if message is None or message.topic != topic or offset < meta["since"]:
+                continue
+            if indexed not in message_index_keys(message.properties_bytes):
+                continue
+            queue = self.queues.get((topic, message.queue_id))
+            if queue is None or not queue.log_start_offset <= message.queue_offset < queue.high_watermark:
+                continue
+            found.append(KeyLocation(message.queue_id, message.queue_offset, message.born_timestamp))
+        found.sort(key=lambda location: (location.timestamp, location.offset), reverse=True)
+        return found[:max_results]
+
+    def _message_at(self, physical_offset: int) -> rm.Message | None:
+        if not self.commitlog.min_offset <= physical_offset < self.commitlog.max_offset:
+            return None
+        head = self.commitlog.read(physical_offset, 4)
+        if len(head) < 4:
+            return None
+        try:
+            return self.read_message(physical_offset, int.from_bytes(head, "big", signed=True))
+        except (KafkaStorageError, OffsetOutOfRangeError):
+            return None
 
     # --- topics -----------------------------------------------------------------------------------------------
 
@@ -517,6 +605,8 @@ class RocketMQEngine(StorageEngine):
         if topic is None:
             self.dispatcher.catch_up()
             self.flush_consume_queues()
+            if self.index is not None:
+                self.index.flush()
             self.checkpoint.flush()
 
     # --- shutdown ---------------------------------------------------------------------------------------------
@@ -542,6 +632,8 @@ class RocketMQEngine(StorageEngine):
             self.dispatcher.shutdown()
             self.dispatcher.catch_up()
             self.flush_consume_queues()
+            if self.index is not None:
+                self.index.flush()
             self.checkpoint.physic_msg_timestamp = self.commitlog.last_store_timestamp or (
                 self.checkpoint.physic_msg_timestamp
             )
@@ -558,6 +650,8 @@ class RocketMQEngine(StorageEngine):
             self.allocator.shutdown()
             for queue in self.queues.values():
                 queue.consume_queue.close()
+            if self.index is not None:
+                self.index.close()
             self.commitlog.close()
             self.checkpoint.close()
             if clean:

@@ -425,6 +425,12 @@ class IndexService:
                 doomed.destroy()
 
     @property
+    def last_indexed_offset(self) -> int:
+        """The offset of the last message indexed (0 when none): where re-indexing a log starts reading."""
+        with self.lock:
+            return self.files[-1].header.end_phy_offset if self.files else 0
+
+    @property
     def rebuild_from(self) -> int:
         """The CommitLog offset from which messages may be missing from the index."""
         with self.lock:
