@@ -23,7 +23,6 @@ from typing import Any, BinaryIO, NamedTuple
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.codec.record_set import decode_batch, iter_batches
-from tidelog.errors import KeyIndexDisabledError
 
 EARLIEST_TIMESTAMP = -2  # ListOffsets special targets, as Kafka defines them
 LATEST_TIMESTAMP = -1
@@ -202,11 +201,11 @@ class StorageEngine(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    @abstractmethod
     def lookup_key(self, topic: str, key: bytes, *, max_results: int = 64) -> list[KeyLocation]:
         """Where the records of `topic` with `key` are, newest first, at most `max_results` (an engine's key index:
         RocketMQ's IndexFile, the Kafka engine's optional per-partition one). Raises KeyIndexDisabledError when
-        the engine keeps none."""
-        raise KeyIndexDisabledError(f"{type(self).__name__} keeps no key index")
+        the engine keeps none, UnknownTopicOrPartitionError for an unknown topic."""
 
     # --- the library face ---
     def produce(
