@@ -23,6 +23,7 @@ as a ratio to dd. `--plot` writes docs/engine-partitions.png. The issue's target
 from __future__ import annotations
 
 import argparse
+import errno
 import multiprocessing
 import os
 import re
@@ -85,7 +86,11 @@ class Result:
         return self.data_bytes / self.seconds / 1e6 if self.error is None else 0.0
 
     def cell(self) -> str:
-        return f"{self.mb_per_s:.1f}" if self.error is None else f"failed: {self.error}"
+        return f"{self.mb_per_s:.1f}" if self.error is None else f"failed: {self.short_error}"
+
+    @property
+    def short_error(self) -> str:
+        return (self.error or "").split(" ", 1)[0].rstrip(":")
 
 
 def build_batches(count: int, records: int, value_bytes: int) -> list[bytes]:
@@ -164,8 +169,11 @@ def run_engine(
         engine.close()
     except (OSError, TidelogError) as exc:
         cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
-        reason = os.strerror(cause.errno) if isinstance(cause, OSError) and cause.errno else str(exc)
-        return Result(policy, engine_name, partitions, 0.0, 0, open_file_count(), reason.lower())
+        if isinstance(cause, OSError) and cause.errno:
+            reason = f"{errno.errorcode.get(cause.errno, cause.errno)} ({os.strerror(cause.errno).lower()})"
+        else:
+            reason = f"{type(exc).__name__}: {exc}"
+        return Result(policy, engine_name, partitions, 0.0, 0, open_file_count(), reason)
     return Result(policy, engine_name, partitions, seconds, total, files)
 
 
@@ -285,7 +293,7 @@ def plot(results: list[Result], counts: list[int], engines: list[str], policies:
             )
             for failed in (r for r in runs if r.error is not None):
                 axis.plot([failed.partitions], [0], marker="x", markersize=10, color=line[0].get_color())
-                axis.annotate(failed.error or "", (failed.partitions, 0), textcoords="offset points", xytext=(-60, 8))
+                axis.annotate(failed.short_error, (failed.partitions, 0), textcoords="offset points", xytext=(-60, 8))
         axis.axhline(dd.mb_per_s, color="grey", linestyle="--", label="dd oflag=dsync" if policy == "sync" else "dd")
         axis.set_xscale("log")
         axis.set_xlabel("partitions (log scale)")
