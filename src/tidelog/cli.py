@@ -9,6 +9,8 @@ tidelog dump-commitlog --store DIR [--print-body]
 tidelog dump-consumequeue --store DIR --topic T --queue Q
 tidelog query-message --store DIR (--topic T --key K [--begin MS] [--end MS] [--max N] | --msg-id ID)
 tidelog demo [--storage] [--seconds S] [--rate N] [--read-from broker|files]
+tidelog users (--log-dir DIR | -c server.properties) --add U [--password P | --password-file F] | --remove U | --list
+tidelog acls (--log-dir DIR | -c server.properties) --add|--remove|--list [kafka-acls.sh options]
 
 A usage error is one line on stderr (`tidelog produce: error: ...`) and exit code 2.
 """
@@ -190,6 +192,121 @@ def _consume(args: argparse.Namespace) -> int:
     return console.consume(options)
 
 
+def _users(args: argparse.Namespace) -> int:
+    from tidelog.tools import security_tools
+
+    options = security_tools.UsersOptions(
+        log_dir=security_tools.resolve_log_dir(args.log_dir, args.config),
+        action=args.action,
+        user=args.user,
+        password=args.password,
+        password_file=args.password_file,
+        mechanisms=tuple(args.mechanism),
+        iterations=args.iterations,
+    )
+    return security_tools.users(options)
+
+
+def _acls(args: argparse.Namespace) -> int:
+    from tidelog.tools import security_tools
+
+    options = security_tools.AclsOptions(
+        log_dir=security_tools.resolve_log_dir(args.log_dir, args.config),
+        action=args.action,
+        allow_principals=tuple(args.allow_principal),
+        deny_principals=tuple(args.deny_principal),
+        allow_hosts=tuple(args.allow_host),
+        deny_hosts=tuple(args.deny_host),
+        operations=tuple(args.operation),
+        topics=tuple(args.topic),
+        groups=tuple(args.group),
+        cluster=args.cluster,
+        pattern_type=args.resource_pattern_type,
+        producer=args.producer,
+        consumer=args.consumer,
+        principals=tuple(args.principal),
+    )
+    return security_tools.acls(options)
+
+
+def _add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--log-dir", metavar="DIR", help="the broker's (first) log dir")
+    where.add_argument("-c", "--config", metavar="FILE", help="the broker's server.properties (its log.dirs)")
+
+
+def _add_users_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    users = commands.add_parser(
+        "users",
+        help="add, remove and list SASL/SCRAM users (stored salted and hashed, never the password)",
+        description="Manage the SCRAM credentials a broker checks for SASL PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 "
+        "(kafka-configs.sh --entity-type users --alter --add-config 'SCRAM-SHA-256=[...]'). Works on the data dir, "
+        "offline or while the broker runs; changes take effect without a restart.",
+    )
+    _add_data_dir_arguments(users)
+    actions = users.add_mutually_exclusive_group(required=True)
+    actions.add_argument("--add", dest="user", metavar="USER", help="add a user, or set a new password")
+    actions.add_argument("--remove", metavar="USER", help="remove a user's credentials")
+    actions.add_argument("--list", action="store_true", help="list users and their mechanisms")
+    users.add_argument("--password", help="the password (visible to other local users; prefer --password-file)")
+    users.add_argument("--password-file", metavar="FILE", help="read the password from FILE's first line (- = stdin)")
+    users.add_argument(
+        "--mechanism",
+        action="append",
+        default=[],
+        choices=["SCRAM-SHA-256", "SCRAM-SHA-512"],
+        help="the mechanism(s) to add or remove (default: both)",
+    )
+    users.add_argument("--iterations", type=int, default=4096, help="PBKDF2 iterations, 4096-16384 (default 4096)")
+    users.set_defaults(handler=_console_tool(_users_dispatch))
+
+
+def _users_dispatch(args: argparse.Namespace) -> int:
+    if args.remove is not None:
+        args.action, args.user = "remove", args.remove
+    else:
+        args.action = "list" if args.list else "add"
+    return _users(args)
+
+
+def _add_acls_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    acls = commands.add_parser(
+        "acls",
+        help="add, remove and list ACLs, as kafka-acls.sh does",
+        description="Manage the ACLs a broker with authorizer.class.name set enforces (kafka-acls.sh). Works on the "
+        "data dir, offline or while the broker runs; changes take effect without a restart. Operations: Read, Write, "
+        "Create, Delete, Alter, Describe, ClusterAction, DescribeConfigs, AlterConfigs, IdempotentWrite, All.",
+    )
+    _add_data_dir_arguments(acls)
+    actions = acls.add_mutually_exclusive_group(required=True)
+    for action, text in [("add", "add ACLs"), ("remove", "remove ACLs"), ("list", "list ACLs")]:
+        actions.add_argument(f"--{action}", dest="action", action="store_const", const=action, help=text)
+    repeatable = {"action": "append", "default": []}
+    acls.add_argument("--allow-principal", metavar="PRINCIPAL", help="e.g. User:alice (repeatable)", **repeatable)
+    acls.add_argument("--deny-principal", metavar="PRINCIPAL", help="e.g. User:mallory (repeatable)", **repeatable)
+    acls.add_argument(
+        "--allow-host", metavar="HOST", help="client address for --allow-principal (default *)", **repeatable
+    )
+    acls.add_argument(
+        "--deny-host", metavar="HOST", help="client address for --deny-principal (default *)", **repeatable
+    )
+    acls.add_argument("--operation", metavar="OP", help="an operation (repeatable)", **repeatable)
+    acls.add_argument("--topic", metavar="TOPIC", help="a topic (or * for all; repeatable)", **repeatable)
+    acls.add_argument("--group", metavar="GROUP", help="a consumer group (or * for all; repeatable)", **repeatable)
+    acls.add_argument("--cluster", action="store_true", help="the cluster resource")
+    acls.add_argument(
+        "--resource-pattern-type",
+        choices=["literal", "prefixed", "match", "any"],
+        type=str.lower,
+        help="literal or prefixed for --add (default literal); --list also takes match and any (default any)",
+    )
+    acls.add_argument("--producer", action="store_true", help="WRITE, DESCRIBE, CREATE on the --topic(s)")
+    acls.add_argument("--consumer", action="store_true", help="READ, DESCRIBE on the --topic(s), READ on the --group")
+    acls.add_argument("--principal", metavar="PRINCIPAL", help="with --list: only this principal's ACLs", **repeatable)
+    acls.add_argument("--force", action="store_true", help="accepted for kafka-acls.sh compatibility (never prompts)")
+    acls.set_defaults(handler=_console_tool(_acls))
+
+
 def _add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,...]", help="the brokers to contact")
     parser.add_argument(
@@ -359,6 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topics_parser(commands)
     _add_produce_parser(commands)
     _add_consume_parser(commands)
+    _add_users_parser(commands)
+    _add_acls_parser(commands)
 
     demo = commands.add_parser(
         "demo",

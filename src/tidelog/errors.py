@@ -29,7 +29,12 @@ class ErrorCode(IntEnum):
     UNKNOWN_MEMBER_ID = 25
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
+    TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
+    CLUSTER_AUTHORIZATION_FAILED = 31
     INVALID_TIMESTAMP = 32
+    UNSUPPORTED_SASL_MECHANISM = 33
+    ILLEGAL_SASL_STATE = 34
     UNSUPPORTED_VERSION = 35
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
@@ -39,7 +44,9 @@ class ErrorCode(IntEnum):
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
     INVALID_PRODUCER_EPOCH = 47
     INVALID_TXN_STATE = 48
+    SECURITY_DISABLED = 54
     KAFKA_STORAGE_ERROR = 56
+    SASL_AUTHENTICATION_FAILED = 58
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
     TOPIC_DELETION_DISABLED = 73
@@ -216,6 +223,55 @@ class InvalidReplicationFactorError(TidelogError):
 
 class TopicDeletionDisabledError(TidelogError):
     kafka_error_code = ErrorCode.TOPIC_DELETION_DISABLED
+
+
+# --- security: authentication and authorization ----------------------------------------------------------------
+
+
+class SaslAuthenticationError(TidelogError):
+    """Wrong password, unknown user or a malformed SASL exchange; the connection is closed after the answer."""
+
+    kafka_error_code = ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+class UnsupportedSaslMechanismError(TidelogError):
+    """A SaslHandshake naming a mechanism that `sasl.enabled.mechanisms` does not list."""
+
+    kafka_error_code = ErrorCode.UNSUPPORTED_SASL_MECHANISM
+
+
+class IllegalSaslStateError(TidelogError):
+    """A SASL request out of order (SaslAuthenticate before SaslHandshake, a second handshake, ...)."""
+
+    kafka_error_code = ErrorCode.ILLEGAL_SASL_STATE
+
+
+class TopicAuthorizationError(TidelogError):
+    kafka_error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+class GroupAuthorizationError(TidelogError):
+    kafka_error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+class ClusterAuthorizationError(TidelogError):
+    kafka_error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
+class SecurityDisabledError(TidelogError):
+    """An ACL request to a broker without an authorizer (`authorizer.class.name` unset)."""
+
+    kafka_error_code = ErrorCode.SECURITY_DISABLED
+
+
+class InvalidAclError(TidelogError):
+    """An ACL binding or filter that is not well formed (unknown operation, a non-definite binding, ...)."""
+
+    kafka_error_code = ErrorCode.INVALID_REQUEST
+
+
+class SecurityStoreError(TidelogError):
+    """`tidelog-users.json` or `tidelog-acls.json` cannot be read or written; the message names the file."""
 
 
 # --- Spark source and sink ---------------------------------------------------------------------------------------

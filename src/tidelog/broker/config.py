@@ -3,6 +3,12 @@
 Network and coordinator keys live here; storage keys (`log.dirs`, `log.segment.bytes`, ...) go to
 EngineConfig. Every key of the file must be known to one of the two, with a value of the right type:
 otherwise start-up stops with a ConfigError naming the key.
+
+Security uses Kafka's keys (see docs/reliability.md, Security): a listener's name maps to its security protocol
+(PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL) through `listener.security.protocol.map`, which by default maps each
+of the four names to itself; `sasl.enabled.mechanisms`; the PEM `ssl.keystore.*`/`ssl.truststore.*` keys and
+`ssl.client.auth`; ACLs are enforced when `authorizer.class.name` names Kafka's ACL authorizer, with
+`allow.everyone.if.no.acl.found` and `super.users`.
 """
 
 from __future__ import annotations
@@ -12,10 +18,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidelog.config import BROKER_KEYS, INT_MAX, EngineConfig, Key, parse_bool, parse_int, parse_list
+from tidelog.config import BROKER_KEYS, INT_MAX, EngineConfig, Key, parse_bool, parse_int, parse_list, parse_str
 from tidelog.errors import ConfigError
 
 LISTENER = re.compile(r"^(?P<name>[A-Z_][A-Z0-9_]*)://(?P<host>\[[^\]]*\]|[^:]*):(?P<port>[0-9]{1,5})$")
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+DEFAULT_PROTOCOL_MAP = {protocol: protocol for protocol in SECURITY_PROTOCOLS}
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# authorizer.class.name values that turn on the built-in ACL authorizer (Kafka's KRaft and ZooKeeper-era names).
+ACL_AUTHORIZERS = ("org.apache.kafka.metadata.authorizer.StandardAuthorizer", "kafka.security.authorizer.AclAuthorizer")
+
+
+def parse_principals(key: str, raw: Any) -> frozenset[str]:
+    """`User:admin;User:bob` (Kafka separates super.users with semicolons)."""
+    principals = [p.strip() for p in parse_str(key, raw).split(";") if p.strip()]
+    for principal in principals:
+        kind, sep, name = principal.partition(":")
+        if not sep or not kind or not name:
+            raise ConfigError(f"config {key}: {principal!r} is not a principal of the form User:name")
+    return frozenset(principals)
+
 
 SERVER_KEYS: dict[str, Key] = {
     k.name: k
@@ -34,6 +56,24 @@ SERVER_KEYS: dict[str, Key] = {
         Key("producer.id.expiration.ms", parse_int, minimum=1),
         Key("tidelog.metrics.port", parse_int, minimum=-1, maximum=65535),
         Key("tidelog.shutdown.timeout.ms", parse_int, minimum=0),
+        # security
+        Key("listener.security.protocol.map", parse_list),
+        Key("sasl.enabled.mechanisms", parse_list, choices=SASL_MECHANISMS),
+        Key("sasl.server.max.receive.size", parse_int, minimum=1),
+        Key("connection.failed.authentication.delay.ms", parse_int, minimum=0),
+        Key("ssl.keystore.type", parse_str, choices=("PEM",)),
+        Key("ssl.keystore.location", parse_str),
+        Key("ssl.keystore.password", parse_str),
+        Key("ssl.key.password", parse_str),
+        Key("ssl.truststore.type", parse_str, choices=("PEM",)),
+        Key("ssl.truststore.location", parse_str),
+        Key("ssl.truststore.password", parse_str),
+        Key("ssl.client.auth", parse_str, choices=("none", "requested", "required")),
+        Key("ssl.enabled.protocols", parse_list, choices=("TLSv1.2", "TLSv1.3")),
+        Key("ssl.cipher.suites", parse_list),
+        Key("authorizer.class.name", parse_str),
+        Key("allow.everyone.if.no.acl.found", parse_bool),
+        Key("super.users", parse_principals),
     ]
 }
 
@@ -43,19 +83,113 @@ class Listener:
     name: str
     host: str
     port: int
+    protocol: str = "PLAINTEXT"  # its security protocol, from listener.security.protocol.map
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
     @classmethod
-    def parse(cls, key: str, text: str) -> Listener:
+    def parse(cls, key: str, text: str, protocol_map: Mapping[str, str] = DEFAULT_PROTOCOL_MAP) -> Listener:
         match = LISTENER.match(text)
         if match is None:
             raise ConfigError(f"config {key}: {text!r} is not a listener of the form NAME://host:port")
-        if match["name"] != "PLAINTEXT":
-            raise ConfigError(f"config {key}: listener {match['name']} is not supported yet (only PLAINTEXT)")
+        protocol = protocol_map.get(match["name"])
+        if protocol is None:
+            raise ConfigError(
+                f"config {key}: listener {match['name']} has no security protocol in listener.security.protocol.map"
+            )
         host = match["host"].strip("[]") or "0.0.0.0"
         port = int(match["port"])
         if port > 65535:
             raise ConfigError(f"config {key}: port {port} of {text!r} is above 65535")
-        return cls(match["name"], host, port)
+        return cls(match["name"], host, port, protocol)
+
+
+def parse_protocol_map(entries: list[str] | None) -> dict[str, str]:
+    """`CLIENT:SASL_SSL,ADMIN:SSL` -> {name: protocol}; unset, each protocol's name maps to itself."""
+    if entries is None:
+        return dict(DEFAULT_PROTOCOL_MAP)
+    mapping = {}
+    for entry in entries:
+        name, sep, protocol = entry.partition(":")
+        if not sep or not LISTENER.match(f"{name.strip()}://h:0") or protocol.strip() not in SECURITY_PROTOCOLS:
+            raise ConfigError(
+                f"config listener.security.protocol.map: {entry!r} is not NAME:PROTOCOL with PROTOCOL one of "
+                f"{', '.join(SECURITY_PROTOCOLS)}"
+            )
+        mapping[name.strip()] = protocol.strip()
+    return mapping
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """Authentication (SASL, TLS) and authorization (ACLs) settings, with Kafka's defaults except where noted."""
+
+    sasl_enabled_mechanisms: tuple[str, ...] = ("SCRAM-SHA-256", "SCRAM-SHA-512")  # Kafka: GSSAPI (unsupported)
+    sasl_server_max_receive_size: int = 524_288
+    failed_authentication_delay_ms: int = 100
+    ssl_keystore_location: str | None = None
+    ssl_key_password: str | None = field(default=None, repr=False)
+    ssl_truststore_location: str | None = None
+    ssl_client_auth: str = "none"
+    ssl_enabled_protocols: tuple[str, ...] = ("TLSv1.2", "TLSv1.3")
+    ssl_cipher_suites: tuple[str, ...] = ()
+    authorizer_class_name: str = ""
+    allow_everyone_if_no_acl_found: bool = False
+    super_users: frozenset[str] = frozenset()
+
+    @property
+    def acls_enabled(self) -> bool:
+        return bool(self.authorizer_class_name)
+
+    @classmethod
+    def from_server_keys(cls, server: Mapping[str, Any], listeners: tuple[Listener, ...]) -> SecurityConfig:
+        defaults = cls()
+        for key in ("ssl.keystore.password", "ssl.truststore.password"):
+            if key in server:
+                raise ConfigError(
+                    f"config {key}: a PEM store has no store password (use ssl.key.password for an encrypted key)"
+                )
+        authorizer = server.get("authorizer.class.name", "")
+        if authorizer and authorizer not in ACL_AUTHORIZERS:
+            raise ConfigError(
+                f"config authorizer.class.name: {authorizer!r} is not available; tidelog has Kafka's ACL authorizer, "
+                f"named {' or '.join(ACL_AUTHORIZERS)}"
+            )
+        config = cls(
+            sasl_enabled_mechanisms=tuple(server.get("sasl.enabled.mechanisms", defaults.sasl_enabled_mechanisms)),
+            sasl_server_max_receive_size=server.get(
+                "sasl.server.max.receive.size", defaults.sasl_server_max_receive_size
+            ),
+            failed_authentication_delay_ms=server.get(
+                "connection.failed.authentication.delay.ms", defaults.failed_authentication_delay_ms
+            ),
+            ssl_keystore_location=server.get("ssl.keystore.location") or None,
+            ssl_key_password=server.get("ssl.key.password") or None,
+            ssl_truststore_location=server.get("ssl.truststore.location") or None,
+            ssl_client_auth=server.get("ssl.client.auth", defaults.ssl_client_auth),
+            ssl_enabled_protocols=tuple(server.get("ssl.enabled.protocols", defaults.ssl_enabled_protocols)),
+            ssl_cipher_suites=tuple(server.get("ssl.cipher.suites", ())),
+            authorizer_class_name=authorizer,
+            allow_everyone_if_no_acl_found=server.get(
+                "allow.everyone.if.no.acl.found", defaults.allow_everyone_if_no_acl_found
+            ),
+            super_users=server.get("super.users", defaults.super_users),
+        )
+        tls = [listener.name for listener in listeners if listener.tls]
+        if tls and not config.ssl_keystore_location:
+            raise ConfigError(f"config ssl.keystore.location: listener {tls[0]} uses TLS and needs a PEM keystore")
+        if tls and config.ssl_client_auth != "none" and not config.ssl_truststore_location:
+            raise ConfigError(
+                f"config ssl.truststore.location: ssl.client.auth={config.ssl_client_auth} needs the CA certificates "
+                "that client certificates chain to"
+            )
+        return config
 
 
 @dataclass(frozen=True)
@@ -75,6 +209,7 @@ class BrokerConfig:
     metrics_port: int = -1
     shutdown_timeout_ms: int = 30_000
     engine: EngineConfig = field(default_factory=EngineConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @property
     def node_id(self) -> int:
@@ -92,12 +227,16 @@ class BrokerConfig:
                 storage[name] = raw
             else:
                 raise ConfigError(f"unknown config key {name!r}")
-        listeners = tuple(Listener.parse("listeners", text) for text in server.get("listeners", []))
+        protocols = parse_protocol_map(server.get("listener.security.protocol.map"))
+        listeners = tuple(Listener.parse("listeners", text, protocols) for text in server.get("listeners", []))
+        if len({listener.name for listener in listeners}) != len(listeners):
+            raise ConfigError("config listeners: each listener needs its own name")
         advertised = server.get("advertised.listeners")
         defaults = cls()
+        listeners = listeners or defaults.listeners
         return cls(
-            listeners=listeners or defaults.listeners,
-            advertised_listeners=tuple(Listener.parse("advertised.listeners", t) for t in advertised)
+            listeners=listeners,
+            advertised_listeners=tuple(Listener.parse("advertised.listeners", t, protocols) for t in advertised)
             if advertised
             else None,
             socket_request_max_bytes=server.get("socket.request.max.bytes", defaults.socket_request_max_bytes),
@@ -124,6 +263,7 @@ class BrokerConfig:
             metrics_port=server.get("tidelog.metrics.port", defaults.metrics_port),
             shutdown_timeout_ms=server.get("tidelog.shutdown.timeout.ms", defaults.shutdown_timeout_ms),
             engine=EngineConfig.from_mapping(storage, log_dir=defaults.engine.log_dirs[0]),
+            security=SecurityConfig.from_server_keys(server, listeners),
         )
 
     def advertised_for(self, listener: Listener, bound_port: int) -> tuple[str, int]:

@@ -14,7 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from tidelog.errors import TidelogError
+from tidelog.broker.acl import Operation, ResourceType
+from tidelog.errors import ErrorCode, TidelogError
 from tidelog.protocol.fetch_response import PartitionData, TopicData, encode_fetch_response
 from tidelog.protocol.messages import ApiKey, Request, millis, response_header
 
@@ -84,9 +85,13 @@ class FetchApis:
         deadline = loop.time() + millis(body.max_wait) / 1000
         min_bytes = body.min_bytes
         max_bytes = getattr(body, "max_bytes", INT_MAX)
-        keys = [(t.topic, p.partition) for t in body.topics for p in t.partitions]
+        authorize = self.broker.authorizer.authorize
+        denied = {
+            t.topic for t in body.topics if not authorize(connection, Operation.READ, ResourceType.TOPIC, t.topic)
+        }
+        keys = [(t.topic, p.partition) for t in body.topics for p in t.partitions if t.topic not in denied]
         while True:
-            topics, total, failed = self._read(body, max_bytes)
+            topics, total, failed = self._read(body, max_bytes, denied)
             remaining = deadline - loop.time()
             if total >= min_bytes or failed or not keys or remaining <= 0 or self.broker.stopping:
                 break  # (nothing to wait for without partitions: answered at once, as Kafka does)
@@ -99,7 +104,7 @@ class FetchApis:
         parts, size = encode_fetch_response(request.api_version, header, topics)
         return RawResponse(parts, size)
 
-    def _read(self, body: Any, max_bytes: int) -> tuple[list[TopicData], int, bool]:
+    def _read(self, body: Any, max_bytes: int, denied: set[str]) -> tuple[list[TopicData], int, bool]:
         engine = self.broker.engine
         remaining = max_bytes
         total = 0
@@ -110,6 +115,9 @@ class FetchApis:
             for fetch_partition in fetch_topic.partitions:
                 data = PartitionData(fetch_partition.partition)
                 topic.partitions.append(data)
+                if fetch_topic.topic in denied:  # answered with the others, after the wait, as Kafka does
+                    data.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
                 try:
                     partition_log = engine.partition(fetch_topic.topic, fetch_partition.partition)
                     data.high_watermark = data.last_stable_offset = partition_log.high_watermark
@@ -135,6 +143,9 @@ class FetchApis:
         engine = self.broker.engine
         topics = []
         for list_topic in request.body.topics:
+            authorized = self.broker.authorizer.authorize(
+                connection, Operation.DESCRIBE, ResourceType.TOPIC, list_topic.name
+            )
             partitions = []
             for list_partition in list_topic.partitions:
                 answer: dict[str, Any] = {
@@ -144,6 +155,10 @@ class FetchApis:
                     "offset": -1,
                     "leader_epoch": -1,
                 }
+                partitions.append(answer)
+                if not authorized:
+                    answer["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
                 try:
                     found = engine.offset_for_timestamp(
                         list_topic.name, list_partition.partition_index, list_partition.timestamp
@@ -156,6 +171,5 @@ class FetchApis:
                         )
                 except TidelogError as exc:
                     answer["error_code"] = exc.kafka_error_code
-                partitions.append(answer)
             topics.append({"name": list_topic.name, "partitions": partitions})
         return {"throttle_time": 0, "topics": topics}

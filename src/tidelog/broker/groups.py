@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from tidelog.broker.acl import Operation, ResourceType
 from tidelog.codec import group_records as records
 from tidelog.errors import ErrorCode, UnknownTopicOrPartitionError
 from tidelog.protocol.messages import ApiKey, Request, millis
@@ -50,6 +51,8 @@ GROUP_ID_NOT_FOUND = ErrorCode.GROUP_ID_NOT_FOUND
 MEMBER_ID_REQUIRED = ErrorCode.MEMBER_ID_REQUIRED
 GROUP_SUBSCRIBED_TO_TOPIC = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
 UNKNOWN_SERVER_ERROR = ErrorCode.UNKNOWN_SERVER_ERROR
+GROUP_AUTHORIZATION_FAILED = ErrorCode.GROUP_AUTHORIZATION_FAILED
+TOPIC_AUTHORIZATION_FAILED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 OFFSET_METADATA_MAX_BYTES = 4096
 EXPIRY_CHECK_SECONDS = 0.25
 
@@ -186,6 +189,14 @@ class GroupCoordinator:
             group = self.groups[group_id] = Group(group_id)
         return group
 
+    def _may(self, connection: Connection, operation: Operation, group_id: str, *, log_denied: bool = True) -> bool:
+        return self.broker.authorizer.authorize(
+            connection, operation, ResourceType.GROUP, group_id, log_denied=log_denied
+        )
+
+    def _may_topic(self, connection: Connection, operation: Operation, topic: str) -> bool:
+        return self.broker.authorizer.authorize(connection, operation, ResourceType.TOPIC, topic)
+
     # --- FindCoordinator --------------------------------------------------------------------------------------
 
     async def handle_find_coordinator(self, request: Request, connection: Connection) -> Response:
@@ -194,11 +205,23 @@ class GroupCoordinator:
         key_type = getattr(body, "key_type", 0)
         error = NONE if key_type == 0 else COORDINATOR_NOT_AVAILABLE  # no transaction coordinator yet
         message = None if error == NONE else "transactions are not supported by this broker"
+        denied = {
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+            "error_code": GROUP_AUTHORIZATION_FAILED,
+            "error_message": None,
+        }
         if request.api_version >= 4:
             coordinators = [
-                {"key": key, **node, "error_code": error, "error_message": message} for key in body.coordinator_keys
+                {"key": key, **denied}
+                if key_type == 0 and not self._may(connection, Operation.DESCRIBE, key)
+                else {"key": key, **node, "error_code": error, "error_message": message}
+                for key in body.coordinator_keys
             ]
             return {"throttle_time": 0, "coordinators": coordinators}
+        if key_type == 0 and not self._may(connection, Operation.DESCRIBE, body.key):
+            return {"throttle_time": 0, **denied}
         return {"throttle_time": 0, "error_code": error, "error_message": message, **node}
 
     # --- JoinGroup --------------------------------------------------------------------------------------------
@@ -210,6 +233,8 @@ class GroupCoordinator:
         instance_id = getattr(body, "group_instance_id", None)
         if not body.group_id:
             return self._join_error(INVALID_GROUP_ID, body.member_id)
+        if not self._may(connection, Operation.READ, body.group_id):
+            return self._join_error(GROUP_AUTHORIZATION_FAILED, body.member_id)
         if not self.config.group_min_session_timeout_ms <= session_ms <= self.config.group_max_session_timeout_ms:
             return self._join_error(INVALID_SESSION_TIMEOUT, body.member_id)
         group = self._group(body.group_id)
@@ -393,6 +418,8 @@ class GroupCoordinator:
 
     async def handle_sync_group(self, request: Request, connection: Connection) -> Response:
         body = request.body
+        if not self._may(connection, Operation.READ, body.group_id):
+            return self._sync_response(GROUP_AUTHORIZATION_FAILED)
         group = self.groups.get(body.group_id)
         member = group.members.get(body.member_id) if group is not None else None
         if group is None or member is None:
@@ -441,7 +468,9 @@ class GroupCoordinator:
         body = request.body
         group = self.groups.get(body.group_id)
         member = group.members.get(body.member_id) if group is not None else None
-        if group is None or member is None:
+        if not self._may(connection, Operation.READ, body.group_id):
+            error = GROUP_AUTHORIZATION_FAILED
+        elif group is None or member is None:
             error = UNKNOWN_MEMBER_ID
         elif body.generation_id != group.generation:
             error = ILLEGAL_GENERATION
@@ -452,6 +481,8 @@ class GroupCoordinator:
 
     async def handle_leave_group(self, request: Request, connection: Connection) -> Response:
         body = request.body
+        if not self._may(connection, Operation.READ, body.group_id):
+            return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED, "members": []}
         group = self.groups.get(body.group_id)
         if request.api_version < 3:
             leaving = [(body.member_id, None)]
@@ -597,6 +628,8 @@ class GroupCoordinator:
         error = NONE
         if not body.group_id:
             error = INVALID_GROUP_ID
+        elif not self._may(connection, Operation.READ, body.group_id):
+            error = GROUP_AUTHORIZATION_FAILED
         elif generation < 0:
             if group is not None and group.members:
                 error = UNKNOWN_MEMBER_ID if body.member_id not in group.members else ILLEGAL_GENERATION
@@ -611,8 +644,9 @@ class GroupCoordinator:
         topics = []
         for topic in body.topics:
             partitions = []
+            topic_denied = error == NONE and not self._may_topic(connection, Operation.READ, topic.name)
             for partition in topic.partitions:
-                code = error
+                code = TOPIC_AUTHORIZATION_FAILED if topic_denied else error
                 metadata = partition.committed_metadata or ""
                 if code == NONE and not self._partition_exists(topic.name, partition.partition_index):
                     code = UNKNOWN_TOPIC_OR_PARTITION
@@ -656,25 +690,51 @@ class GroupCoordinator:
         body = request.body
         if request.api_version >= 8:
             groups = [
-                {"group_id": g.group_id, "topics": self._fetch_offsets(g.group_id, g.topics), "error_code": 0}
+                {"group_id": g.group_id, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED}
+                if not self._may(connection, Operation.DESCRIBE, g.group_id)
+                else {
+                    "group_id": g.group_id,
+                    "topics": self._fetch_offsets(connection, g.group_id, g.topics),
+                    "error_code": 0,
+                }
                 for g in body.groups
             ]
             return {"throttle_time": 0, "groups": groups}
-        return {"throttle_time": 0, "topics": self._fetch_offsets(body.group_id, body.topics), "error_code": 0}
+        if not self._may(connection, Operation.DESCRIBE, body.group_id):
+            return {"throttle_time": 0, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED}
+        topics = self._fetch_offsets(connection, body.group_id, body.topics)
+        return {"throttle_time": 0, "topics": topics, "error_code": 0}
 
-    def _fetch_offsets(self, group_id: str, requested: Any) -> list[dict[str, Any]]:
+    def _fetch_offsets(self, connection: Connection, group_id: str, requested: Any) -> list[dict[str, Any]]:
+        """Committed offsets; topics the client may not DESCRIBE answer TOPIC_AUTHORIZATION_FAILED when named,
+        and are left out when the request asks for all of the group's offsets (Kafka's rule)."""
+        authorizer = self.broker.authorizer
         stored = self.store.groups.get(group_id)
         offsets = stored.offsets if stored is not None else {}
+        denied: set[str] = set()
         if requested is None:
             wanted: dict[str, list[int]] = {}
             for topic, partition in sorted(offsets):
-                wanted.setdefault(topic, []).append(partition)
+                if authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.TOPIC, topic, log_denied=False):
+                    wanted.setdefault(topic, []).append(partition)
         else:
             wanted = {t.name: list(t.partition_indexes) for t in requested}
+            denied = {name for name in wanted if not self._may_topic(connection, Operation.DESCRIBE, name)}
         topics = []
         for topic, partitions in wanted.items():
             answers = []
             for partition in partitions:
+                if topic in denied:
+                    answers.append(
+                        {
+                            "partition_index": partition,
+                            "committed_offset": -1,
+                            "committed_leader_epoch": -1,
+                            "metadata": "",
+                            "error_code": TOPIC_AUTHORIZATION_FAILED,
+                        }
+                    )
+                    continue
                 value = offsets.get((topic, partition))
                 answers.append(
                     {
@@ -690,6 +750,8 @@ class GroupCoordinator:
 
     async def handle_offset_delete(self, request: Request, connection: Connection) -> Response:
         body = request.body
+        if not self._may(connection, Operation.DELETE, body.group_id):
+            return {"error_code": GROUP_AUTHORIZATION_FAILED, "throttle_time": 0, "topics": []}
         stored = self.store.groups.get(body.group_id)
         group = self.groups.get(body.group_id)
         if stored is None and group is None:
@@ -699,8 +761,10 @@ class GroupCoordinator:
         topics = []
         for topic in body.topics:
             partitions = []
+            topic_denied = not self._may_topic(connection, Operation.READ, topic.name)
             for partition in topic.partitions:
                 code = GROUP_SUBSCRIBED_TO_TOPIC if topic.name in subscribed else NONE
+                code = TOPIC_AUTHORIZATION_FAILED if topic_denied else code
                 if code == NONE:
                     entries.append((records.OffsetKey(body.group_id, topic.name, partition.partition_index), None))
                 partitions.append({"partition_index": partition.partition_index, "error_code": code})
@@ -721,8 +785,25 @@ class GroupCoordinator:
 
     async def handle_describe_groups(self, request: Request, connection: Connection) -> Response:
         described = []
+        include_operations = getattr(request.body, "include_authorized_operations", False)
         for group_id in request.body.groups:
             group = self.groups.get(group_id)
+            if not self._may(connection, Operation.DESCRIBE, group_id):
+                described.append(
+                    {
+                        "error_code": GROUP_AUTHORIZATION_FAILED,
+                        "group_id": group_id,
+                        "group_state": "",
+                        "protocol_type": "",
+                        "protocol_data": "",
+                        "members": [],
+                        "authorized_operations": -(1 << 31),
+                    }
+                )
+                continue
+            operations = -(1 << 31)
+            if include_operations:
+                operations = self.broker.authorizer.authorized_operations(connection, ResourceType.GROUP, group_id)
             if group is None:
                 described.append(
                     {
@@ -732,7 +813,7 @@ class GroupCoordinator:
                         "protocol_type": "",
                         "protocol_data": "",
                         "members": [],
-                        "authorized_operations": -(1 << 31),
+                        "authorized_operations": operations,
                     }
                 )
                 continue
@@ -756,7 +837,7 @@ class GroupCoordinator:
                     "protocol_type": group.protocol_type or "",
                     "protocol_data": (group.protocol or "") if stable else "",
                     "members": members,
-                    "authorized_operations": -(1 << 31),
+                    "authorized_operations": operations,
                 }
             )
         return {"throttle_time": 0, "groups": described}
@@ -764,6 +845,8 @@ class GroupCoordinator:
     async def handle_list_groups(self, request: Request, connection: Connection) -> Response:
         wanted = {s.lower() for s in getattr(request.body, "states_filter", ()) or ()}
         names = set(self.groups) | set(self.store.groups)
+        if not self.broker.authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.CLUSTER, log_denied=False):
+            names = {n for n in names if self._may(connection, Operation.DESCRIBE, n, log_denied=False)}
         listed = []
         for group_id in sorted(names):
             group = self.groups.get(group_id) or Group(group_id)
@@ -779,6 +862,9 @@ class GroupCoordinator:
         for group_id in request.body.groups_names:
             group = self.groups.get(group_id)
             stored = self.store.groups.get(group_id)
+            if not self._may(connection, Operation.DELETE, group_id):
+                results.append({"group_id": group_id, "error_code": GROUP_AUTHORIZATION_FAILED})
+                continue
             if group is None and stored is None:
                 results.append({"group_id": group_id, "error_code": GROUP_ID_NOT_FOUND})
                 continue

@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.server import Deferred
 from tidelog.codec.record_batch import read_header
 from tidelog.errors import (
@@ -148,6 +149,9 @@ class ProduceApis:
         responses = []
         for topic_data in body.topic_data:
             partition_responses = []
+            authorized = self.broker.authorizer.authorize(
+                connection, Operation.WRITE, ResourceType.TOPIC, topic_data.name
+            )
             for partition_data in topic_data.partition_data:
                 answer: dict[str, Any] = {
                     "index": partition_data.index,
@@ -157,6 +161,9 @@ class ProduceApis:
                     "log_start_offset": -1,
                 }
                 partition_responses.append(answer)
+                if not authorized:
+                    answer["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
                 try:
                     partition_log = self._append(
                         topic_data.name, partition_data.index, partition_data.records, body.transactional_id, answer
@@ -227,6 +234,12 @@ class ProduceApis:
                 request.client_id,
                 body.transactional_id,
             )
+            return answer
+        authorizer = self.broker.authorizer
+        if not authorizer.authorize(
+            connection, Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, log_denied=False
+        ) and not authorizer.authorize_any(connection, Operation.WRITE, ResourceType.TOPIC):
+            answer["error_code"] = ErrorCode.CLUSTER_AUTHORIZATION_FAILED  # idempotence needs WRITE on some topic
             return answer
         producer_id = getattr(body, "producer_id", -1)
         epoch = getattr(body, "producer_epoch", -1)

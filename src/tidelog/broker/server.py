@@ -6,6 +6,9 @@ too large, too small or does not decode closes that connection and is logged; a 
 closes that connection too. Nothing a client sends stops the broker or touches stored data.
 Shutdown (SIGTERM/SIGINT or `stop()`): stop accepting, let in-flight requests finish, wake long
 polls, then flush and close the engine, which writes the clean-shutdown marker.
+Security: SSL and SASL_SSL listeners wrap connections in TLS; each connection carries its principal, set by
+sasl.py (SASL listeners start unauthenticated and may only authenticate) or from the client certificate, and
+handlers check it with `broker.authorizer.authorize(...)` (authorizer.py).
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from tidelog.broker import tls
 from tidelog.broker.config import BrokerConfig, Listener
 from tidelog.broker.metrics import Metrics
+from tidelog.broker.sasl import PRE_AUTHENTICATION_APIS, SaslSession, SecurityApiKey, open_session
 from tidelog.errors import FrameError, MalformedRequestError, UnsupportedVersionError
 from tidelog.protocol.fetch_response import Part
 from tidelog.protocol.framing import SIZE, check_frame_size
@@ -52,6 +59,8 @@ _Pending = bytes | RawResponse | None | asyncio.Task[bytes | RawResponse | None]
 _END_OF_REQUESTS: Any = object()
 MAX_PIPELINED_RESPONSES = 128
 SENDFILE_MIN_BYTES = 64 * 1024
+TLS_WRITE_CHUNK_BYTES = 1024 * 1024  # over TLS (no sendfile) slices are pread and written in chunks of this size
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -67,8 +76,13 @@ class Connection:
     advertised_host: str
     advertised_port: int
     peer: str
+    host: str = ""  # the client's address, which ACL host fields match
     in_flight: int = 0  # requests read whose response has not been written yet
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    principal: str = tls.ANONYMOUS
+    authenticated: bool = True  # False on a SASL listener until SaslAuthenticate succeeds
+    sasl: SaslSession | None = None
+    closing: bool = False  # answer what is pending, then close (failed authentication)
 
     @property
     def busy(self) -> bool:
@@ -77,10 +91,12 @@ class Connection:
 
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
+        from tidelog.broker.authorizer import AclApis, Authorizer
         from tidelog.broker.fetch import FetchApis
         from tidelog.broker.groups import GroupCoordinator
         from tidelog.broker.offset_store import OffsetStore
         from tidelog.broker.produce import ProduceApis
+        from tidelog.broker.sasl import SaslApis
         from tidelog.broker.topics import TopicApis
 
         self.config = config
@@ -93,11 +109,14 @@ class Broker:
         self.topics = TopicApis(self)
         self.offset_store = OffsetStore(self.engine, config.offsets_topic_num_partitions, self.produce.flusher)
         self.groups = GroupCoordinator(self, self.offset_store)
+        self.authorizer = Authorizer(config.security, Path(config.engine.log_dirs[0]).resolve())
+        self.sasl = SaslApis(self)
+        self.acls = AclApis(self)
         self.handlers: dict[int, ApiHandler] = {ApiKey.API_VERSIONS: ApiHandler(0, 4, self._api_versions)}
-        for area in (self.fetch, self.produce, self.topics, self.groups):
+        for area in (self.fetch, self.produce, self.topics, self.groups, self.sasl, self.acls):
             self.handlers.update(area.handlers())
         self.supported = {key: (h.min_version, h.max_version) for key, h in self.handlers.items()}
-        self.metrics = Metrics(self, {key: ApiKey(key).name.lower() for key in self.handlers})
+        self.metrics = Metrics(self, {key: _api_name(key) for key in self.handlers})
 
     @property
     def connection_count(self) -> int:
@@ -109,16 +128,31 @@ class Broker:
         self.offset_store.open()
         self.groups.start()
         self.metrics.serve(self.config.metrics_port)
+        context = self._ssl_context() if any(listener.tls for listener in self.config.listeners) else None
         for listener in self.config.listeners:
             server = await asyncio.start_server(
                 lambda r, w, listener=listener: self._accept(listener, r, w),
                 listener.host,
                 listener.port,
                 reuse_address=True,
+                ssl=context if listener.tls else None,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if listener.tls else None,
             )
             port = server.sockets[0].getsockname()[1]
             self._servers.append((listener, server, port))
             log.info("listening on %s://%s:%d", listener.name, listener.host, port)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        security = self.config.security
+        assert security.ssl_keystore_location is not None  # checked when the config was read
+        return tls.server_context(
+            security.ssl_keystore_location,
+            security.ssl_key_password,
+            security.ssl_truststore_location,
+            security.ssl_client_auth,
+            security.ssl_enabled_protocols,
+            security.ssl_cipher_suites,
+        )
 
     @property
     def bound_ports(self) -> list[int]:
@@ -155,8 +189,11 @@ class Broker:
         port = next(p for lst, _, p in self._servers if lst is listener)
         host, advertised_port = self.config.advertised_for(listener, port)
         peer = writer.get_extra_info("peername")
-        connection = Connection(listener, host, advertised_port, f"{peer[0]}:{peer[1]}" if peer else "?")
+        connection = Connection(
+            listener, host, advertised_port, f"{peer[0]}:{peer[1]}" if peer else "?", host=peer[0] if peer else ""
+        )
         connection.task = asyncio.current_task()  # type: ignore[assignment]
+        open_session(connection, writer.get_extra_info("ssl_object"))
         self._connections.add(connection)
         try:
             await self._serve(connection, reader, writer)
@@ -190,12 +227,18 @@ class Broker:
                     if exc.partial:
                         raise
                     break  # the client closed its side between requests: answer what is pending, then close
+                if not connection.authenticated and size > self.config.security.sasl_server_max_receive_size:
+                    raise FrameError(
+                        f"frame of {size} bytes before authentication exceeds sasl.server.max.receive.size"
+                    )
                 check_frame_size(size, max_bytes)
                 payload = await reader.readexactly(size)
                 if not await _acquire_unless_done(window, sender):
                     break  # the sender failed (the socket is gone): stop reading
                 connection.in_flight += 1
                 responses.put_nowait(await self._handle(payload, connection))
+                if connection.closing:
+                    break  # e.g. failed authentication: send what is owed, then close
             responses.put_nowait(_END_OF_REQUESTS)
             await sender
         finally:
@@ -212,7 +255,7 @@ class Broker:
             try:
                 response = await item if isinstance(item, asyncio.Task) else item
                 if response is not None:
-                    await self._send(writer, response)
+                    await self._send(writer, response, zero_copy=not connection.listener.tls)
             finally:
                 connection.in_flight -= 1
                 window.release()
@@ -224,6 +267,14 @@ class Broker:
             if exc.api_key == ApiKey.API_VERSIONS:  # answered with v0 and the versions we do speak
                 return encode_response(ApiKey.API_VERSIONS, 0, exc.correlation_id, self._versions_body(35))
             raise
+        if not connection.authenticated and request.api_key not in PRE_AUTHENTICATION_APIS:
+            log.warning(
+                "closing connection from %s: %s request before SASL authentication",
+                connection.peer,
+                _api_name(request.api_key),
+            )
+            connection.closing = True
+            return None
         started = time.perf_counter()
         body = await self.handlers[request.api_key].handle(request, connection)
         if isinstance(body, Deferred):
@@ -242,14 +293,22 @@ class Broker:
         self.metrics.latency_of(request.api_key).observe(time.perf_counter() - started)
         return response
 
-    async def _send(self, writer: asyncio.StreamWriter, response: bytes | RawResponse) -> None:
+    async def _send(self, writer: asyncio.StreamWriter, response: bytes | RawResponse, *, zero_copy: bool) -> None:
+        """Write one response. File slices go by sendfile on plain TCP; over TLS (no sendfile: the bytes must be
+        encrypted in user space) they are pread and written in chunks, draining between chunks."""
         if isinstance(response, bytes):
             writer.write(response)
             await writer.drain()
             return
         loop = asyncio.get_running_loop()
         for part in response.parts:
-            if isinstance(part, FileSlice) and part.length < SENDFILE_MIN_BYTES:
+            if isinstance(part, FileSlice) and not zero_copy:
+                for start in range(0, part.length, TLS_WRITE_CHUNK_BYTES):
+                    length = min(TLS_WRITE_CHUNK_BYTES, part.length - start)
+                    writer.write(part._replace(position=part.position + start, length=length).read())
+                    if length == TLS_WRITE_CHUNK_BYTES:
+                        await writer.drain()
+            elif isinstance(part, FileSlice) and part.length < SENDFILE_MIN_BYTES:
                 writer.write(part.read())  # small: one pread beats the drain + sendfile round trip
             elif isinstance(part, FileSlice):
                 await writer.drain()
@@ -275,6 +334,10 @@ class Broker:
 
     async def _api_versions(self, request: Request, connection: Connection) -> Response:
         return self._versions_body()
+
+
+def _api_name(key: int) -> str:
+    return (ApiKey(key) if key in ApiKey._value2member_map_ else SecurityApiKey(key)).name.lower()
 
 
 async def _acquire_unless_done(window: asyncio.Semaphore, sender: asyncio.Task[None]) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from tidelog.broker.acl import CLUSTER_NAME, Operation, ResourceType
 from tidelog.config import TOPIC_KEYS
 from tidelog.errors import (
     ConfigError,
@@ -70,13 +71,48 @@ class TopicApis:
         engine = self.broker.engine
         node_id = self.broker.config.node_id
         requested = body.topics
+        authorizer = self.broker.authorizer
         if requested is None or (request.api_version == 0 and not requested):
-            names = list(engine.topics())  # internal topics too, marked is_internal, as Kafka answers
+            # internal topics too, marked is_internal, as Kafka answers; only those the client may describe
+            names = [
+                name
+                for name in engine.topics()
+                if authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.TOPIC, name, log_denied=False)
+            ]
+            denied: set[str] = set()
         else:
             names = [t.name for t in requested if t.name is not None]
+            denied = {
+                n for n in names if not authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.TOPIC, n)
+            }
         allow_create = getattr(body, "allow_auto_topic_creation", True) and self.broker.config.auto_create_topics_enable
+        if allow_create and not authorizer.authorize(
+            connection, Operation.CREATE, ResourceType.CLUSTER, log_denied=False
+        ):
+            existing = engine.topics()
+            denied |= {  # auto-creation needs CREATE on the cluster or on the topic
+                n
+                for n in names
+                if n not in existing
+                and n not in denied
+                and not authorizer.authorize(connection, Operation.CREATE, ResourceType.TOPIC, n)
+            }
         budget = [MAX_NEW_PARTITIONS_PER_REQUEST]
-        topics = [self._describe_topic(name, allow_create, node_id, budget) for name in names]
+        topics = [
+            {"error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED, "name": name, "partitions": []}
+            if name in denied
+            else self._describe_topic(name, allow_create, node_id, budget)
+            for name in names
+        ]
+        if getattr(body, "include_topic_authorized_operations", False):
+            for topic in topics:
+                if topic["error_code"] == 0:
+                    topic["topic_authorized_operations"] = authorizer.authorized_operations(
+                        connection, ResourceType.TOPIC, topic["name"]
+                    )
+        cluster_operations = AUTHORIZED_OPERATIONS_OMITTED
+        if getattr(body, "include_cluster_authorized_operations", False):
+            cluster_operations = authorizer.authorized_operations(connection, ResourceType.CLUSTER, CLUSTER_NAME)
         return {
             "throttle_time": 0,
             "brokers": [
@@ -90,7 +126,7 @@ class TopicApis:
             "cluster_id": engine.cluster_id,
             "controller_id": node_id,
             "topics": topics,
-            "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+            "cluster_authorized_operations": cluster_operations,
         }
 
     def _describe_topic(self, name: str, allow_create: bool, node_id: int, budget: list[int]) -> dict[str, Any]:
@@ -131,6 +167,8 @@ class TopicApis:
     async def handle_create_topics(self, request: Request, connection: Connection) -> Response:
         body = request.body
         engine = self.broker.engine
+        authorizer = self.broker.authorizer
+        may_create_any = authorizer.authorize(connection, Operation.CREATE, ResourceType.CLUSTER, log_denied=False)
         results = []
         budget = [MAX_NEW_PARTITIONS_PER_REQUEST]
         for topic in body.topics:
@@ -142,6 +180,11 @@ class TopicApis:
                 "replication_factor": -1,
             }
             results.append(result)
+            if not may_create_any and not authorizer.authorize(
+                connection, Operation.CREATE, ResourceType.TOPIC, topic.name
+            ):
+                result.update(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
+                continue
             try:
                 partitions = None if topic.num_partitions == -1 else topic.num_partitions
                 if topic.replication_factor not in (-1, 1):
@@ -189,6 +232,10 @@ class TopicApis:
         responses = []
         for name in names:
             result: dict[str, Any] = {"name": name, "error_code": 0, "error_message": None}
+            if not self.broker.authorizer.authorize(connection, Operation.DELETE, ResourceType.TOPIC, name):
+                result.update(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
+                responses.append(result)
+                continue
             try:
                 if not self.broker.config.delete_topic_enable:
                     raise TopicDeletionDisabledError("topic deletion is disabled (delete.topic.enable=false)")
@@ -213,6 +260,10 @@ class TopicApis:
         budget = [MAX_NEW_PARTITIONS_PER_REQUEST]
         for topic in body.topics:
             result: dict[str, Any] = {"name": topic.name, "error_code": 0, "error_message": None}
+            results.append(result)
+            if not self.broker.authorizer.authorize(connection, Operation.ALTER, ResourceType.TOPIC, topic.name):
+                result.update(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
+                continue
             try:
                 if topic.name in INTERNAL_TOPICS:
                     raise InvalidTopicError(f"the internal topic {topic.name} cannot get more partitions")
@@ -228,7 +279,6 @@ class TopicApis:
                     engine.create_partitions(topic.name, topic.count)
             except TidelogError as exc:
                 result.update(error_code=exc.kafka_error_code, error_message=str(exc))
-            results.append(result)
         return {"throttle_time": 0, "results": results}
 
     async def handle_delete_records(self, request: Request, connection: Connection) -> Response:
@@ -236,12 +286,17 @@ class TopicApis:
         topics = []
         for topic in request.body.topics:
             partitions = []
+            authorized = self.broker.authorizer.authorize(connection, Operation.DELETE, ResourceType.TOPIC, topic.name)
             for partition in topic.partitions:
                 result: dict[str, Any] = {
                     "partition_index": partition.partition_index,
                     "low_watermark": -1,
                     "error_code": 0,
                 }
+                if not authorized:
+                    result["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    partitions.append(result)
+                    continue
                 try:
                     partition_log = engine.partition(topic.name, partition.partition_index)
                     offset = partition_log.high_watermark if partition.offset == -1 else partition.offset
@@ -265,7 +320,15 @@ class TopicApis:
                 "configs": [],
             }
             wanted = set(resource.configuration_keys) if resource.configuration_keys is not None else None
-            if resource.resource_type == RESOURCE_TOPIC:
+            if resource.resource_type == RESOURCE_TOPIC and not self.broker.authorizer.authorize(
+                connection, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, resource.resource_name
+            ):
+                result.update(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
+            elif resource.resource_type == RESOURCE_BROKER and not self.broker.authorizer.authorize(
+                connection, Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER
+            ):
+                result.update(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message="Authorization failed.")
+            elif resource.resource_type == RESOURCE_TOPIC:
                 description = self.broker.engine.topics().get(resource.resource_name)
                 if description is None:
                     result.update(
