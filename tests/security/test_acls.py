@@ -1,0 +1,320 @@
+"""Authorization end to end: Kafka's ACLs on topics, groups and the cluster, with librdkafka and kafka-python
+against a real `tidelog serve` (authorizer.class.name set, super.users=User:admin).
+
+A user without an ACL cannot produce, fetch, describe, commit or join a group, and gets TOPIC_ or
+GROUP_AUTHORIZATION_FAILED; the same user can once the super user grants ACLs through CreateAcls
+(confluent-kafka's AdminClient) or `tidelog acls --add` (a running broker picks the file change up); DescribeAcls
+lists them, DeleteAcls or `tidelog acls --remove` takes the access away again. DENY beats ALLOW; only a principal
+with ALTER on the cluster may change ACLs; `allow.everyone.if.no.acl.found=true` opens resources without ACLs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import kafka
+import kafka.errors
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
+from security_clients import Certificates, add_users, confluent_config, kafka_python_config, secure_settings, tidelog
+
+from broker_process import BrokerProcess, StartBroker
+
+LISTENER = "SASL_SSL"
+MECHANISM = "SCRAM-SHA-256"
+ACL_PROPAGATION_S = 0.3  # the broker re-reads tidelog-acls.json when it changes (checked every 0.1 s)
+
+
+def _config(broker: BrokerProcess, certificates: Certificates, user: str, **extra: Any) -> dict[str, Any]:
+    return confluent_config(broker, LISTENER, certificates, MECHANISM, user, **extra)
+
+
+def _admin(broker: BrokerProcess, certificates: Certificates, user: str = "admin") -> AdminClient:
+    return AdminClient(_config(broker, certificates, user))
+
+
+def _create_topic(broker: BrokerProcess, certificates: Certificates, topic: str, records: int = 2) -> None:
+    """As the super user: create the topic and store a few records in it."""
+    admin = _admin(broker, certificates)  # (kept referenced: a collected AdminClient fails its futures)
+    admin.create_topics([NewTopic(topic, 1)])[topic].result(30)
+    producer = Producer(_config(broker, certificates, "admin"))
+    for i in range(records):
+        producer.produce(topic, f"r{i}".encode())
+    assert producer.flush(30) == 0
+
+
+def _produce_error(config: dict[str, Any], topic: str) -> KafkaError | None:
+    """Produce one record; the delivery error (None if it was stored)."""
+    outcome: list[KafkaError | None] = []
+    producer = Producer({"message.timeout.ms": 10_000, "allow.auto.create.topics": False, **config})
+    producer.produce(topic, b"x", on_delivery=lambda error, message: outcome.append(error))
+    producer.flush(30)
+    assert outcome, "no delivery report"
+    return outcome[0]
+
+
+def _consume(config: dict[str, Any], topic: str, group: str, want: int, timeout_s: float = 30) -> list[Any]:
+    """Subscribe in `group` and return messages (or the first error) until `want` values or an error arrive."""
+    consumer = Consumer({**config, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    got: list[Any] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(got) < want and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                return [message.error()]
+            got.append(message)
+        if got:
+            consumer.commit(message=got[-1], asynchronous=False)
+    finally:
+        consumer.close()
+    return got
+
+
+def _until(check: Callable[[], bool], timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
+def test_a_user_without_acls_can_neither_produce_nor_fetch_describe_commit_or_join(
+    secure_broker: BrokerProcess, certificates: Certificates
+) -> None:
+    topic = f"locked-{uuid.uuid4().hex[:8]}"
+    _create_topic(secure_broker, certificates, topic)
+    alice = _config(secure_broker, certificates, "alice")
+
+    error = _produce_error(alice, topic)
+    assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+    metadata = AdminClient(alice).list_topics(topic, timeout=15)
+    assert metadata.topics[topic].error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert topic not in AdminClient(alice).list_topics(timeout=15).topics  # a full listing leaves it out
+
+    errors = _consume(alice, topic, f"g-{topic}", want=1, timeout_s=15)
+    assert errors and isinstance(errors[0], KafkaError), errors
+    assert errors[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+    # With DESCRIBE on the topic (clients fetch only what Metadata shows them) and the group (FindCoordinator)
+    # but no READ, the Fetch and the OffsetCommit themselves are refused.
+    admin = _admin(secure_broker, certificates)
+    describe = [
+        AclBinding(
+            resource_type, name, ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.DESCRIBE,
+            AclPermissionType.ALLOW,
+        )
+        for resource_type, name in [(ResourceType.TOPIC, topic), (ResourceType.GROUP, f"g-{topic}")]
+    ]  # fmt: skip
+    for future in admin.create_acls(describe).values():
+        future.result(30)
+    time.sleep(ACL_PROPAGATION_S)
+    error = _produce_error(alice, topic)
+    assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert f"Principal = User:alice is Denied operation = WRITE from host = 127.0.0.1 on resource = TOPIC:{topic}" in (
+        secure_broker.stderr_text()
+    )  # refused by Produce itself, not only by Metadata
+    consumer = Consumer({**alice, "group.id": f"g-{topic}", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        codes: set[int] = set()  # the group's FindCoordinator fails too; the Fetch must fail on the topic
+        deadline = time.monotonic() + 15
+        while KafkaError.TOPIC_AUTHORIZATION_FAILED not in codes and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None:
+                assert message.error() is not None, "a record was fetched without READ on the topic"
+                codes.add(message.error().code())
+        assert KafkaError.TOPIC_AUTHORIZATION_FAILED in codes, codes
+        with pytest.raises(KafkaException) as commit:
+            consumer.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+        assert commit.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+    finally:
+        consumer.close()
+
+
+def test_acls_created_over_the_protocol_grant_access_and_deleting_them_takes_it_away(
+    secure_broker: BrokerProcess, certificates: Certificates
+) -> None:
+    prefix = f"orders-{uuid.uuid4().hex[:6]}-"
+    topic, group = prefix + "eu", prefix + "app"
+    _create_topic(secure_broker, certificates, topic, records=2)
+    admin = _admin(secure_broker, certificates)
+    bindings = [
+        AclBinding(
+            ResourceType.TOPIC, prefix, ResourcePatternType.PREFIXED, "User:alice", "*", op, AclPermissionType.ALLOW
+        )
+        for op in (AclOperation.WRITE, AclOperation.READ)
+    ] + [
+        AclBinding(
+            ResourceType.GROUP, group, ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.READ,
+            AclPermissionType.ALLOW,
+        )
+    ]  # fmt: skip
+    for future in admin.create_acls(bindings).values():
+        assert future.result(30) is None
+
+    mine = AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, "User:alice", None, AclOperation.ANY, AclPermissionType.ANY
+    )
+    described = admin.describe_acls(mine).result(30)
+    assert sorted(b for b in map(str, described) if prefix in b) == sorted(map(str, bindings))
+
+    alice = _config(secure_broker, certificates, "alice", **{"enable.idempotence": True})
+    assert _produce_error(alice, topic) is None  # InitProducerId (WRITE on some topic) and Produce (WRITE)
+    values = [m.value() for m in _consume(alice, topic, group, want=3)]
+    assert values == [b"r0", b"r1", b"x"]  # JoinGroup/SyncGroup (READ group), Fetch (READ topic), OffsetCommit
+    assert AdminClient(alice).list_topics(topic, timeout=15).topics[topic].error is None  # READ implies DESCRIBE
+    other_group = _consume(alice, topic, prefix + "other", want=1, timeout_s=15)
+    assert other_group[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED  # only the one group
+
+    exact = [
+        AclBindingFilter(
+            b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation, b.permission_type
+        )
+        for b in bindings
+    ]
+    for future in admin.delete_acls(exact).values():
+        assert len(future.result(30)) == 1
+    time.sleep(ACL_PROPAGATION_S)
+    assert not [b for b in admin.describe_acls(mine).result(30) if prefix in str(b)]
+    error = _produce_error(_config(secure_broker, certificates, "alice"), topic)
+    assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_only_a_principal_with_alter_on_the_cluster_may_change_acls(
+    secure_broker: BrokerProcess, certificates: Certificates
+) -> None:
+    binding = AclBinding(
+        ResourceType.TOPIC, "*", ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.ALL,
+        AclPermissionType.ALLOW,
+    )  # fmt: skip
+    alice = _admin(secure_broker, certificates, "alice")
+    with pytest.raises(KafkaException) as created:
+        alice.create_acls([binding])[binding].result(30)
+    assert created.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    # DescribeAcls: confluent-kafka 2.16 drops the response's top-level error (it returns []); kafka-python raises it
+    kafka_admin = kafka.KafkaAdminClient(
+        **kafka_python_config(secure_broker, LISTENER, certificates, MECHANISM, "alice")
+    )
+    everything = kafka.admin.ACLFilter(
+        principal=None,
+        host=None,
+        operation=kafka.admin.ACLOperation.ANY,
+        permission_type=kafka.admin.ACLPermissionType.ANY,
+        resource_pattern=kafka.admin.ResourcePatternFilter(
+            kafka.admin.ResourceType.ANY, None, kafka.admin.ACLResourcePatternType.ANY
+        ),
+    )
+    try:
+        with pytest.raises(kafka.errors.ClusterAuthorizationFailedError):
+            kafka_admin.describe_acls(everything)
+    finally:
+        kafka_admin.close()
+
+
+def test_tidelog_acls_cli_on_a_running_broker_with_kafka_python(
+    secure_broker: BrokerProcess, certificates: Certificates
+) -> None:
+    topic = f"cli-{uuid.uuid4().hex[:8]}"
+    group = f"{topic}-group"
+    _create_topic(secure_broker, certificates, topic, records=1)
+    bob = kafka_python_config(secure_broker, LISTENER, certificates, MECHANISM, "bob")
+    log_dir = str(secure_broker.log_dir)
+
+    producer = kafka.KafkaProducer(**bob, enable_idempotence=False)
+    with pytest.raises(kafka.errors.TopicAuthorizationFailedError):
+        producer.send(topic, b"denied").get(timeout=30)
+    consumer = kafka.KafkaConsumer(topic, **bob, group_id=group, auto_offset_reset="earliest")
+    with pytest.raises(kafka.errors.GroupAuthorizationFailedError):
+        consumer.poll(timeout_ms=10_000)
+    consumer.close()
+
+    added = tidelog(
+        "acls", "--log-dir", log_dir, "--add", "--allow-principal", "User:bob", "--producer", "--consumer",
+        "--topic", topic, "--group", group,
+    ).stdout  # fmt: skip
+    assert f"ResourcePattern(resourceType=TOPIC, name={topic}, patternType=LITERAL)" in added
+    listed = tidelog("acls", "--log-dir", log_dir, "--list", "--principal", "User:bob").stdout
+    for operation in ("WRITE", "READ", "DESCRIBE", "CREATE"):
+        assert f"(principal=User:bob, host=*, operation={operation}, permissionType=ALLOW)" in listed
+    time.sleep(ACL_PROPAGATION_S)
+
+    assert producer.send(topic, b"allowed").get(timeout=30).offset == 1
+    producer.close()
+    consumer = kafka.KafkaConsumer(
+        topic, **bob, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=15_000
+    )
+    assert [next(consumer).value, next(consumer).value] == [b"r0", b"allowed"]
+    consumer.commit()
+    assert consumer.committed(kafka.TopicPartition(topic, 0)) == 2
+    consumer.close()
+
+    tidelog("acls", "--log-dir", log_dir, "--remove", "--allow-principal", "User:bob", "--producer", "--topic", topic)
+    time.sleep(ACL_PROPAGATION_S)
+    producer = kafka.KafkaProducer(**bob, enable_idempotence=False)
+    with pytest.raises(kafka.errors.TopicAuthorizationFailedError):
+        producer.send(topic, b"denied again").get(timeout=30)
+    producer.close()
+
+
+def test_deny_beats_allow_and_super_users_bypass_acls(secure_broker: BrokerProcess, certificates: Certificates) -> None:
+    topic = f"deny-{uuid.uuid4().hex[:8]}"
+    _create_topic(secure_broker, certificates, topic, records=0)
+    admin = _admin(secure_broker, certificates)
+    everyone_writes = AclBinding(
+        ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:*", "*", AclOperation.WRITE,
+        AclPermissionType.ALLOW,
+    )  # fmt: skip
+    alice_denied = AclBinding(
+        ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.ALL,
+        AclPermissionType.DENY,
+    )  # fmt: skip
+    admin_denied = AclBinding(
+        ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:admin", "*", AclOperation.ALL,
+        AclPermissionType.DENY,
+    )  # fmt: skip
+    for future in admin.create_acls([everyone_writes, alice_denied, admin_denied]).values():
+        future.result(30)
+    assert _produce_error(_config(secure_broker, certificates, "bob"), topic) is None
+    error = _produce_error(_config(secure_broker, certificates, "alice"), topic)
+    assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert _produce_error(_config(secure_broker, certificates, "admin"), topic) is None  # super.users
+
+
+def test_allow_everyone_if_no_acl_found(start_module_broker: StartBroker, certificates: Certificates) -> None:
+    broker = start_module_broker(
+        secure_settings(certificates, **{"allow.everyone.if.no.acl.found": "true"}),
+        listeners=(LISTENER,),
+        before_start=add_users,
+    )
+    open_topic = f"open-{uuid.uuid4().hex[:8]}"
+    alice = _config(broker, certificates, "alice")
+    assert _produce_error({**alice, "allow.auto.create.topics": True}, open_topic) is None  # no ACL at all
+    tidelog(
+        "acls", "--log-dir", str(broker.log_dir), "--add", "--allow-principal", "User:bob", "--operation", "Write",
+        "--topic", open_topic,
+    )  # fmt: skip
+    assert _until(
+        lambda: (
+            (e := _produce_error(alice, open_topic)) is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        )
+    )
+    assert _produce_error(_config(broker, certificates, "bob"), open_topic) is None
