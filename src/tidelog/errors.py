@@ -234,36 +234,6 @@ class SaslAuthenticationError(TidelogError):
     kafka_error_code = ErrorCode.SASL_AUTHENTICATION_FAILED
 
 
-class UnsupportedSaslMechanismError(TidelogError):
-    """A SaslHandshake naming a mechanism that `sasl.enabled.mechanisms` does not list."""
-
-    kafka_error_code = ErrorCode.UNSUPPORTED_SASL_MECHANISM
-
-
-class IllegalSaslStateError(TidelogError):
-    """A SASL request out of order (SaslAuthenticate before SaslHandshake, a second handshake, ...)."""
-
-    kafka_error_code = ErrorCode.ILLEGAL_SASL_STATE
-
-
-class TopicAuthorizationError(TidelogError):
-    kafka_error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-
-
-class GroupAuthorizationError(TidelogError):
-    kafka_error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
-
-
-class ClusterAuthorizationError(TidelogError):
-    kafka_error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-
-
-class SecurityDisabledError(TidelogError):
-    """An ACL request to a broker without an authorizer (`authorizer.class.name` unset)."""
-
-    kafka_error_code = ErrorCode.SECURITY_DISABLED
-
-
 class InvalidAclError(TidelogError):
     """An ACL binding or filter that is not well formed (unknown operation, a non-definite binding, ...)."""
 

@@ -23,15 +23,13 @@ from tidelog.broker.acl import PermissionType as Permission
 from tidelog.broker.config import SecurityConfig
 from tidelog.broker.security_store import AclStore
 from tidelog.errors import ErrorCode, InvalidAclError, TidelogError
+from tidelog.protocol.messages import ApiKey
 
 if TYPE_CHECKING:
     from tidelog.broker.server import ApiHandler, Broker, Connection, Response
 
 log = logging.getLogger("tidelog.authorizer")
 
-DESCRIBE_ACLS = 29
-CREATE_ACLS = 30
-DELETE_ACLS = 31
 ALL_OPERATIONS = -(1 << 31)  # "authorized operations not requested" in Metadata and DescribeGroups
 
 
@@ -139,9 +137,9 @@ class AclApis:
         from tidelog.broker.server import ApiHandler
 
         return {
-            DESCRIBE_ACLS: ApiHandler(1, 3, self.handle_describe_acls),
-            CREATE_ACLS: ApiHandler(1, 3, self.handle_create_acls),
-            DELETE_ACLS: ApiHandler(1, 3, self.handle_delete_acls),
+            ApiKey.DESCRIBE_ACLS: ApiHandler(1, 3, self.handle_describe_acls),
+            ApiKey.CREATE_ACLS: ApiHandler(1, 3, self.handle_create_acls),
+            ApiKey.DELETE_ACLS: ApiHandler(1, 3, self.handle_delete_acls),
         }
 
     def _refusal(self, connection: Connection, operation: Operation) -> tuple[int, str] | None:

@@ -4,7 +4,7 @@ Network and coordinator keys live here; storage keys (`log.dirs`, `log.segment.b
 EngineConfig. Every key of the file must be known to one of the two, with a value of the right type:
 otherwise start-up stops with a ConfigError naming the key.
 
-Security uses Kafka's keys (see docs/reliability.md, Security): a listener's name maps to its security protocol
+Security uses Kafka's keys (README.md, Security): a listener's name maps to its security protocol
 (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL) through `listener.security.protocol.map`, which by default maps each
 of the four names to itself; `sasl.enabled.mechanisms`; the PEM `ssl.keystore.*`/`ssl.truststore.*` keys and
 `ssl.client.auth`; ACLs are enforced when `authorizer.class.name` names Kafka's ACL authorizer, with

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from enum import Enum, IntEnum
+from enum import Enum
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from tidelog.broker import scram
 from tidelog.broker.security_store import UserStore
 from tidelog.broker.tls import ANONYMOUS, certificate_principal
 from tidelog.errors import ErrorCode, SaslAuthenticationError
+from tidelog.protocol.messages import ApiKey
 
 if TYPE_CHECKING:
     from tidelog.broker.server import ApiHandler, Broker, Connection, Response
@@ -36,18 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidelog.security")
 
 
-class SecurityApiKey(IntEnum):
-    """The API keys of security requests (named here: the protocol layer's ApiKey lists the data APIs)."""
-
-    SASL_HANDSHAKE = 17
-    DESCRIBE_ACLS = 29
-    CREATE_ACLS = 30
-    DELETE_ACLS = 31
-    SASL_AUTHENTICATE = 36
-
-
-API_VERSIONS = 18
-PRE_AUTHENTICATION_APIS = frozenset({API_VERSIONS, SecurityApiKey.SASL_HANDSHAKE, SecurityApiKey.SASL_AUTHENTICATE})
+PRE_AUTHENTICATION_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 PLAIN = "PLAIN"
 PLAIN_FAILED = "Authentication failed: Invalid username or password"
 
@@ -112,8 +102,8 @@ class SaslApis:
         from tidelog.broker.server import ApiHandler
 
         return {
-            SecurityApiKey.SASL_HANDSHAKE: ApiHandler(1, 1, self.handle_handshake),
-            SecurityApiKey.SASL_AUTHENTICATE: ApiHandler(0, 2, self.handle_authenticate),
+            ApiKey.SASL_HANDSHAKE: ApiHandler(1, 1, self.handle_handshake),
+            ApiKey.SASL_AUTHENTICATE: ApiHandler(0, 2, self.handle_authenticate),
         }
 
     async def handle_handshake(self, request: Any, connection: Connection) -> Response:

@@ -26,7 +26,7 @@ from typing import Any
 from tidelog.broker import tls
 from tidelog.broker.config import BrokerConfig, Listener
 from tidelog.broker.metrics import Metrics
-from tidelog.broker.sasl import PRE_AUTHENTICATION_APIS, SaslSession, SecurityApiKey, open_session
+from tidelog.broker.sasl import PRE_AUTHENTICATION_APIS, SaslSession, open_session
 from tidelog.errors import FrameError, MalformedRequestError, UnsupportedVersionError
 from tidelog.protocol.fetch_response import Part
 from tidelog.protocol.framing import SIZE, check_frame_size
@@ -337,7 +337,7 @@ class Broker:
 
 
 def _api_name(key: int) -> str:
-    return (ApiKey(key) if key in ApiKey._value2member_map_ else SecurityApiKey(key)).name.lower()
+    return ApiKey(key).name.lower()
 
 
 async def _acquire_unless_done(window: asyncio.Semaphore, sender: asyncio.Task[None]) -> bool:
