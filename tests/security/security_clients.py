@@ -58,6 +58,22 @@ def make_certificates(directory: Path) -> Certificates:
     return Certificates(directory / "tidelog-test-ca.pem", keystore, directory / "other-ca.pem")
 
 
+def make_client_certificate(certificates: Certificates, common_name: str) -> tuple[Path, Path]:
+    """(certificate, key) PEM files of a client certificate for `/O=tidelog/CN=<common_name>` signed by the CA."""
+    directory = certificates.ca.parent
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{common_name}.key", "-out", f"{common_name}.csr",
+        "-subj", f"/O=tidelog/CN={common_name}",
+        cwd=directory,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", f"{common_name}.csr", "-CA", "tidelog-test-ca.pem", "-CAkey", "tidelog-test-ca.key",
+        "-CAcreateserial", "-days", "2", "-out", f"{common_name}.crt",
+        cwd=directory,
+    )  # fmt: skip
+    return directory / f"{common_name}.crt", directory / f"{common_name}.key"
+
+
 def tidelog(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run the real `tidelog` command line."""
     result = subprocess.run([*tidelog_command(), *args], capture_output=True, text=True, timeout=60)

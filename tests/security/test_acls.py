@@ -29,7 +29,15 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
-from security_clients import Certificates, add_users, confluent_config, kafka_python_config, secure_settings, tidelog
+from security_clients import (
+    Certificates,
+    add_users,
+    confluent_config,
+    kafka_python_config,
+    make_client_certificate,
+    secure_settings,
+    tidelog,
+)
 
 from broker_process import BrokerProcess, StartBroker
 
@@ -318,3 +326,44 @@ def test_allow_everyone_if_no_acl_found(start_module_broker: StartBroker, certif
         )
     )
     assert _produce_error(_config(broker, certificates, "bob"), open_topic) is None
+
+
+def test_client_certificates_on_a_listener_named_through_the_protocol_map(
+    start_module_broker: StartBroker, certificates: Certificates
+) -> None:
+    """`listener.security.protocol.map=MTLS:SSL` with `ssl.client.auth=required`: a client is the principal of its
+    certificate's subject DN (`User:CN=...,O=tidelog`, as Kafka prints it), ACLs apply to it, and a client
+    without a certificate fails the TLS handshake."""
+    topic = f"mtls-{uuid.uuid4().hex[:8]}"
+
+    def grant(log_dir: Any) -> None:
+        tidelog(
+            "acls", "--log-dir", str(log_dir), "--add", "--allow-principal", "User:CN=writer,O=tidelog",
+            "--producer", "--topic", topic,
+        )  # fmt: skip
+
+    broker = start_module_broker(
+        secure_settings(
+            certificates,
+            **{
+                "listener.security.protocol.map": "MTLS:SSL",
+                "ssl.client.auth": "required",
+                "ssl.truststore.location": str(certificates.ca),
+            },
+        ),
+        listeners=("MTLS",),
+        before_start=grant,
+    )
+    base = {"bootstrap.servers": broker.bootstrap_for("MTLS"), "security.protocol": "SSL"}
+    base["ssl.ca.location"] = str(certificates.ca)
+    for name, allowed in [("writer", True), ("reader", False)]:
+        certificate, key = make_client_certificate(certificates, name)
+        config = {**base, "ssl.certificate.location": str(certificate), "ssl.key.location": str(key)}
+        error = _produce_error({**config, "allow.auto.create.topics": True}, topic)
+        if allowed:
+            assert error is None
+        else:
+            assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert "Principal = User:CN=reader,O=tidelog is Denied operation = DESCRIBE" in broker.stderr_text()
+    with pytest.raises(KafkaException):  # no client certificate: the TLS handshake is refused, nothing is served
+        AdminClient({**base, "socket.timeout.ms": 3000}).list_topics(timeout=5)
