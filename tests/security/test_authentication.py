@@ -150,7 +150,7 @@ def test_kafka_python_wrong_password_fails_authentication(
     config = kafka_python_config(secure_broker, "SASL_SSL", certificates, mechanism, "bob", password="guess")
     caplog.set_level(logging.ERROR, logger="kafka")
     with pytest.raises(kafka.errors.KafkaTimeoutError):
-        kafka.KafkaProducer(**config, bootstrap_timeout_ms=3000)
+        kafka.KafkaProducer(**config, bootstrap_timeout_ms=2000)
     failures = [r.getMessage() for r in caplog.records if "SaslAuthenticationFailedError" in r.getMessage()]
     assert failures, [r.getMessage() for r in caplog.records]
     assert "Authentication failed" in failures[0]
