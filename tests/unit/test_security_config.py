@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tidelog.broker.config import BrokerConfig
-from tidelog.broker.tls import distinguished_name, server_context
+from tidelog.broker.tls import server_context
 from tidelog.errors import ConfigError
 
 
@@ -68,8 +68,3 @@ def test_an_unreadable_keystore_is_a_config_error(tmp_path: Path) -> None:
     for keystore in (tmp_path / "missing.pem", garbage):
         with pytest.raises(ConfigError, match=r"ssl\.keystore\.location"):
             server_context(str(keystore), None, None, "none", ("TLSv1.2", "TLSv1.3"))
-
-
-def test_certificate_subjects_print_as_java_does() -> None:
-    subject = ((("countryName", "US"),), (("organizationName", "acme, inc"),), (("commonName", "alice"),))
-    assert distinguished_name(subject) == r"CN=alice,O=acme\, inc,C=US"
