@@ -40,6 +40,7 @@ AIMED_AT = {
         "tidelog/codec/compression.py",
         "tidelog/codec/varint.py",
         "tidelog/codec/group_records.py",
+        "tidelog/codec/columnar.py",
     ],
     "request": ["tidelog/protocol/messages.py", "tidelog/protocol/framing.py", "tidelog/protocol/bounds.py"],
     "config": ["tidelog/config.py", "tidelog/broker/config.py"],

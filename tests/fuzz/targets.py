@@ -6,8 +6,9 @@ The contract under test: every rejection is a `TidelogError` subclass naming wha
 so is a hang (the runner's -timeout) or a huge allocation (its -rss_limit_mb).
 
 - `record_batch`: the codec as storage and clients reach it - record sets (iter_batches, peek_batch,
-  scan_stored_batches, is_valid, decode_batch), check_batch / decode_records, the legacy (magic 0/1) reader,
-  every decompressor, and the __consumer_offsets key/value formats. The first byte picks a mode; most modes
+  scan_stored_batches, is_valid, decode_batch), check_batch / decode_records, the columnar decoder the Spark source
+  reads segment files with, the legacy (magic 0/1) reader, every decompressor, and the __consumer_offsets key/value
+  formats. The first byte picks a mode; most modes
   repair lengths and checksums first, so the fuzzer reaches the record parsers behind the CRC.
 - `request`: a connection's byte stream as the broker reads it - frame sizes (check_frame_size), then
   decode_request with the broker's own table of supported versions, then the first look a handler takes at the
@@ -29,7 +30,7 @@ from crc32c import crc32c
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.run import parse_overrides
-from tidelog.codec import group_records, legacy, record_set
+from tidelog.codec import columnar, group_records, legacy, record_set
 from tidelog.codec.compression import Compression, compress, decompress
 from tidelog.codec.record_batch import (
     HEADER,
@@ -94,6 +95,14 @@ def _read_record_set(buf: bytes) -> None:
     list(record_set.iter_records(buf, include_control=True))
 
 
+def _read_columnar(buf: bytes) -> None:
+    """What the Spark source does with a chunk of a segment file: scan, keep the v2 data batches, decode columns."""
+    table = columnar.scan_batches(buf)
+    data_batches = (table.magic == 2) & ~table.is_control
+    if data_batches.any():
+        columnar.decode_v2(buf, table.take(data_batches), with_headers=True)
+
+
 def _read_v2(buf: bytes) -> None:
     header = check_batch(buf)
     decode_records(buf, 0, header)
@@ -128,9 +137,13 @@ def fuzz_record_batch(data: bytes) -> None:
                 return
             codec = Compression(rest[0] % 3 + 1)  # legacy wrappers: gzip, snappy, lz4
             _read_record_set(_legacy_wrapper(rest[1:], codec, rest[0] >> 7))
-        elif mode == 6:  # fuzzed batches back to back, each with a valid CRC
+        elif mode == 6:  # fuzzed batches back to back, each with a valid CRC; bit 3 set: the columnar decoder too
             parts = rest.split(b"\xfe\xfe")
-            _read_record_set(b"".join(_v2_with_valid_crc(p) for p in parts))
+            buf = b"".join(_v2_with_valid_crc(p) for p in parts)
+            if data[0] & 0x08:  # (numpy costs ~0.5 ms an input: half of this mode keeps the target fast)
+                with contextlib.suppress(TidelogError):
+                    _read_columnar(buf)
+            _read_record_set(buf)
         else:  # the __consumer_offsets record formats the offset store reads back at start-up
             for decode in (
                 group_records.decode_key,
@@ -150,6 +163,7 @@ def record_batch_seeds() -> list[bytes]:
     for codec in Compression:
         batch = build_batch(records, compression=codec, producer_id=7, producer_epoch=0, base_sequence=0)
         seeds += [b"\x00" + batch + batch, b"\x01" + batch, b"\x06" + batch + b"\xfe\xfe" + batch]
+        seeds.append(b"\x0e" + batch + b"\xfe\xfe" + batch)  # mode 6 with the columnar decoder
         section = batch[HEADER_SIZE:]
         seeds.append(b"\x03" + bytes([int(codec)]) + section)
         if codec is Compression.NONE:

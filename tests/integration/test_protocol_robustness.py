@@ -372,14 +372,15 @@ def test_well_formed_requests_with_random_fields_never_hurt_the_broker(seeded, b
     logged_before = len(seeded.stderr_text())
     with connect(seeded) as sock:
         sock.sendall(frame(payload))
-        result = outcome(sock, timeout=2.0 if api_key in MAY_WAIT else 15.0)
+        # A CreateTopics of up to 1,000 partitions takes the broker several seconds on a loaded machine.
+        result = outcome(sock, timeout=2.0 if api_key in MAY_WAIT else 60.0)
     logged = seeded.stderr_text()[logged_before:]
     event(f"{api_key}:{result.kind}")
     assert "unexpected error" not in logged, f"API {api_key} v{version} broke a handler:\n{logged}"
     if result.kind == "answered":
         assert struct.unpack_from(">i", result.payload)[0] == 4711, "the answer carries another correlation id"
     elif result.kind == "open":
-        assert api_key in MAY_WAIT, f"API {api_key} v{version} got no answer within 15 s"
+        assert api_key in MAY_WAIT, f"API {api_key} v{version} got no answer within 60 s"
     assert_broker_healthy(seeded, clients=False)
 
 
