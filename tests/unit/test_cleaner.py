@@ -10,6 +10,7 @@ import io
 import os
 import shutil
 import struct
+import time
 import warnings
 from pathlib import Path
 
@@ -481,3 +482,48 @@ def test_max_compaction_lag_rolls_the_active_segment_and_forces_a_clean(tmp_path
         assert to_clean.cleanable_ratio < 0.99 and to_clean.must_clean  # overdue, not dirty enough
         assert len(engine.clean_logs()) == 1
         assert [r[2] for r in contents(engine, "t")] == [b"v2", b"v3"]  # v3 is in the active segment
+
+
+def test_an_aborted_pass_leaves_the_log_as_it_was(tmp_path: Path, clock: Clock) -> None:
+    with open_engine(tmp_path, clock) as engine:
+        engine.create_topic("t", 1, configs=COMPACT)
+        produce_rounds(engine, "t", 20, 4)
+        before = contents(engine, "t")
+        engine.cleaner.abort()  # what closing the engine does to a pass in progress
+        assert engine.clean_logs() == []
+        assert contents(engine, "t") == before
+        assert not [p for p in (tmp_path / "t-0").iterdir() if p.name.endswith((".cleaned", ".swap", ".deleted"))]
+        assert not (tmp_path / "cleaner-offset-checkpoint").exists()
+
+
+def test_the_background_cleaner_runs_on_its_own_thread(tmp_path: Path) -> None:
+    settings = {"log.segment.bytes": 600, "log.cleaner.backoff.ms": 50}
+    with KafkaEngine(EngineConfig.from_mapping(settings, log_dir=tmp_path), background=True) as engine:
+        engine.create_topic("t", 1, configs=COMPACT)
+        produce_rounds(engine, "t", 20, 4)
+        active_base = engine.partition_log("t", 0).active_segment.base_offset
+        for _ in range(600):  # up to 60 s on a loaded machine (it may clean while the rounds are produced, too)
+            if engine.cleaner.first_dirty.get(("t", 0), 0) == active_base:
+                break
+            time.sleep(0.1)
+        assert engine.cleaner.first_dirty[("t", 0)] == active_base
+        assert len(contents(engine, "t")) < 80
+
+
+def test_a_deleted_topic_leaves_the_cleaner_checkpoint(tmp_path: Path, clock: Clock) -> None:
+    with open_engine(tmp_path, clock) as engine:
+        for topic in ("gone", "kept"):
+            engine.create_topic(topic, 1, configs=COMPACT)
+            produce_rounds(engine, topic, 20, 4)
+        assert len(engine.clean_logs()) == 2
+        engine.delete_topic("gone")
+        assert ("gone", 0) not in engine.cleaner.first_dirty
+        engine.create_topic("gone", 1, configs=COMPACT)
+        produce_rounds(engine, "gone", 20, 4)
+        to_clean = engine.cleaner.log_to_clean(engine.partition_log("gone", 0))
+        assert to_clean.first_dirty_offset == 0  # the new topic is cleaned from its start
+        engine.clean_logs()
+        text = (tmp_path / "cleaner-offset-checkpoint").read_text().splitlines()
+        assert text[:2] == ["0", "2"] and {line.split()[0] for line in text[2:]} == {"gone", "kept"}
+        values = {key: value for _o, key, value, _t in contents(engine, "gone")}
+        assert values == {f"k{k}".encode(): f"r19-k{k}".encode() for k in range(4)}

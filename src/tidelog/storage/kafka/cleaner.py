@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,12 +132,21 @@ def segment_chunks(segment: LogSegment, position: int = 0) -> Iterator[tuple[byt
         position += table.end
 
 
+class CleaningAborted(Exception):
+    """The engine is closing: the pass stops where it is (what was swapped in stays, the rest is untouched)."""
+
+
 class Cleaner:
     """One pass over one log at a time (Kafka's Cleaner)."""
 
     def __init__(self, dedupe_buffer_size: int, clock: Callable[[], int]) -> None:
         self.dedupe_buffer_size = dedupe_buffer_size
         self.clock = clock
+        self.aborted = threading.Event()
+
+    def _check_aborted(self) -> None:
+        if self.aborted.is_set():
+            raise CleaningAborted
 
     def clean(self, to_clean: LogToClean) -> CleanStats:
         partition_log = to_clean.log
@@ -188,6 +198,7 @@ class Cleaner:
                 continue
             start = segment.index.lookup(first_dirty).position if segment.base_offset <= first_dirty else 0
             for chunk, table in segment_chunks(segment, start):
+                self._check_aborted()
                 last_offsets = table.last_offset
                 wanted = (last_offsets >= first_dirty) & (table.base_offset < first_uncleanable)
                 if not wanted.any():
@@ -238,6 +249,7 @@ class Cleaner:
         try:
             for segment in group:
                 for chunk, table in segment_chunks(segment):
+                    self._check_aborted()
                     stats.bytes_read += table.end
                     self._clean_chunk(chunk, table, cleaned, partition_log, offset_map, now,
                                       producer_last_offsets, stats)  # fmt: skip
@@ -484,6 +496,14 @@ class LogCleaner:
             ):
                 candidates.append(to_clean)
         return max(candidates, key=lambda c: (c.must_clean, c.cleanable_ratio), default=None)
+
+    def forget(self, key: tuple[str, int]) -> None:
+        """A deleted partition: its first dirty offset goes (a topic created again under its name starts afresh)."""
+        self.first_dirty.pop(key, None)
+        self.delete_horizons.pop(key, None)
+
+    def abort(self) -> None:
+        self.cleaner.aborted.set()
 
     def clean(self, to_clean: LogToClean) -> CleanStats:
         stats = self.cleaner.clean(to_clean)

@@ -45,7 +45,7 @@ from tidelog.storage.api import (
     TopicDescription,
 )
 from tidelog.storage.kafka import checkpoints
-from tidelog.storage.kafka.cleaner import CLEANER_OFFSET_CHECKPOINT, CleanStats, LogCleaner
+from tidelog.storage.kafka.cleaner import CLEANER_OFFSET_CHECKPOINT, CleaningAborted, CleanStats, LogCleaner
 from tidelog.storage.kafka.key_index import PartitionKeyIndex, record_at
 from tidelog.storage.kafka.partition_log import PARTITION_DIR, PartitionLog, partition_dir_name
 from tidelog.storage.kafka.scheduler import Scheduler
@@ -132,6 +132,9 @@ class KafkaEngine(StorageEngine):
             self._check_meta_properties()
             self.scheduler = Scheduler() if background else None
             self.cleaner = LogCleaner(config.cleaner, clock)
+            # The cleaner has a thread of its own (as Kafka's CleanerThread): a long pass must not hold up flushes,
+            # retention or checkpoints.
+            self.cleaner_scheduler = Scheduler("tidelog-log-cleaner") if background and config.cleaner.enabled else None
             for log_dir in self.log_dirs:
                 self.cleaner.load_checkpoint(log_dir)
             self._load_topics_file()
@@ -379,8 +382,8 @@ class KafkaEngine(StorageEngine):
         )
         if flush_check < LONG_MAX:
             self.scheduler.schedule("time-based flush", self._flush_due_logs, flush_check, flush_check)
-        if config.cleaner.enabled:
-            self.scheduler.schedule(
+        if self.cleaner_scheduler is not None:
+            self.cleaner_scheduler.schedule(
                 "log cleaner", self.clean_logs, config.cleaner.backoff_ms, max(config.cleaner.backoff_ms, 1)
             )
         if config.key_index.enabled:
@@ -411,7 +414,11 @@ class KafkaEngine(StorageEngine):
                 return done
             key = (to_clean.log.topic, to_clean.log.partition)
             cleaned.add(key)
-            done.append(self.cleaner.clean(to_clean))
+            try:
+                done.append(self.cleaner.clean(to_clean))
+            except CleaningAborted:
+                log.info("%s: cleaning stopped: the log is closing", to_clean.log.name)
+                return done
             with self._lock:
                 log_dir = self._log_dir_of.get(key)
                 keys = [k for k, d in self._log_dir_of.items() if d == log_dir]
@@ -493,6 +500,7 @@ class KafkaEngine(StorageEngine):
             for partition in range(meta["partitions"]):
                 partition_log = self.logs.pop((name, partition))
                 self._log_dir_of.pop((name, partition))
+                self.cleaner.forget((name, partition))
                 key_index = self.key_indexes.pop((name, partition), None)
                 if key_index is not None:
                     key_index.close()
@@ -626,6 +634,9 @@ class KafkaEngine(StorageEngine):
             if self._closed:
                 return
             self._closed = True
+        if self.cleaner_scheduler is not None:
+            self.cleaner.abort()  # a pass in progress stops at its next chunk and leaves the log as it was
+            self.cleaner_scheduler.shutdown()
         if self.scheduler is not None:
             self.scheduler.shutdown()
         for key, key_index in self.key_indexes.items():
