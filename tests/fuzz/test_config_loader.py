@@ -138,6 +138,8 @@ def test_carriage_returns_end_lines_as_in_java_properties() -> None:
         ("listeners", "PLAINTEXT://127.0.0.1:99999"),  # a port no socket can bind
         ("listeners", "PLAINTEXT://127.0.0.1:" + "9" * 5000),  # int() raised ValueError past 4300 digits
         ("listeners", "PLAINTEXT://127.0.0.1:١٢"),
+        ("listeners", "PLAINTEXT://" + "a" * 64 + ".example:9092"),  # was a UnicodeError traceback at bind
+        ("advertised.listeners", "PLAINTEXT://a..b:9092"),  # an empty label
     ],
 )
 def test_numbers_kafka_would_refuse_are_config_errors(key: str, value: str) -> None:

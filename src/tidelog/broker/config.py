@@ -107,6 +107,10 @@ class Listener:
         port = int(match["port"])
         if port > 65535:
             raise ConfigError(f"config {key}: port {port} of {text!r} is above 65535")
+        try:
+            host.encode("idna")  # what the resolver does at bind; a label over 63 characters fails there
+        except UnicodeError as exc:
+            raise ConfigError(f"config {key}: host {host!r} of {text!r} is not a valid host name ({exc})") from None
         return cls(match["name"], host, port, protocol)
 
 
