@@ -1,22 +1,33 @@
-"""The soak suites start their broker through `start_broker` from tests/integration/conftest.py.
+"""Fixtures of the soak suite: `start_broker`, a real `tidelog serve` of the test's own (tests/broker_process.py).
 
-That conftest is loaded by path under its own module name (pytest does not import one directory's conftest into
-another); if another suite loaded it already, that module is reused.
+When a soak test fails, the tail of the broker's stderr is attached to its report.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-_NAME = "tidelog_integration_brokers"
-if _NAME not in sys.modules:
-    _PATH = Path(__file__).resolve().parents[1] / "integration" / "conftest.py"
-    _spec = importlib.util.spec_from_file_location(_NAME, _PATH)
-    assert _spec is not None and _spec.loader is not None
-    sys.modules[_NAME] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules[_NAME])
-brokers = sys.modules[_NAME]
+import pytest
 
-start_broker = brokers.start_broker
+from broker_process import LIVE, BrokerFactory, StartBroker
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def start_broker(tmp_path: Path) -> Iterator[StartBroker]:
+    factory = BrokerFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.close_all()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    if report.failed and item.path.is_relative_to(HERE):
+        for broker in LIVE:
+            report.sections.append((f"tidelog broker stderr, last lines ({broker.stderr_path})", broker.stderr_tail()))
+    return report
