@@ -431,3 +431,103 @@ def test_sanity_check_accepts_empty_indexes(index_path: Path, time_index_path: P
     finally:
         index.close()
         time_index.close()
+
+
+def test_offset_index_sanity_interior_entry_out_of_order(index_path: Path) -> None:
+    """A damaged entry in the middle (the last one looks fine) is found too."""
+    entries = [(1, 100), (9, 250), (5, 400), (12, 600)]
+    index_path.write_bytes(b"".join(OFFSET_ENTRY.pack(*e) for e in entries))
+    index = OffsetIndex(index_path, BASE, 4096)
+    try:
+        with pytest.raises(CorruptIndexError, match="entry 2"):
+            index.sanity_check(log_size=10_000)
+    finally:
+        index.close()
+
+
+def test_offset_index_sanity_zero_filled_tail(index_path: Path) -> None:
+    """The preallocated tail a crash leaves behind reads as entries (0, 0): not trusted."""
+    index_path.write_bytes(OFFSET_ENTRY.pack(1, 100) + OFFSET_ENTRY.pack(4, 300) + b"\x00" * 800)
+    index = OffsetIndex(index_path, BASE, 4096)
+    try:
+        with pytest.raises(CorruptIndexError):
+            index.sanity_check(log_size=10_000)
+    finally:
+        index.close()
+
+
+def test_time_index_sanity_interior_entry_out_of_order(time_index_path: Path) -> None:
+    entries = [(TS, 1), (TS + 50, 4), (TS + 20, 6), (TS + 90, 9)]
+    time_index_path.write_bytes(b"".join(TIME_ENTRY.pack(*e) for e in entries))
+    index = TimeIndex(time_index_path, BASE, 4096)
+    try:
+        with pytest.raises(CorruptIndexError, match="entry 2"):
+            index.sanity_check()
+    finally:
+        index.close()
+
+
+# --- damage the index checks alone cannot see: found against the log at open, or at lookup ---------------------
+
+
+def _closed_log(path: Path) -> tuple[Path, list[int]]:
+    """A cleanly closed one-partition log with a few segments; returns the partition dir and its segment bases."""
+    import tidelog
+    from tidelog import Record
+
+    with tidelog.open(path, config={"log.segment.bytes": 2000, "log.index.interval.bytes": 100}) as engine:
+        engine.create_topic("t", 1)
+        for i in range(120):
+            engine.produce("t", 0, [Record(b"v%03d" % i * 10, key=b"k", timestamp_ms=TS + i)])
+    partition_dir = path / "t-0"
+    bases = sorted(int(p.name[:20]) for p in partition_dir.glob("*.log"))
+    assert len(bases) >= 3
+    return partition_dir, bases
+
+
+def _check_every_offset(path: Path) -> None:
+    import tidelog
+
+    with tidelog.open(path, background=False) as engine:
+        assert [r.value for r in engine.consume("t", 0)] == [b"v%03d" % i * 10 for i in range(120)]
+        for offset in range(120):
+            found = engine.read("t", 0, offset, 1).read_bytes()
+            base, _length, _epoch, _magic = struct.unpack_from(">qiib", found)
+            assert base == offset  # one record per batch
+            assert engine.offset_for_timestamp("t", 0, TS + offset).offset == offset
+
+
+def test_last_index_entry_pointing_inside_a_batch_is_rebuilt_at_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    partition_dir, bases = _closed_log(tmp_path / "data")
+    index = partition_dir / f"{bases[1]:020d}.index"
+    data = bytearray(index.read_bytes())
+    relative, position = OFFSET_ENTRY.unpack_from(data, len(data) - 8)
+    OFFSET_ENTRY.pack_into(data, len(data) - 8, relative, position + 3)  # still increasing, inside the log
+    index.write_bytes(bytes(data))
+    _check_every_offset(tmp_path / "data")
+    assert f"rebuilding the indexes of segment {bases[1]}" in caplog.text
+
+
+def test_interior_index_entry_pointing_inside_a_batch_is_not_followed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    partition_dir, bases = _closed_log(tmp_path / "data")
+    index = partition_dir / f"{bases[1]:020d}.index"
+    data = bytearray(index.read_bytes())
+    assert len(data) >= 24
+    relative, position = OFFSET_ENTRY.unpack_from(data, 8)
+    OFFSET_ENTRY.pack_into(data, 8, relative, position + 1)  # passes every check at open
+    index.write_bytes(bytes(data))
+    _check_every_offset(tmp_path / "data")
+    assert "scanning the segment instead" in caplog.text
+
+
+def test_time_index_cut_at_an_entry_boundary_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Losing the final (max timestamp) entry would make the segment look older than it is."""
+    partition_dir, bases = _closed_log(tmp_path / "data")
+    time_index = partition_dir / f"{bases[0]:020d}.timeindex"
+    time_index.write_bytes(time_index.read_bytes()[:12])
+    _check_every_offset(tmp_path / "data")
+    assert "below the timestamp" in caplog.text

@@ -94,6 +94,10 @@ class MappedIndex:
         assert self._map is not None
         return self.entry.unpack_from(self._map, n * self.entry.size)
 
+    def entry_bytes(self) -> bytes:
+        """The valid entries as one copy (for checks that walk them all)."""
+        return self._map[: self.size_in_bytes] if self._map is not None else b""
+
     def _write_entries(self, flat_fields: list[int]) -> None:
         """Append many entries at once (recovery); `flat_fields` holds each entry's fields in a row."""
         count = len(flat_fields) // len(self.entry.format.lstrip(">"))

@@ -91,3 +91,13 @@ class OffsetIndex(MappedIndex):
             )
         if self.entries and self.entry_at(self.entries - 1).position >= max(log_size, 1):
             raise CorruptIndexError(f"{self.path}: last entry points beyond the end of the log ({log_size} bytes)")
+        # appends only ever add larger offsets at larger positions: anything else is damage (or the zero-filled
+        # preallocated tail a crash leaves behind)
+        previous_offset = previous_position = -1
+        for slot, (relative, position) in enumerate(self.entry.iter_unpack(self.entry_bytes())):
+            if relative <= previous_offset or position <= previous_position:
+                raise CorruptIndexError(
+                    f"{self.path}: entry {slot} ({self.base_offset + relative} at byte {position}) does not follow "
+                    f"the entry before it"
+                )
+            previous_offset, previous_position = relative, position

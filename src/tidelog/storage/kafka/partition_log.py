@@ -221,7 +221,10 @@ class PartitionLog(Partition):
         if start >= self.log_end_offset:
             return
         for segment in self.segments[self._segment_slot(start) :]:
-            position = segment.index.lookup(start).position if segment.base_offset <= start else 0
+            position = 0
+            if segment.base_offset <= start:
+                found = segment.translate_offset(start)
+                position = found.position if found is not None else segment.size
             for location in segment.batch_locations(position):
                 header = location.header
                 if header is not None and location.last_offset >= start:

@@ -10,6 +10,7 @@ a short forward scan of batch headers, and hand out file slices.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -21,7 +22,7 @@ from typing import NamedTuple
 from tidelog.codec.record_batch import HEADER_SIZE, BatchHeader
 from tidelog.codec.record_set import decode_batch, peek_batch, read_batch_info, scan_stored_batches
 from tidelog.config import INT_MAX, LogConfig
-from tidelog.errors import KafkaStorageError
+from tidelog.errors import CorruptIndexError, KafkaStorageError, TidelogError
 from tidelog.storage.api import FileSlice
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
@@ -191,10 +192,31 @@ class LogSegment:
             position += peeked.size
 
     def translate_offset(self, target_offset: int, starting_position: int = 0) -> BatchLocation | None:
-        """The first batch whose last offset >= target (index lookup, then a short scan)."""
-        position = max(self.index.lookup(target_offset).position, starting_position)
+        """The first batch whose last offset >= target (index lookup, then a short scan).
+
+        An index entry that does not name a batch at or before its offset (the index file was damaged after it
+        was trusted at open) is not followed: the lookup scans from `starting_position` instead."""
+        entry = self.index.lookup(target_offset)
+        position = max(entry.position, starting_position)
         first_read = self.config.index_interval_bytes + HEADER_SIZE
-        for location in self.batch_locations(position, first_read=first_read):
+        if position > starting_position:
+            try:
+                locations = self.batch_locations(position, first_read=first_read)
+                first = next(locations, None)
+                if first is not None and first.last_offset <= entry.offset:
+                    for location in itertools.chain((first,), locations):
+                        if location.last_offset >= target_offset:
+                            return location
+                    return None
+            except TidelogError:
+                pass
+            log.warning(
+                "%s: entry (%d at byte %d) does not name a batch of the log; scanning the segment instead",
+                self.index.path,
+                entry.offset,
+                entry.position,
+            )
+        for location in self.batch_locations(starting_position):
             if location.last_offset >= target_offset:
                 return location
         return None
@@ -222,8 +244,10 @@ class LogSegment:
     def find_offset_by_timestamp(self, target_timestamp: int, starting_offset: int) -> TimestampOffset | None:
         """First record with timestamp >= target and offset >= starting_offset, via the time index."""
         indexed = self.time_index.lookup(target_timestamp)
-        position = self.index.lookup(max(indexed.offset, starting_offset)).position
-        for location in self.batch_locations(position):
+        start = self.translate_offset(max(indexed.offset, starting_offset))
+        if start is None:
+            return None
+        for location in self.batch_locations(start.position):
             if location.max_timestamp < target_timestamp or location.last_offset < starting_offset:
                 continue
             data = self.read_batch_bytes(location)
@@ -333,8 +357,41 @@ class LogSegment:
     # --- lifecycle -------------------------------------------------------------------------------------------
 
     def sanity_check(self) -> None:
+        """Run before the indexes of a segment are trusted at open; raises CorruptIndexError (then both are rebuilt).
+
+        Beyond each index's own checks: the offset index's last entry names a batch that starts at its position
+        and ends at or before its offset, and the time index ends within the segment with an entry at least as
+        late as the batches after the last offset-index entry (a cut time index loses its final max entry)."""
         self.index.sanity_check(self.size)
         self.time_index.sanity_check()
+        position, last_offset, tail_max_timestamp = 0, self.base_offset - 1, NO_TIMESTAMP
+        try:
+            if self.index.entries:
+                entry = self.index.entry_at(self.index.entries - 1)
+                first = next(self.batch_locations(entry.position), None)
+                if first is None or first.last_offset > entry.offset:
+                    raise CorruptIndexError(
+                        f"{self.index.path}: last entry ({entry.offset} at byte {entry.position}) "
+                        f"does not name a batch of the log"
+                    )
+                position = entry.position
+            for location in self.batch_locations(position):
+                last_offset = location.last_offset
+                tail_max_timestamp = max(tail_max_timestamp, location.max_timestamp)
+        except CorruptIndexError:
+            raise
+        except TidelogError as exc:
+            raise CorruptIndexError(f"{self.index.path}: its last entry leads to unreadable bytes ({exc})") from exc
+        if self.time_index.entries and self.time_index.last_entry.offset > last_offset:
+            raise CorruptIndexError(
+                f"{self.time_index.path}: last entry names offset {self.time_index.last_entry.offset}, "
+                f"beyond the segment's last offset {last_offset}"
+            )
+        if self.time_index.last_entry.timestamp < tail_max_timestamp:  # its final (max timestamp) entry is gone
+            raise CorruptIndexError(
+                f"{self.time_index.path}: ends at timestamp {self.time_index.last_entry.timestamp}, "
+                f"below the timestamp {tail_max_timestamp} of a batch at the end of the segment"
+            )
 
     def on_become_inactive(self) -> None:
         """On roll: record the final max timestamp and trim both indexes to their entries."""

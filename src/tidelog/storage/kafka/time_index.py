@@ -95,3 +95,12 @@ class TimeIndex(MappedIndex):
             )
         if self.entries and self.last_entry.timestamp < self._timestamp(0):
             raise CorruptIndexError(f"{self.path}: last timestamp is below the first one")
+        # timestamps strictly increase and offsets never go back (maybe_append's rules)
+        previous_timestamp, previous_offset = NO_TIMESTAMP, 0
+        for slot, (timestamp, relative) in enumerate(self.entry.iter_unpack(self.entry_bytes())):
+            if timestamp <= previous_timestamp or relative < previous_offset:
+                raise CorruptIndexError(
+                    f"{self.path}: entry {slot} ({timestamp}, {self.base_offset + relative}) does not follow "
+                    f"the entry before it"
+                )
+            previous_timestamp, previous_offset = timestamp, relative

@@ -1,0 +1,401 @@
+"""Torn writes and corruption, at random: every file of a closed log directory in turn - segment `.log`,
+`.index`, `.timeindex`, producer `.snapshot`, `recovery-point-offset-checkpoint`, `log-start-offset-checkpoint`,
+`leader-epoch-checkpoint`, `partition.metadata`, `tidelog-topics.json`, `meta.properties` - is cut at a random
+byte and/or has random bytes of its tail flipped, then the log is opened in-process.
+
+Every trial must: open without an error; serve exactly the longest valid prefix of what was written (checked
+against a model kept while writing: offsets, keys, values, timestamps, headers), nothing beyond it and no batch
+failing its CRC (the raw bytes read back are walked and checked by an independent reader); have sound indexes
+(rebuilt when damaged: every entry names a real batch); still recognise a retried idempotent batch; accept new
+appends; and open again cleanly with the same contents.
+
+Damage to a segment `.log` follows the crash model: a torn write can only hit bytes that were not yet fsynced,
+so the clean-shutdown marker is removed and the recovery point is set at or below the damaged segment. Bytes that
+no checksum covers (a batch's baseOffset and partitionLeaderEpoch) are not flipped: neither Kafka nor tidelog can
+tell a change there (see docs/reliability.md). Index, checkpoint and snapshot damage is tried after both clean
+and unclean shutdowns.
+
+`make test` runs TRIALS trials; the `slow` variant (`make crash-long`) runs LONG_TRIALS. Seeded: a failure names
+its trial, and `TIDELOG_TORN_SEED=<n>` replays a run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import shutil
+import struct
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from crc32c import crc32c
+
+import tidelog
+from tidelog import Compression, Record
+from tidelog.codec.record_batch import build_batch
+from tidelog.storage.api import StorageEngine
+from tidelog.storage.kafka import checkpoints
+
+TRIALS = 100
+LONG_TRIALS = 1000
+SEED = int(os.environ.get("TIDELOG_TORN_SEED", "20261122"))
+TS = 1_700_000_000_000
+CONFIG = {"log.segment.bytes": 3000, "log.index.interval.bytes": 150}
+TOPICS = {"t": 2, "u": 1}
+U_CONFIGS = {"retention.ms": "-1", "max.message.bytes": "500000"}
+U_LOG_START = 40  # DeleteRecords moves topic u's log start here (inside a segment, after whole segments)
+FLIP_TAIL_BYTES = 400
+
+
+# --- the model of what was written ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SentBatch:
+    """One appended batch as the producer built it (offsets not yet assigned) and where the log put it."""
+
+    data: bytes
+    base_offset: int
+    last_offset: int
+    producer_id: int  # -1: not idempotent
+
+
+@dataclass
+class PartitionModel:
+    records: dict[int, Record] = field(default_factory=dict)  # offset -> record
+    batches: list[SentBatch] = field(default_factory=list)
+    log_start: int = 0
+    end: int = 0
+
+
+@dataclass(frozen=True)
+class Template:
+    path: Path
+    model: dict[tuple[str, int], PartitionModel]
+    topic_ids: dict[str, str]
+
+
+def _record_tuple(record: Record) -> tuple:
+    return (record.offset, record.timestamp_ms, record.key, record.value, [tuple(h) for h in record.headers])
+
+
+def _write_template(path: Path) -> Template:
+    rng = random.Random(4711)
+    model: dict[tuple[str, int], PartitionModel] = {}
+    with tidelog.open(path, config=CONFIG, background=False) as engine:
+        engine.create_topic("t", TOPICS["t"])
+        engine.create_topic("u", TOPICS["u"], U_CONFIGS)
+        for (topic, partitions), producer_base in zip(TOPICS.items(), (100, 200), strict=True):
+            for partition in range(partitions):
+                part = model.setdefault((topic, partition), PartitionModel())
+                sequences: dict[tuple[int, int], int] = {}
+                for b in range(80):
+                    # two idempotent producers (one bumps its epoch half way) and plain batches, interleaved
+                    kind = b % 3
+                    producer_id = producer_base + partition * 10 + kind if kind < 2 else -1
+                    epoch = 1 if kind == 1 and b >= 40 else 0
+                    count = 1 + rng.randrange(4)
+                    records = [
+                        Record(
+                            rng.randbytes(rng.randrange(0, 60)),
+                            key=f"{topic}{partition}-{b}-{i}".encode(),
+                            timestamp_ms=TS + 7 * b + i,
+                            headers=[("b", str(b).encode())] if i % 2 == 0 else [],
+                        )
+                        for i in range(count)
+                    ]
+                    sequence = sequences.get((producer_id, epoch), 0)
+                    data = build_batch(
+                        records,
+                        compression=Compression.GZIP if b % 11 == 0 else Compression.NONE,
+                        producer_id=producer_id,
+                        producer_epoch=epoch if producer_id >= 0 else -1,
+                        base_sequence=sequence if producer_id >= 0 else -1,
+                    )
+                    sequences[(producer_id, epoch)] = sequence + count
+                    result = engine.append(topic, partition, data)
+                    for i, record in enumerate(records):
+                        record.offset = result.base_offset + i
+                        part.records[record.offset] = record
+                    part.batches.append(SentBatch(data, result.base_offset, result.last_offset, producer_id))
+                part.end = engine.log_end_offset(topic, partition)
+        engine.delete_records("u", 0, U_LOG_START)
+        model[("u", 0)].log_start = engine.log_start_offset("u", 0)
+        assert model[("u", 0)].log_start == U_LOG_START
+        topic_ids = {name: description.topic_id for name, description in engine.topics().items()}
+    for (topic, partition), _part in model.items():
+        assert len(segment_files(path / f"{topic}-{partition}", ".log")) >= 4
+        assert segment_files(path / f"{topic}-{partition}", ".snapshot")
+    return Template(path, model, topic_ids)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
+    return _write_template(tmp_path_factory.mktemp("torn-template") / "data")
+
+
+# --- an independent reader of stored batches -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredBatch:
+    position: int
+    size: int
+    base_offset: int
+    last_offset: int
+
+
+def walk_valid_batches(data: bytes) -> list[StoredBatch]:
+    """Whole v2 batches from the start of `data`, each passing its CRC-32C; raises on a bad one."""
+    batches = []
+    position = 0
+    while position + 61 <= len(data):
+        base, length, _epoch, magic, crc = struct.unpack_from(">qiibI", data, position)
+        size = length + 12
+        if position + size > len(data):
+            break  # a read may end with part of a batch
+        assert magic == 2, f"batch at byte {position} has magic {magic}"
+        assert crc32c(data[position + 21 : position + size]) == crc, f"batch at byte {position} fails its CRC"
+        (last_delta,) = struct.unpack_from(">i", data, position + 23)
+        batches.append(StoredBatch(position, size, base, base + last_delta))
+        position += size
+    return batches
+
+
+def segment_files(partition_dir: Path, suffix: str) -> list[Path]:
+    return sorted(p for p in partition_dir.iterdir() if p.name.endswith(suffix) and p.name[:20].isdigit())
+
+
+# --- damage ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Damage:
+    path: Path
+    mode: str
+    detail: str
+    flipped: tuple[int, ...] = ()  # positions of flipped bytes
+    cut: int | None = None  # new length after a cut
+
+
+def damage_file(path: Path, rng: random.Random, mode: str, allowed: list[int] | None = None) -> Damage:
+    """Cut `path` at a random byte ("truncate"), flip 1-3 random bytes of its tail ("flip"), or both.
+    `allowed` limits the flipped positions (segment files: bytes a checksum covers)."""
+    data = bytearray(path.read_bytes())
+    cut = None
+    if mode in ("truncate", "both") and data:
+        cut = rng.randrange(0, len(data))
+        del data[cut:]
+    flipped: list[int] = []
+    if mode in ("flip", "both"):
+        tail_start = max(0, len(data) - FLIP_TAIL_BYTES)
+        candidates = [p for p in (allowed if allowed is not None else range(len(data))) if tail_start <= p < len(data)]
+        for position in rng.sample(candidates, min(len(candidates), rng.randint(1, 3))):
+            data[position] ^= rng.randrange(1, 256)
+            flipped.append(position)
+    path.write_bytes(bytes(data))
+    detail = f"{path.name}: {mode}" + (f" cut at {cut}" if cut is not None else "") + f" flipped {sorted(flipped)}"
+    return Damage(path, mode, detail, tuple(sorted(flipped)), cut)
+
+
+def checksummed_positions(batches: list[StoredBatch]) -> list[int]:
+    """Byte positions of a segment covered by some check: all but each batch's baseOffset and leader epoch."""
+    positions = []
+    for batch in batches:
+        start = batch.position
+        positions += range(start + 8, start + 12)
+        positions += range(start + 16, start + batch.size)
+    return positions
+
+
+@dataclass
+class Expectation:
+    """What the reopened log must hold, per partition: [start, end) of the model."""
+
+    ranges: dict[tuple[str, int], tuple[int, int]]
+    topics_file_damaged: bool = False
+    log_start_checkpoint_damaged: bool = False
+
+
+def set_recovery_point(log_dir: Path, key: tuple[str, int], offset: int) -> None:
+    path = log_dir / checkpoints.RECOVERY_POINT_CHECKPOINT
+    points = checkpoints.read_offset_checkpoint(path)
+    points[key] = offset
+    checkpoints.write_offset_checkpoint(path, points)
+
+
+def damage_trial(template: Template, target: Path, rng: random.Random) -> tuple[Damage, Expectation]:
+    """Damage one file of the copy at `target` (a clean close of the template); say what must survive."""
+    expected = Expectation({key: (part.log_start, part.end) for key, part in template.model.items()})
+    kind = rng.choice(
+        ["log", "log", "log", "index", "timeindex", "snapshot", "log-checkpoint", "partition-file", "log-dir-file"]
+    )
+    mode = rng.choice(["truncate", "flip", "both"])
+    key = rng.choice(sorted(template.model))
+    partition_dir = target / f"{key[0]}-{key[1]}"
+    marker = target / checkpoints.CLEAN_SHUTDOWN_FILE
+    if kind == "log":
+        segments = segment_files(partition_dir, ".log")
+        victim = rng.choice(segments)
+        base = int(victim.name[:20])
+        batches = walk_valid_batches(victim.read_bytes())
+        marker.unlink()  # a torn write means a crash before the bytes were fsynced
+        set_recovery_point(target, key, rng.choice([int(s.name[:20]) for s in segments if int(s.name[:20]) <= base]))
+        damage = damage_file(victim, rng, mode, checksummed_positions(batches))
+        first_bad = len(batches)
+        for slot, batch in enumerate(batches):
+            cut_into = damage.cut is not None and batch.position + batch.size > damage.cut
+            flipped_into = any(batch.position <= p < batch.position + batch.size for p in damage.flipped)
+            if cut_into or flipped_into:
+                first_bad = slot
+                break
+        if first_bad < len(batches):
+            start, _ = expected.ranges[key]
+            end = batches[first_bad].base_offset
+            expected.ranges[key] = (start, max(start, end))
+        return damage, expected
+    if rng.random() < 0.5:
+        marker.unlink()
+    if kind in ("index", "timeindex"):
+        victim = rng.choice(segment_files(partition_dir, f".{kind}"))
+    elif kind == "snapshot":
+        victim = rng.choice(segment_files(partition_dir, ".snapshot"))
+    elif kind == "log-checkpoint":
+        victim = target / rng.choice([checkpoints.RECOVERY_POINT_CHECKPOINT, checkpoints.LOG_START_OFFSET_CHECKPOINT])
+        expected.log_start_checkpoint_damaged = victim.name == checkpoints.LOG_START_OFFSET_CHECKPOINT
+    elif kind == "partition-file":
+        victim = partition_dir / rng.choice([checkpoints.LEADER_EPOCH_CHECKPOINT, checkpoints.PARTITION_METADATA])
+    else:
+        victim = target / rng.choice(["tidelog-topics.json", checkpoints.META_PROPERTIES])
+        expected.topics_file_damaged = victim.name == "tidelog-topics.json"
+    return damage_file(victim, rng, mode), expected
+
+
+# --- verification ---------------------------------------------------------------------------------------------
+
+
+def check_indexes(engine: StorageEngine, key: tuple[str, int]) -> None:
+    """Every index entry names a real batch: (last offset, start position); time entries increase."""
+    partition_log = engine.partition(*key)
+    for segment in partition_log.segments:
+        segment.sanity_check()
+        batches = walk_valid_batches(os.pread(segment.file.fileno(), segment.size, 0))
+        assert sum(b.size for b in batches) == segment.size, f"segment {segment.base_offset} has unreadable bytes"
+        last_offset_at = {b.position: b.last_offset for b in batches}
+        for slot in range(segment.index.entries):
+            offset, position = segment.index.entry_at(slot)
+            assert last_offset_at.get(position) == offset, (segment.base_offset, slot, offset, position)
+        last_offsets = set(last_offset_at.values())
+        previous = -1
+        for slot in range(segment.time_index.entries):
+            timestamp, offset = segment.time_index.entry_at(slot)
+            assert offset in last_offsets, (segment.base_offset, slot, offset)
+            assert timestamp > previous
+            previous = timestamp
+
+
+def check_partition(engine: StorageEngine, template: Template, key: tuple[str, int], start: int, end: int) -> None:
+    part = template.model[key]
+    topic, partition = key
+    assert engine.log_start_offset(topic, partition) == start
+    assert engine.log_end_offset(topic, partition) == end
+    expected = [part.records[o] for o in range(start, end)]
+    assert [_record_tuple(r) for r in engine.consume(topic, partition)] == [_record_tuple(r) for r in expected]
+    # the raw bytes served: whole batches, each passing its CRC, dense offsets from the first served batch
+    if end > start:
+        raw = engine.read(topic, partition, start, 1 << 24).read_bytes()
+        batches = walk_valid_batches(raw)
+        assert sum(b.size for b in batches) == len(raw), "a read served bytes that are not whole valid batches"
+        assert batches[0].base_offset <= start <= batches[0].last_offset
+        assert batches[-1].last_offset == end - 1
+        for before, after in itertools.pairwise(batches):
+            assert after.base_offset == before.last_offset + 1
+    assert engine.read(topic, partition, end, 1 << 20).slices == ()
+    check_indexes(engine, key)
+    # positioned reads and time lookups go through the (possibly rebuilt) indexes
+    for offset in range(start, end, 7):
+        first = walk_valid_batches(engine.read(topic, partition, offset, 1).read_bytes())[0]
+        assert first.base_offset <= offset <= first.last_offset
+        found = engine.offset_for_timestamp(topic, partition, part.records[offset].timestamp_ms)
+        assert found is not None
+        assert found.offset == offset
+
+
+def check_producer_state(engine: StorageEngine, template: Template, key: tuple[str, int], start: int, end: int) -> None:
+    """The newest surviving batch of each idempotent producer, sent again, is answered with its original offsets."""
+    newest: dict[int, SentBatch] = {}
+    for batch in template.model[key].batches:
+        if batch.producer_id >= 0 and start <= batch.base_offset and batch.last_offset < end:
+            newest[batch.producer_id] = batch
+    partition = engine.partition(*key)
+    for batch in newest.values():
+        result = partition.append(batch.data)
+        assert (result.base_offset, result.last_offset, result.size_in_bytes) == (
+            batch.base_offset,
+            batch.last_offset,
+            0,
+        ), f"producer {batch.producer_id}: the retry of its batch at {batch.base_offset} was not recognised"
+    assert engine.log_end_offset(*key) == end
+
+
+def run_trial(template: Template, work: Path, trial: int, rng: random.Random) -> str:
+    target = work / f"trial-{trial}"
+    shutil.copytree(template.path, target)
+    damage, expected = damage_trial(template, target, rng)
+    context = f"trial {trial} (seed {SEED}): {damage.detail}"
+    try:
+        with tidelog.open(target, config=CONFIG, background=False) as engine:
+            topics = engine.topics()
+            assert {name: d.partitions for name, d in topics.items()} == TOPICS
+            assert {name: d.topic_id for name, d in topics.items()} == template.topic_ids
+            if not expected.topics_file_damaged:
+                assert topics["u"].configs == U_CONFIGS
+            for key, (start, end) in sorted(expected.ranges.items()):
+                if expected.log_start_checkpoint_damaged and key == ("u", 0):
+                    # Kafka's format has no checksum: a damaged log start falls back to the first segment's base
+                    start = engine.log_start_offset(*key)
+                    assert engine.partition(*key).segments[0].base_offset <= start <= U_LOG_START
+                check_partition(engine, template, key, start, end)
+                check_producer_state(engine, template, key, start, end)
+            topic, partition = rng.choice(sorted(expected.ranges))
+            next_offset = engine.log_end_offset(topic, partition)
+            appended = engine.produce(topic, partition, [Record(b"after", key=b"k", timestamp_ms=TS + 10**6)])
+            assert appended == next_offset
+        with tidelog.open(target, config=CONFIG, background=False) as engine:  # the repair is durable
+            for key, (_start, end) in expected.ranges.items():
+                assert engine.log_end_offset(*key) == end + ((topic, partition) == key)
+                check_indexes(engine, key)
+            last = list(engine.consume(topic, partition, next_offset))
+            assert [(r.offset, r.value) for r in last] == [(next_offset, b"after")]
+    except Exception as exc:
+        raise AssertionError(f"{context}: {exc!r}") from exc
+    shutil.rmtree(target)
+    name = damage.path.name
+    return name[20:] if name[:20].isdigit() else name  # ".log", ".index", ... or the state file's name
+
+
+def run_trials(template: Template, work: Path, trials: int) -> None:
+    rng = random.Random(SEED)
+    started = time.monotonic()
+    kinds: Counter[str] = Counter()
+    for trial in range(trials):
+        kinds[run_trial(template, work, trial, rng)] += 1
+    elapsed = time.monotonic() - started
+    print(
+        f"\ntorn writes: {trials} trials in {elapsed:.1f} s ({1000 * elapsed / trials:.0f} ms each), "
+        f"seed {SEED}; damaged files by kind: {dict(sorted(kinds.items()))}"
+    )
+
+
+def test_torn_writes_and_flipped_bytes(template: Template, tmp_path: Path) -> None:
+    run_trials(template, tmp_path, TRIALS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_torn_writes_and_flipped_bytes_long(template: Template, tmp_path: Path) -> None:
+    run_trials(template, tmp_path, LONG_TRIALS)
