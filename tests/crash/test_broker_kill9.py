@@ -1,0 +1,331 @@
+"""kill -9 of `tidelog serve` at random moments while real clients keep working.
+
+Two librdkafka (confluent-kafka) producers produce with acks=all and enable.idempotence=true to a 3-partition topic
+on a broker with `log.flush.interval.messages=1`, so an acknowledgement means the batch was fsynced (the broker's
+group-commit Flusher answers acks=all only once `flush()` has passed the batch's offset). A confluent-kafka group
+member consumes and commits synchronously. Each trial lets them run for a random time, SIGKILLs the broker,
+restarts it on the same port (the clients reconnect and retry by themselves) and lets them run a little longer.
+
+Checked after every restart: the group's committed offsets are at least the last commit acknowledged before the
+kill, and no larger than the log end. Checked at the end, after a clean stop, by reading the log directory
+in-process and walking the raw batches with an independent CRC-32C check: every acknowledged record is at the
+offset its acknowledgement named, exactly once (idempotence survives the crashes: retried batches are recognised
+from the producer state the broker rebuilt from its log); no record is in the log twice; each producer's records
+are in order in each partition; no delivery failed. Finally a new member of the group resumes exactly at the
+committed offsets.
+
+`make test` runs TRIALS kills; the `slow` variant (`make crash-long`) runs LONG_TRIALS. Figures are printed.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from crc32c import crc32c
+
+import tidelog
+
+TRIALS = 10
+LONG_TRIALS = 100
+TOPIC = "kill9"
+PARTITIONS = 3
+GROUP = "kill9-group"
+TIMEOUT_S = 60.0
+BROKER_CONFIG = {
+    "log.flush.interval.messages": 1,  # acks=all means fsynced
+    "log.segment.bytes": 256 * 1024,  # segments roll (and producer snapshots are written) during the trials
+    "group.initial.rebalance.delay.ms": 0,
+    "offsets.topic.num.partitions": 4,
+}
+# quick reconnects after each restart; librdkafka's own log lines about the refused connections are left out
+CLIENT_BACKOFF = {"reconnect.backoff.ms": 20, "reconnect.backoff.max.ms": 250, "retry.backoff.ms": 20, "log_level": 2}
+
+
+# --- clients ------------------------------------------------------------------------------------------------------
+
+
+class ProducerThread(threading.Thread):
+    """Produces `<name>:<seq>` values with random keys, at most MAX_IN_FLIGHT unacknowledged at a time."""
+
+    MAX_IN_FLIGHT = 300
+
+    def __init__(self, name: str, bootstrap: str, seed: int) -> None:
+        super().__init__(name=name, daemon=True)
+        self.rng = random.Random(seed)
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "client.id": name,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 2,
+                "message.timeout.ms": 300_000,  # never give up on a record across the restarts
+                "partitioner": "murmur2_random",
+                **CLIENT_BACKOFF,
+            }
+        )
+        self.lock = threading.Lock()
+        self.acked: dict[int, list[tuple[int, int]]] = defaultdict(list)  # partition -> [(offset, seq)] acked
+        self.failures: list[str] = []
+        self.sent = 0
+        self.halt = threading.Event()
+        self.crash: BaseException | None = None
+
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.failures.append(f"{msg.value()!r}: {err}")
+            return
+        seq = int(msg.value().split(b":")[1])
+        with self.lock:
+            self.acked[msg.partition()].append((msg.offset(), seq))
+
+    def acked_count(self) -> int:
+        with self.lock:
+            return sum(len(v) for v in self.acked.values())
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                if len(self.producer) >= self.MAX_IN_FLIGHT:
+                    self.producer.poll(0.01)
+                    continue
+                for _ in range(self.rng.randrange(1, 30)):
+                    key = b"k%d" % self.rng.randrange(1000)
+                    value = f"{self.name}:{self.sent}".encode()
+                    self.producer.produce(TOPIC, key=key, value=value, on_delivery=self._on_delivery)
+                    self.sent += 1
+                self.producer.poll(0.002)
+        except BaseException as exc:
+            self.crash = exc
+
+    def finish(self) -> None:
+        """Stop producing and wait until every record is acknowledged (or has failed)."""
+        self.halt.set()
+        self.join(TIMEOUT_S)
+        remaining = self.producer.flush(TIMEOUT_S)
+        assert remaining == 0, f"{self.name}: {remaining} records still unacknowledged after {TIMEOUT_S:.0f} s"
+
+
+class GroupMember(threading.Thread):
+    """Subscribes, consumes and commits synchronously every few records; remembers what was acknowledged."""
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(name="kill9-member", daemon=True)
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": GROUP,
+                "client.id": "kill9-member",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 500,
+                **CLIENT_BACKOFF,
+            }
+        )
+        self.lock = threading.Lock()
+        self.committed: dict[int, int] = {}  # partition -> last offset a commit was acknowledged for
+        self.consumed = 0
+        self.failed_commits = 0
+        self.halt = threading.Event()
+        self.crash: BaseException | None = None
+        self._position: dict[int, int] = {}
+
+    def _commit(self) -> None:
+        offsets = [TopicPartition(TOPIC, p, o) for p, o in self._position.items() if self.committed.get(p) != o]
+        if not offsets:
+            return
+        try:
+            answer = self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException:
+            self.failed_commits += 1  # the broker is down or the group is rejoining: the next commit covers it
+            return
+        with self.lock:
+            for tp in answer or ():
+                if tp.error is None:
+                    self.committed[tp.partition] = tp.offset
+
+    def run(self) -> None:
+        try:
+            self.consumer.subscribe([TOPIC])
+            since_commit = 0
+            while not self.halt.is_set():
+                msg = self.consumer.poll(0.1)
+                if msg is None or msg.error() is not None:
+                    self._commit()
+                    continue
+                self.consumed += 1
+                self._position[msg.partition()] = msg.offset() + 1
+                since_commit += 1
+                if since_commit >= 50:
+                    self._commit()
+                    since_commit = 0
+            self._commit()
+        except BaseException as exc:
+            self.crash = exc
+        finally:
+            self.consumer.close()
+
+    def snapshot(self) -> dict[int, int]:
+        with self.lock:
+            return dict(self.committed)
+
+
+def fetch_committed(bootstrap: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False})
+    try:
+        answer = consumer.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=TIMEOUT_S)
+        return {tp.partition: tp.offset for tp in answer}
+    finally:
+        consumer.close()
+
+
+def high_watermarks(bootstrap: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kill9-watermarks"})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=TIMEOUT_S)[1] for p in range(PARTITIONS)
+        }
+    finally:
+        consumer.close()
+
+
+# --- reading the log back ---------------------------------------------------------------------------------------
+
+
+def read_partition(data_dir: Any, partition: int) -> list[tuple[int, bytes]]:
+    """(offset, value) of every record, after an independent CRC-32C check of every stored batch."""
+    with tidelog.open(data_dir, background=False) as engine:
+        end = engine.log_end_offset(TOPIC, partition)
+        raw = engine.read(TOPIC, partition, 0, 1 << 30).read_bytes() if end else b""
+        position = 0
+        while position < len(raw):
+            _base, length, _epoch, magic, crc = struct.unpack_from(">qiibI", raw, position)
+            assert magic == 2
+            assert crc32c(raw[position + 21 : position + length + 12]) == crc, f"batch at {position} fails its CRC"
+            position += length + 12
+        assert position == len(raw), "the log ends with part of a batch"
+        records = [(r.offset, r.value) for r in engine.consume(TOPIC, partition)]
+    assert [o for o, _ in records] == list(range(end)), "offsets are not dense"
+    return records
+
+
+# --- the trials ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    kills: int = 0
+    recovery_s: list[float] = field(default_factory=list)
+    produced_at_kill: list[int] = field(default_factory=list)
+
+
+def run_kill9_trials(start_broker: Any, trials: int, seed: int) -> None:
+    rng = random.Random(seed)
+    broker = start_broker(BROKER_CONFIG)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)])[TOPIC].result(TIMEOUT_S)
+    producers = [ProducerThread(f"p{i}", broker.bootstrap, seed + i) for i in range(2)]
+    member = GroupMember(broker.bootstrap)
+    figures = Figures()
+    started = time.monotonic()
+    for thread in (*producers, member):
+        thread.start()
+    try:
+        for trial in range(trials):
+            time.sleep(rng.uniform(0.2, 1.5))
+            committed_before = member.snapshot()
+            figures.produced_at_kill.append(sum(p.sent for p in producers))
+            broker.kill()
+            figures.kills += 1
+            t0 = time.monotonic()
+            broker.restart()
+            figures.recovery_s.append(time.monotonic() - t0)
+            context = f"trial {trial} (seed {seed})"
+            committed = fetch_committed(broker.bootstrap)
+            watermarks = high_watermarks(broker.bootstrap)
+            for partition, offset in committed_before.items():
+                assert committed[partition] >= offset, f"{context}: committed offset of {partition} went back"
+            for partition, offset in committed.items():
+                assert offset <= watermarks[partition], f"{context}: committed {offset} beyond the log end"
+            time.sleep(rng.uniform(0.1, 0.5))
+        for producer in producers:
+            producer.finish()
+        final = high_watermarks(broker.bootstrap)
+        deadline = time.monotonic() + TIMEOUT_S
+        while member.snapshot() != {p: o for p, o in final.items() if o} and time.monotonic() < deadline:
+            time.sleep(0.1)  # the member catches up and commits the end of every partition
+        assert member.snapshot() == {p: o for p, o in final.items() if o}, "the member never caught up"
+    finally:
+        member.halt.set()
+        member.join(TIMEOUT_S)
+        for producer in producers:
+            producer.halt.set()
+    elapsed = time.monotonic() - started
+    for thread in (*producers, member):
+        assert thread.crash is None, f"{thread.name} crashed: {thread.crash!r}"
+    for producer in producers:
+        assert not producer.failures, f"{producer.name}: deliveries failed: {producer.failures[:5]}"
+    committed = fetch_committed(broker.bootstrap)
+
+    # a new member of the group resumes exactly at the committed offsets (all at the log end): append a marker
+    # record to each partition and check it is the first thing the new member sees there
+    resume = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    for partition in range(PARTITIONS):
+        resume.produce(TOPIC, value=b"resume", partition=partition)
+    assert resume.flush(TIMEOUT_S) == 0
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": GROUP, "auto.offset.reset": "earliest", **CLIENT_BACKOFF}
+    )
+    first_seen: dict[int, int] = {}
+    try:
+        consumer.subscribe([TOPIC])
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(first_seen) < PARTITIONS and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                first_seen.setdefault(msg.partition(), msg.offset())
+    finally:
+        consumer.close()
+    assert first_seen == {p: max(committed[p], 0) for p in range(PARTITIONS)}, "the group did not resume"
+
+    broker.stop()  # a clean stop after all those crashes
+    logs = {p: read_partition(broker.log_dir, p) for p in range(PARTITIONS)}
+    values_in_log = [v for records in logs.values() for _, v in records if v != b"resume"]
+    assert len(values_in_log) == len(set(values_in_log)), "a record is in the log twice"
+    acked_total = 0
+    for producer in producers:
+        name = producer.name.encode()
+        for partition, acks in producer.acked.items():
+            by_offset = dict(logs[partition])
+            for offset, seq in acks:
+                assert by_offset.get(offset) == b"%s:%d" % (name, seq), f"acknowledged {producer.name}:{seq} missing"
+            acked_total += len(acks)
+            in_log = [int(v.split(b":")[1]) for _, v in logs[partition] if v.startswith(name + b":")]
+            assert in_log == sorted(in_log), f"{producer.name}'s records are out of order in partition {partition}"
+    recovery = sorted(figures.recovery_s)
+    print(
+        f"\nkill -9: {figures.kills} kills in {elapsed:.0f} s; {acked_total} records acknowledged (acks=all, "
+        f"idempotent, fsync per batch), {sum(len(r) for r in logs.values()) - PARTITIONS} in the log, all present "
+        f"exactly once; restart to ready: median {recovery[len(recovery) // 2]:.2f} s, max {recovery[-1]:.2f} s; "
+        f"{member.consumed} records consumed by the group, {member.failed_commits} commits refused during outages"
+    )
+
+
+def test_kill_minus_nine_of_the_broker(start_broker: Any) -> None:
+    run_kill9_trials(start_broker, TRIALS, seed=9)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_kill_minus_nine_of_the_broker_long(start_broker: Any) -> None:
+    run_kill9_trials(start_broker, LONG_TRIALS, seed=99)
