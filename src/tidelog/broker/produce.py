@@ -26,6 +26,7 @@ from tidelog.errors import (
     InvalidRecordError,
     InvalidTopicError,
     InvalidTxnStateError,
+    KafkaStorageError,
     TidelogError,
     TransactionsUnsupportedError,
 )
@@ -171,7 +172,9 @@ class ProduceApis:
                 except TidelogError as exc:
                     answer["error_code"] = exc.kafka_error_code
                     answer["error_message"] = str(exc)
-                    log.debug("produce to %s-%d failed: %s", topic_data.name, partition_data.index, exc)
+                    # a storage failure (a full disk) is the operator's business; a bad request is the client's
+                    level = logging.ERROR if isinstance(exc, KafkaStorageError) else logging.DEBUG
+                    log.log(level, "produce to %s-%d failed: %s", topic_data.name, partition_data.index, exc)
                     continue
                 if partition_log.flush_due():
                     key = (topic_data.name, partition_data.index)

@@ -630,7 +630,10 @@ class KafkaEngine(StorageEngine):
             raise LogClosedError("the log is closed")
 
     def close(self) -> None:
-        """A clean shutdown: flush and close every partition, checkpoint, then write the marker in each dir."""
+        """A clean shutdown: flush and close every partition, checkpoint, then write the marker in each dir.
+
+        When the disk refuses a write (a full disk), every file is still closed and every lock released; the
+        marker is left out, so the next start recovers from the logs instead of trusting what is missing."""
         with self._lock:
             if self._closed:
                 return
@@ -640,14 +643,31 @@ class KafkaEngine(StorageEngine):
             self.cleaner_scheduler.shutdown()
         if self.scheduler is not None:
             self.scheduler.shutdown()
-        for key, key_index in self.key_indexes.items():
-            key_index.catch_up(self.logs[key])
-            key_index.flush()
-            key_index.close()
-        for partition_log in self.logs.values():
-            partition_log.close()
-        self.checkpoint_recovery_points()
-        self.checkpoint_log_start_offsets()
-        for log_dir in self.log_dirs:
-            checkpoints.write_clean_shutdown_marker(log_dir)
-        self._release_dir_locks()
+        clean = True
+        try:
+            for key, key_index in self.key_indexes.items():
+                key_index.catch_up(self.logs[key])
+                try:
+                    key_index.flush()
+                except OSError as exc:  # the next start treats the key index as after a crash
+                    log.error("%s-%d: cannot flush the key index at shutdown: %s", *key, exc.strerror or exc)
+                    clean = False
+                key_index.close()
+            for partition_log in self.logs.values():
+                clean = partition_log.close() and clean
+            try:
+                self.checkpoint_recovery_points()
+                self.checkpoint_log_start_offsets()
+            except OSError as exc:
+                log.error("cannot write the offset checkpoints at shutdown: %s", exc.strerror or exc)
+                clean = False
+            if not clean:
+                log.error("the shutdown was not clean; the next start recovers the logs from the last recovery point")
+                return
+            for log_dir in self.log_dirs:
+                try:
+                    checkpoints.write_clean_shutdown_marker(log_dir)
+                except OSError as exc:
+                    log.error("%s: cannot write the clean-shutdown marker: %s", log_dir, exc.strerror or exc)
+        finally:
+            self._release_dir_locks()

@@ -799,15 +799,25 @@ class PartitionLog(Partition):
 
     # --- shutdown ---------------------------------------------------------------------------------------------
 
-    def close(self, *, flush: bool = True) -> None:
-        """Flush (unless the log is being deleted), trim the indexes and close the files."""
+    def close(self, *, flush: bool = True) -> bool:
+        """Flush (unless the log is being deleted), trim the indexes and close the files. Returns False when the
+        flush failed (the files are closed all the same): then the next start must recover this log."""
+        flushed = not flush
         if flush:
-            self.flush()
+            try:
+                self.flush()
+                flushed = True
+            except KafkaStorageError as exc:
+                log.error("%s: %s", self.name, exc)
         with self._flush_lock, self._lock:
             if self._closed:
-                return
+                return flushed
             self._closed = True
-            if flush:
-                self.producer_state.take_snapshot(self.log_end_offset)
+            if flush and flushed:
+                try:
+                    self.producer_state.take_snapshot(self.log_end_offset)
+                except OSError as exc:  # an optimisation only: the next start replays the log after an older one
+                    log.warning("%s: cannot write the producer snapshot at close: %s", self.name, exc.strerror)
             for segment in self.segments:
                 segment.close()
+        return flushed

@@ -416,7 +416,10 @@ class LogSegment:
         return int(os.fstat(self._fd).st_mtime * 1000)
 
     def close(self) -> None:
-        self.time_index.maybe_append(*self.max_timestamp_so_far, skip_full_check=True)
+        try:
+            self.time_index.maybe_append(*self.max_timestamp_so_far, skip_full_check=True)
+        except KafkaStorageError as exc:  # the next open's sanity check sees the final entry missing and rebuilds
+            log.warning("%s; the time index is rebuilt at the next open", exc)
         self.index.close()
         self.time_index.close()
         self.file.close()
