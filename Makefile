@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test system-deps java lint bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long clean
+.PHONY: demo test system-deps java lint crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: $(STAMP) system-deps java
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
+
+# the long variants of the crash suites (tests/crash, marker `slow`): 100 kill -9 trials, 1,000 torn-write trials
+crash-long: $(STAMP)
+	$(PY) -m pytest -q -s -m slow tests/crash
 
 bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines
 
