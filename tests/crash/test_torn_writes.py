@@ -215,9 +215,10 @@ def checksummed_positions(batches: list[StoredBatch]) -> list[int]:
 
 @dataclass
 class Expectation:
-    """What the reopened log must hold, per partition: [start, end) of the model."""
+    """What the reopened log must hold, per partition: [start, end) of the model, less the offsets in `lost`."""
 
     ranges: dict[tuple[str, int], tuple[int, int]]
+    lost: dict[tuple[str, int], range] = field(default_factory=dict)
     topics_file_damaged: bool = False
     log_start_checkpoint_damaged: bool = False
 
@@ -262,17 +263,27 @@ def damage_trial(template: Template, target: Path, rng: random.Random) -> tuple[
         marker.unlink()  # a torn write means a crash before the bytes were fsynced
         set_recovery_point(target, key, rng.choice([int(s.name[:20]) for s in segments if int(s.name[:20]) <= base]))
         damage = damage_file(victim, rng, mode, checksummed_positions(batches))
-        first_bad = len(batches)
-        for slot, batch in enumerate(batches):
-            cut_into = damage.cut is not None and batch.position + batch.size > damage.cut
-            flipped_into = any(batch.position <= p < batch.position + batch.size for p in damage.flipped)
-            if cut_into or flipped_into:
-                first_bad = slot
-                break
-        if first_bad < len(batches):
-            start, _ = expected.ranges[key]
-            end = batches[first_bad].base_offset
-            expected.ranges[key] = (start, max(start, end))
+        cut = len(victim.read_bytes()) if damage.cut is None else damage.cut
+        # a batch the cut goes through or a flip hit is invalid: the segment is truncated before it and every
+        # later segment deleted; batches the cut removed whole just end the segment
+        bad = [
+            slot
+            for slot, batch in enumerate(batches)
+            if batch.position < cut < batch.position + batch.size
+            or any(batch.position <= p < batch.position + batch.size for p in damage.flipped)
+        ]
+        removed = [slot for slot, batch in enumerate(batches) if batch.position >= cut]
+        start, _ = expected.ranges[key]
+        if bad:
+            expected.ranges[key] = (start, max(start, batches[bad[0]].base_offset))
+        elif removed and victim == segments[-1]:
+            expected.ranges[key] = (start, max(start, batches[removed[0]].base_offset))
+        elif removed:
+            # cut exactly at a batch boundary of an earlier segment: what is left is all valid, so recovery (like
+            # Kafka's) keeps it and the later segments; the removed batches leave a gap in the offsets, as a
+            # compacted Kafka log has them
+            next_base = int(segments[segments.index(victim) + 1].name[:20])
+            expected.lost[key] = range(batches[removed[0]].base_offset, next_base)
         return damage, expected
     if rng.random() < 0.5:
         marker.unlink()
@@ -314,26 +325,33 @@ def check_indexes(engine: StorageEngine, key: tuple[str, int]) -> None:
             previous = timestamp
 
 
-def check_partition(engine: StorageEngine, template: Template, key: tuple[str, int], start: int, end: int) -> None:
+def check_partition(
+    engine: StorageEngine, template: Template, key: tuple[str, int], start: int, end: int, lost: range
+) -> None:
     part = template.model[key]
     topic, partition = key
     assert engine.log_start_offset(topic, partition) == start
     assert engine.log_end_offset(topic, partition) == end
-    expected = [part.records[o] for o in range(start, end)]
+    present = [o for o in range(start, end) if o not in lost]
+    expected = [part.records[o] for o in present]
     assert [_record_tuple(r) for r in engine.consume(topic, partition)] == [_record_tuple(r) for r in expected]
-    # the raw bytes served: whole batches, each passing its CRC, dense offsets from the first served batch
-    if end > start:
+    # the raw bytes served: whole batches, each passing its CRC, offsets dense from the first served batch on
+    # (across the lost range, if any)
+    if present:
         raw = engine.read(topic, partition, start, 1 << 24).read_bytes()
         batches = walk_valid_batches(raw)
         assert sum(b.size for b in batches) == len(raw), "a read served bytes that are not whole valid batches"
-        assert batches[0].base_offset <= start <= batches[0].last_offset
+        assert batches[0].base_offset <= present[0] <= batches[0].last_offset
         assert batches[-1].last_offset == end - 1
         for before, after in itertools.pairwise(batches):
-            assert after.base_offset == before.last_offset + 1
+            assert after.base_offset == before.last_offset + 1 or (before.last_offset + 1, after.base_offset) == (
+                lost.start,
+                lost.stop,
+            )
     assert engine.read(topic, partition, end, 1 << 20).slices == ()
     check_indexes(engine, key)
     # positioned reads and time lookups go through the (possibly rebuilt) indexes
-    for offset in range(start, end, 7):
+    for offset in present[::7]:
         first = walk_valid_batches(engine.read(topic, partition, offset, 1).read_bytes())[0]
         assert first.base_offset <= offset <= first.last_offset
         found = engine.offset_for_timestamp(topic, partition, part.records[offset].timestamp_ms)
@@ -341,11 +359,14 @@ def check_partition(engine: StorageEngine, template: Template, key: tuple[str, i
         assert found.offset == offset
 
 
-def check_producer_state(engine: StorageEngine, template: Template, key: tuple[str, int], start: int, end: int) -> None:
+def check_producer_state(
+    engine: StorageEngine, template: Template, key: tuple[str, int], start: int, end: int, lost: range
+) -> None:
     """The newest surviving batch of each idempotent producer, sent again, is answered with its original offsets."""
     newest: dict[int, SentBatch] = {}
     for batch in template.model[key].batches:
-        if batch.producer_id >= 0 and start <= batch.base_offset and batch.last_offset < end:
+        survived = start <= batch.base_offset and batch.last_offset < end and batch.base_offset not in lost
+        if batch.producer_id >= 0 and survived:
             newest[batch.producer_id] = batch
     partition = engine.partition(*key)
     for batch in newest.values():
@@ -373,8 +394,9 @@ def run_trial(template: Template, work: Path, trial: int, rng: random.Random) ->
             if not expected.topics_file_damaged:
                 assert topics["u"].configs == U_CONFIGS
             for key, (start, end) in sorted(expected.ranges.items()):
-                check_partition(engine, template, key, start, end)
-                check_producer_state(engine, template, key, start, end)
+                lost = expected.lost.get(key, range(0))
+                check_partition(engine, template, key, start, end, lost)
+                check_producer_state(engine, template, key, start, end, lost)
             topic, partition = rng.choice(sorted(expected.ranges))
             next_offset = engine.log_end_offset(topic, partition)
             appended = engine.produce(topic, partition, [Record(b"after", key=b"k", timestamp_ms=TS + 10**6)])
