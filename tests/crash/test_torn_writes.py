@@ -36,20 +36,28 @@ from crc32c import crc32c
 
 import tidelog
 from tidelog import Compression, Record
+from tidelog.codec import rocketmq_message as rm
 from tidelog.codec.record_batch import build_batch
 from tidelog.errors import CorruptCheckpointError
 from tidelog.storage.api import StorageEngine
 from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.engine import KafkaEngine
 
 TRIALS = 100
 LONG_TRIALS = 1000
 SEED = int(os.environ.get("TIDELOG_TORN_SEED", "20261122"))
 TS = 1_700_000_000_000
-CONFIG = {"log.segment.bytes": 3000, "log.index.interval.bytes": 150}
+CONFIGS = {
+    "kafka": {"log.segment.bytes": 3000, "log.index.interval.bytes": 150},
+    "rocketmq": {"tidelog.rocketmq.mapedFileSizeCommitLog": 4096, "tidelog.rocketmq.mapedFileSizeConsumeQueue": 400},
+}
+ENGINES = tuple(CONFIGS)
+LOG_START_FILES = {"kafka": checkpoints.LOG_START_OFFSET_CHECKPOINT, "rocketmq": "tidelog-log-start-offsets"}
 TOPICS = {"t": 2, "u": 1}
 U_CONFIGS = {"retention.ms": "-1", "max.message.bytes": "500000"}
 U_LOG_START = 40  # DeleteRecords moves topic u's log start here (inside a segment, after whole segments)
 FLIP_TAIL_BYTES = 400
+CQ_UNIT = struct.Struct(">qiq")  # RocketMQ ConsumeQueue unit: CommitLog offset, size, tag hash
 
 
 # --- the model of what was written ------------------------------------------------------------------------------
@@ -75,19 +83,25 @@ class PartitionModel:
 
 @dataclass(frozen=True)
 class Template:
+    engine: str
     path: Path
     model: dict[tuple[str, int], PartitionModel]
     topic_ids: dict[str, str]
+    # RocketMQ engine: where each record's message is in the CommitLog, (physical offset, size) by queue offset
+    messages: dict[tuple[str, int], list[tuple[int, int]]] = field(default_factory=dict)
+
+    def open(self, path: Path) -> StorageEngine:
+        return tidelog.open(path, engine=self.engine, config=CONFIGS[self.engine], background=False)
 
 
 def _record_tuple(record: Record) -> tuple:
     return (record.offset, record.timestamp_ms, record.key, record.value, [tuple(h) for h in record.headers])
 
 
-def _write_template(path: Path) -> Template:
+def _write_template(path: Path, engine_name: str) -> Template:
     rng = random.Random(4711)
     model: dict[tuple[str, int], PartitionModel] = {}
-    with tidelog.open(path, config=CONFIG, background=False) as engine:
+    with tidelog.open(path, engine=engine_name, config=CONFIGS[engine_name], background=False) as engine:
         engine.create_topic("t", TOPICS["t"])
         engine.create_topic("u", TOPICS["u"], U_CONFIGS)
         for (topic, partitions), producer_base in zip(TOPICS.items(), (100, 200), strict=True):
@@ -128,15 +142,24 @@ def _write_template(path: Path) -> Template:
         model[("u", 0)].log_start = engine.log_start_offset("u", 0)
         assert model[("u", 0)].log_start == U_LOG_START
         topic_ids = {name: description.topic_id for name, description in engine.topics().items()}
-    for (topic, partition), _part in model.items():
-        assert len(segment_files(path / f"{topic}-{partition}", ".log")) >= 4
-        assert segment_files(path / f"{topic}-{partition}", ".snapshot")
-    return Template(path, model, topic_ids)
+    if engine_name == "kafka":
+        for topic, partition in model:
+            assert len(segment_files(path / f"{topic}-{partition}", ".log")) >= 4
+            assert segment_files(path / f"{topic}-{partition}", ".snapshot")
+        return Template(engine_name, path, model, topic_ids)
+    assert len(list((path / "commitlog").iterdir())) >= 10
+    messages = {}
+    for topic, queue in model:
+        units = b"".join(p.read_bytes() for p in sorted((path / "consumequeue" / topic / str(queue)).iterdir()))
+        messages[(topic, queue)] = [CQ_UNIT.unpack_from(units, i)[:2] for i in range(0, len(units), CQ_UNIT.size)]
+        messages[(topic, queue)] = [unit for unit in messages[(topic, queue)] if unit[1] > 0]
+        assert len(messages[(topic, queue)]) == model[(topic, queue)].end
+    return Template(engine_name, path, model, topic_ids, messages)
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
-    return _write_template(tmp_path_factory.mktemp("torn-template") / "data")
+@pytest.fixture(scope="module", params=ENGINES)
+def template(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Template:
+    return _write_template(tmp_path_factory.mktemp(f"torn-template-{request.param}") / "data", request.param)
 
 
 # --- an independent reader of stored batches -------------------------------------------------------------------
@@ -222,16 +245,18 @@ class Expectation:
     topics_file_damaged: bool = False
     log_start_checkpoint_damaged: bool = False
 
-    def read_damaged_log_starts(self, log_dir: Path) -> None:
+    def read_damaged_log_starts(self, log_dir: Path, engine: str) -> None:
         """Kafka's checkpoint format has no checksum: a damaged log-start-offset-checkpoint that still parses names
         other log starts, and they are taken (each moved up to its partition's first segment); one that does not
-        parse is ignored (every log starts at its first segment). Either way no record is lost or altered."""
+        parse is ignored (every log starts at its first segment). Either way no record is lost or altered.
+        (The RocketMQ engine keeps DeleteRecords in the same format, and its queues all start at 0 here.)"""
         try:
-            named = checkpoints.read_offset_checkpoint(log_dir / checkpoints.LOG_START_OFFSET_CHECKPOINT)
+            named = checkpoints.read_offset_checkpoint(log_dir / LOG_START_FILES[engine])
         except CorruptCheckpointError:
             named = {}
         first_bases = {
-            key: min(int(p.name[:20]) for p in log_dir.glob(f"{key[0]}-{key[1]}/*.log")) for key in self.ranges
+            key: min((int(p.name[:20]) for p in log_dir.glob(f"{key[0]}-{key[1]}/*.log")), default=0)
+            for key in self.ranges
         }
         for key, (_start, end) in self.ranges.items():
             start = max(named.get(key, 0), first_bases[key])
@@ -248,6 +273,8 @@ def set_recovery_point(log_dir: Path, key: tuple[str, int], offset: int) -> None
 def damage_trial(template: Template, target: Path, rng: random.Random) -> tuple[Damage, Expectation]:
     """Damage one file of the copy at `target` (a clean close of the template); say what must survive."""
     expected = Expectation({key: (part.log_start, part.end) for key, part in template.model.items()})
+    if template.engine == "rocketmq":
+        return damage_rocketmq(template, target, rng, expected)
     kind = rng.choice(
         ["log", "log", "log", "index", "timeindex", "snapshot", "log-checkpoint", "partition-file", "log-dir-file"]
     )
@@ -302,11 +329,117 @@ def damage_trial(template: Template, target: Path, rng: random.Random) -> tuple[
     return damage_file(victim, rng, mode), expected
 
 
+def checked_message_bytes(data: bytes, position: int, size: int) -> list[int]:
+    """Bytes of a RocketMQ message that recovery checks: TOTALSIZE, MAGICCODE, BODYCRC, PHYSICALOFFSET, the body
+    length and the body (the only CRC covers the body; queue id, offsets, timestamps, hosts, topic and properties
+    are covered by nothing in RocketMQ's format)."""
+    (body_length,) = struct.unpack_from(">i", data, position + 84)
+    assert 88 + body_length <= size
+    header = [*range(position, position + 12), *range(position + 28, position + 36)]
+    return [*header, *range(position + 84, position + 88 + body_length)]
+
+
+def damage_rocketmq(
+    template: Template, target: Path, rng: random.Random, expected: Expectation
+) -> tuple[Damage, Expectation]:
+    """RocketMQ's files are preallocated: a torn write leaves zeros (never written) or wrong bytes, the length stays.
+    So a "cut" here zeroes the file from a random byte on; flips hit the written part's last FLIP_TAIL_BYTES. In the
+    CommitLog both start at bytes recovery can check (checked_message_bytes): zeros or flips confined to a
+    message's unchecked fields go unnoticed in RocketMQ's format (docs/reliability.md)."""
+    kind = rng.choice(["commitlog", "commitlog", "commitlog", "consumequeue", "checkpoint", "log-dir-file"])
+    mode = rng.choice(["truncate", "flip", "both"])
+    abort = target / "abort"
+    if kind == "commitlog":
+        files = sorted((target / "commitlog").iterdir())
+        victim = rng.choice(files)
+        file_base, data = int(victim.name), bytearray(victim.read_bytes())
+        # a crash, and nothing known flushed: recovery checks every file from the first
+        abort.write_text("0")
+        (target / "checkpoint").write_bytes(bytes(4096))
+        units = sorted(
+            (phy - file_base, size)
+            for queue_units in template.messages.values()
+            for phy, size in queue_units
+            if file_base <= phy < file_base + len(data)
+        )
+        end_of_messages = units[-1][0] + units[-1][1]
+        checked = [p for position, size in units for p in checked_message_bytes(bytes(data), position, size)]
+        remaining, magic = struct.unpack_from(">ii", data, end_of_messages)
+        if magic == rm.BLANK_MAGIC and remaining == len(data) - end_of_messages:  # the end-of-file marker
+            units.append((end_of_messages, 8))
+            checked += range(end_of_messages, end_of_messages + 8)
+        written = units[-1][0] + units[-1][1]
+        cut, flipped = None, []
+        if mode in ("truncate", "both"):  # from a checked byte on: see checked_message_bytes
+            cut = rng.choice(checked)
+            data[cut:] = bytes(len(data) - cut)
+        if mode in ("flip", "both"):
+            tail = [p for p in checked if max(0, written - FLIP_TAIL_BYTES) <= p < (written if cut is None else cut)]
+            for position in rng.sample(tail, min(len(tail), rng.randint(1, 3))):
+                data[position] ^= rng.randrange(1, 256)
+                flipped.append(position)
+        victim.write_bytes(bytes(data))
+        lost = [
+            position
+            for position, size in units
+            if (cut is not None and position + size > cut) or any(position <= p < position + size for p in flipped)
+        ]
+        damage = Damage(victim, mode, f"commitlog/{victim.name}: {mode} zeroed from {cut} flipped {flipped}")
+        if lost:
+            first_lost = file_base + min(lost)
+            for key, queue_units in template.messages.items():
+                gone = [offset for offset, (phy, _size) in enumerate(queue_units) if phy >= first_lost]
+                if gone:  # a Kafka batch never comes back in part: the queue ends before the batch of the first
+                    batch = next(b for b in template.model[key].batches if b.base_offset <= gone[0] <= b.last_offset)
+                    start, _ = expected.ranges[key]
+                    expected.ranges[key] = (start, max(start, batch.base_offset))
+        return damage, expected
+    if kind == "consumequeue":
+        # the crash model: only the active (last) file of a queue holds units that may not be flushed, and the
+        # abort file says so. (After a clean shutdown the engine trusts its ConsumeQueues, as RocketMQ does.)
+        # Only cuts (zeros from a byte on, as a torn write leaves them): a flipped unit that still looks valid is
+        # trusted by the engine as by RocketMQ - see docs/reliability.md.
+        abort.write_text("0")
+        mode = "truncate"
+        topic, queue = rng.choice(sorted(template.messages))
+        victim = sorted((target / "consumequeue" / topic / str(queue)).iterdir())[-1]
+        data = bytearray(victim.read_bytes())
+        written = len(data.rstrip(b"\0"))
+        cut, flipped = None, []
+        if mode in ("truncate", "both") and written:
+            cut = rng.randrange(0, written)
+            data[cut:] = bytes(len(data) - cut)
+        if mode in ("flip", "both"):
+            tail = range(max(0, written - FLIP_TAIL_BYTES), written if cut is None else cut)
+            for position in rng.sample(tail, min(len(tail), rng.randint(1, 3))):
+                data[position] ^= rng.randrange(1, 256)
+                flipped.append(position)
+        victim.write_bytes(bytes(data))
+        name = "/".join(victim.parts[-3:])
+        return Damage(victim, mode, f"consumequeue/{name}: {mode} zeroed from {cut} flipped {flipped}"), expected
+    if rng.random() < 0.5:
+        abort.write_text("0")  # a crash
+    if kind == "checkpoint":
+        victim = target / "checkpoint"
+        data = bytearray(victim.read_bytes()[:40])  # the fields; the rest of the page is zeros
+        victim.write_bytes(bytes(data) + bytes(4096 - 40))
+        return damage_file(victim, rng, mode, list(range(40))), expected
+    # Not tidelog-topics.json: the RocketMQ engine refuses to start without a readable one, with an error naming
+    # it (the store cannot tell its topics' ids, configs and creation points from anything else); it is written
+    # atomically, so a crash cannot tear it.
+    victim = target / LOG_START_FILES["rocketmq"]
+    expected.log_start_checkpoint_damaged = True
+    return damage_file(victim, rng, mode), expected
+
+
 # --- verification ---------------------------------------------------------------------------------------------
 
 
 def check_indexes(engine: StorageEngine, key: tuple[str, int]) -> None:
-    """Every index entry names a real batch: (last offset, start position); time entries increase."""
+    """Kafka engine: every index entry names a real batch: (last offset, start position); time entries increase.
+    (The RocketMQ engine's ConsumeQueues are checked through the reads: every record at its offset.)"""
+    if not isinstance(engine, KafkaEngine):
+        return
     partition_log = engine.partition(*key)
     for segment in partition_log.segments:
         segment.sanity_check()
@@ -384,10 +517,10 @@ def run_trial(template: Template, work: Path, trial: int, rng: random.Random) ->
     shutil.copytree(template.path, target)
     damage, expected = damage_trial(template, target, rng)
     if expected.log_start_checkpoint_damaged:
-        expected.read_damaged_log_starts(target)
+        expected.read_damaged_log_starts(target, template.engine)
     context = f"trial {trial} (seed {SEED}): {damage.detail}"
     try:
-        with tidelog.open(target, config=CONFIG, background=False) as engine:
+        with template.open(target) as engine:
             topics = engine.topics()
             assert {name: d.partitions for name, d in topics.items()} == TOPICS
             assert {name: d.topic_id for name, d in topics.items()} == template.topic_ids
@@ -401,7 +534,7 @@ def run_trial(template: Template, work: Path, trial: int, rng: random.Random) ->
             next_offset = engine.log_end_offset(topic, partition)
             appended = engine.produce(topic, partition, [Record(b"after", key=b"k", timestamp_ms=TS + 10**6)])
             assert appended == next_offset
-        with tidelog.open(target, config=CONFIG, background=False) as engine:  # the repair is durable
+        with template.open(target) as engine:  # the repair is durable
             for key, (_start, end) in expected.ranges.items():
                 assert engine.log_end_offset(*key) == end + ((topic, partition) == key)
                 check_indexes(engine, key)
@@ -410,6 +543,9 @@ def run_trial(template: Template, work: Path, trial: int, rng: random.Random) ->
     except Exception as exc:
         raise AssertionError(f"{context}: {exc!r}") from exc
     shutil.rmtree(target)
+    for store_dir in ("commitlog", "consumequeue"):  # RocketMQ's
+        if store_dir in damage.path.relative_to(target).parts:
+            return store_dir
     name = damage.path.name
     return name[20:] if name[:20].isdigit() else name  # ".log", ".index", ... or the state file's name
 
@@ -435,3 +571,26 @@ def test_torn_writes_and_flipped_bytes(template: Template, tmp_path: Path) -> No
 @pytest.mark.timeout(3600)
 def test_torn_writes_and_flipped_bytes_long(template: Template, tmp_path: Path) -> None:
     run_trials(template, tmp_path, LONG_TRIALS)
+
+
+def test_rocketmq_queue_cut_below_its_delete_records_floor(tmp_path: Path) -> None:
+    """A CommitLog cut before all of topic u's messages (u's log start was moved to 40 by DeleteRecords): the queue
+    goes on, empty, at 40 - as a Kafka log does - and is never handed offsets below it again."""
+    template = _write_template(tmp_path / "template", "rocketmq")
+    target = tmp_path / "case"
+    shutil.copytree(template.path, target)
+    first_u = min(phy for phy, _ in template.messages[("u", 0)])
+    for path in sorted((target / "commitlog").iterdir()):
+        base, data = int(path.name), bytearray(path.read_bytes())
+        if base + len(data) > first_u:
+            cut = max(0, first_u - base)
+            path.write_bytes(bytes(data[:cut]) + bytes(len(data) - cut))
+    (target / "abort").write_text("0")
+    (target / "checkpoint").write_bytes(bytes(4096))
+    with template.open(target) as engine:
+        assert (engine.log_start_offset("u", 0), engine.log_end_offset("u", 0)) == (U_LOG_START, U_LOG_START)
+        assert list(engine.consume("u", 0)) == []
+        assert engine.produce("u", 0, [Record(b"after", timestamp_ms=TS)]) == U_LOG_START
+        assert engine.log_end_offset("t", 0) == template.model[("t", 0)].end  # written before u: untouched
+    with template.open(target) as engine:
+        assert [(r.offset, r.value) for r in engine.consume("u", 0)] == [(U_LOG_START, b"after")]

@@ -234,6 +234,18 @@ class ConsumeQueue:
             last.flushed_position = min(last.flushed_position, position)
         self.queue.flushed_where = min(self.queue.flushed_where, byte_offset)
 
+    def restart_at(self, queue_offset: int) -> None:
+        """Drop every file (they hold only units below `queue_offset`); the next unit written creates the file
+        holding `queue_offset`, which is then the queue's first offset."""
+        files = self.queue.files
+        while files:
+            doomed = files.pop()
+            doomed.close()
+            doomed.destroy()
+        self.min_logic_offset = queue_offset * CQ_STORE_UNIT_SIZE
+        self.max_physic_offset = -1
+        self.queue.flushed_where = 0
+
     def correct_min_offset(self, commitlog_min_offset: int) -> None:
         """Move the minimum to the first unit still in the CommitLog (correctMinOffset)."""
         low, high = self.min_offset, self.max_offset

@@ -282,7 +282,11 @@ class RocketMQEngine(StorageEngine):
             self._reindex(self.index.last_indexed_offset, self.dispatcher.reput_from_offset)
         redispatched = self.dispatcher.catch_up()
         for queue in self.queues.values():
-            queue.next_offset = queue._flushed = queue.consume_queue.max_offset
+            if queue.consume_queue.max_offset < queue.start_floor:
+                # the CommitLog was cut below the queue's DeleteRecords floor: the queue goes on, empty, at the
+                # floor (as a Kafka log does); offsets below it were handed out before and are never reused
+                queue.consume_queue.restart_at(queue.start_floor)
+            queue.next_offset = queue._flushed = max(queue.consume_queue.max_offset, queue.start_floor)
         log.info(
             "%s: %s recovery scanned CommitLog %d..%d (%d messages), re-dispatched %d%s",
             self.root,
