@@ -267,6 +267,8 @@ def run_kill9_trials(start_broker: Any, trials: int, seed: int) -> None:
         while member.snapshot() != {p: o for p, o in final.items() if o} and time.monotonic() < deadline:
             time.sleep(0.1)  # the member catches up and commits the end of every partition
         assert member.snapshot() == {p: o for p, o in final.items() if o}, "the member never caught up"
+    except AssertionError as exc:  # with the broker's side of the story (its log dir is gone after the run)
+        raise AssertionError(f"{exc}\n--- broker stderr, last lines ---\n{broker.stderr_tail(80)}") from exc
     finally:
         member.halt.set()
         member.join(TIMEOUT_S)
