@@ -1,20 +1,20 @@
-"""Shared by the crash suites: `start_broker`, the real `tidelog serve` subprocess of tests/integration/conftest.py.
-
-That conftest is loaded by path under its own module name (the suites live in different directories and pytest
-does not import one directory's conftest into another); its fixtures are re-exported here unchanged.
-"""
+"""Shared by the crash suites: `start_broker`, a real `tidelog serve` subprocess (tests/broker_process.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-_PATH = Path(__file__).resolve().parents[1] / "integration" / "conftest.py"
-_spec = importlib.util.spec_from_file_location("tidelog_integration_brokers", _PATH)
-assert _spec is not None and _spec.loader is not None
-brokers = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = brokers
-_spec.loader.exec_module(brokers)
+import pytest
 
-start_broker = brokers.start_broker
+from broker_process import BrokerFactory, StartBroker
+
+
+@pytest.fixture
+def start_broker(tmp_path: Path) -> Iterator[StartBroker]:
+    """`start_broker({"log.flush.interval.messages": 1})`: a broker of the test's own, stopped at teardown."""
+    factory = BrokerFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.close_all()
