@@ -6,7 +6,8 @@ synced directory: open the engine, create one topic with P partitions and append
 timed: every partition's files exist and are open, the first CommitLog file is allocated), then append the same
 bytes - batches of --batch-records records with 1 KiB values, pre-built - to partitions chosen round-robin, and
 time until every append returned and one final engine.flush() finished (so every byte is on disk in every row).
-A run writes --async-mib / --sync-mib, or 2 batches per partition when that is more.
+A run writes --async-mib / --sync-mib, or 2 batches per partition when that is more. The whole sequence is
+repeated --repeat times (so a change in the machine's load hits every configuration alike); medians are reported.
 
   async  both engines fsync in the background every 500 ms: Kafka engine log.flush.interval.ms=500 (its scheduler
          flushes each dirty partition), RocketMQ engine ASYNC_FLUSH with flushIntervalCommitLog=500; one writer.
@@ -194,6 +195,7 @@ def main() -> None:
     parser.add_argument("--batch-records", type=int, default=16, help="records per append (default 16)")
     parser.add_argument("--value-bytes", type=int, default=1024, help="record value size (default 1024)")
     parser.add_argument("--writers", type=int, default=4, help="writer threads under the sync policy (default 4)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions, interleaved; medians are reported")
     parser.add_argument("--plot", action="store_true", help=f"write {PNG.relative_to(PNG.parent.parent)}")
     add_dir_argument(parser)
     args = parser.parse_args()
@@ -204,7 +206,7 @@ def main() -> None:
     batches = build_batches(64, args.batch_records, args.value_bytes)
     batch_bytes = len(batches[0])
     needed = 2 * 1024 * MiB + 2 * max(args.async_mib, args.sync_mib) * MiB  # a preallocated CommitLog file or two
-    results: list[Result] = []
+    raw: list[Result] = []
     with scratch_dir(args.dir, needed, "tidelog-bench-partitions-") as scratch:
         print_machine(scratch)
         console.print(
@@ -212,32 +214,43 @@ def main() -> None:
             f"async runs {args.async_mib} MiB, sync runs {args.sync_mib} MiB with {args.writers} writers; "
             f"open-file limit {limit}"
         )
-        for policy in policies:
-            data_mib = args.async_mib if policy == "async" else args.sync_mib
-            appends = max(1, data_mib * MiB // batch_bytes)
-            empty_dir(scratch)
-            seconds = time_dd(scratch / "dd.bin", batch_bytes, appends, sync=policy == "sync")
-            results.append(Result(policy, "dd", 1, seconds, batch_bytes * appends))
-            for engine_name in engines:
-                for count in counts:
-                    empty_dir(scratch)
-                    runs = max(appends, MIN_APPENDS_PER_PARTITION * count)
-                    result = run_engine_in_child(scratch, engine_name, policy, count, batches, runs, args.writers)
-                    results.append(result)
-                    if result.error is not None:
+        for repetition in range(1, args.repeat + 1):
+            for policy in policies:
+                data_mib = args.async_mib if policy == "async" else args.sync_mib
+                appends = max(1, data_mib * MiB // batch_bytes)
+                empty_dir(scratch)
+                seconds = time_dd(scratch / "dd.bin", batch_bytes, appends, sync=policy == "sync")
+                raw.append(Result(policy, "dd", 1, seconds, batch_bytes * appends))
+                for engine_name in engines:
+                    for count in counts:
+                        empty_dir(scratch)
+                        runs = max(appends, MIN_APPENDS_PER_PARTITION * count)
+                        result = run_engine_in_child(scratch, engine_name, policy, count, batches, runs, args.writers)
+                        raw.append(result)
+                        label = f"  #{repetition} {policy:5} {engine_name:8} {count:5} partitions:"
+                        if result.error is not None:
+                            console.print(f"{label} failed ({result.error}) with {result.open_files} files open")
+                            continue
                         console.print(
-                            f"  {policy:5} {engine_name:8} {count:5} partitions: failed ({result.error}) "
-                            f"with {result.open_files} files open"
+                            f"{label} {result.mb_per_s:8.1f} MB/s ({fmt_bytes(result.data_bytes)} in "
+                            f"{result.seconds:.2f} s, {result.open_files} open files at the end)"
                         )
-                        continue
-                    console.print(
-                        f"  {policy:5} {engine_name:8} {count:5} partitions: {result.mb_per_s:8.1f} MB/s "
-                        f"({fmt_bytes(result.data_bytes)} in {result.seconds:.2f} s, "
-                        f"{result.open_files} open files at the end)"
-                    )
+    results = medians(raw)
     report(results, counts, engines, policies)
     if args.plot:
         plot(results, counts, engines, policies)
+
+
+def medians(raw: list[Result]) -> list[Result]:
+    """One Result per (policy, writer, partitions): the median run by MB/s, or the first failure."""
+    groups: dict[tuple[str, str, int], list[Result]] = {}
+    for result in raw:
+        groups.setdefault((result.policy, result.writer, result.partitions), []).append(result)
+    chosen = []
+    for runs in groups.values():
+        failed = [r for r in runs if r.error is not None]
+        chosen.append(failed[0] if failed else sorted(runs, key=lambda r: r.mb_per_s)[len(runs) // 2])
+    return chosen
 
 
 def report(results: list[Result], counts: list[int], engines: list[str], policies: list[str]) -> None:
