@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -88,10 +89,11 @@ def test_the_next_file_is_preallocated(tmp_path: Path) -> None:
     allocator = AllocateMappedFileService(background=True)
     log = CommitLog(tmp_path, FILE_SIZE, allocator=allocator)
     put(log, b"x")
-    for _ in range(100):  # the background thread creates file 2 while file 1 is being written
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the background thread creates file 2 while file 1 is being written
         if (tmp_path / "commitlog" / "00000000000000004096").exists():
             break
-        os.sched_yield()
+        time.sleep(0.005)
     assert (tmp_path / "commitlog" / "00000000000000004096").exists()
     allocator.shutdown()  # not taken: removed
     assert not (tmp_path / "commitlog" / "00000000000000004096").exists()
@@ -208,4 +210,22 @@ def test_body_crc_is_rocketmqs(tmp_path: Path) -> None:
     offset = put(log, b"\xff" * 64)
     raw = log.read(offset, 100)
     assert struct.unpack_from(">i", raw, 8)[0] == zlib.crc32(b"\xff" * 64) & 0x7FFFFFFF
+    log.close()
+
+
+def test_flush_after_recovery_ending_exactly_at_a_file_end(tmp_path: Path) -> None:
+    """A crash after the BLANK filled a file and before the next file existed: recovery ends on the file boundary,
+    where no file holds the flush position. Flushing (as close does) must return, not spin."""
+    log = CommitLog(tmp_path, FILE_SIZE, allocator=None)
+    offsets = [put(log, b"m" * 500, 0)]
+    while len(list((tmp_path / "commitlog").iterdir())) < 3:
+        offsets.append(put(log, b"m" * 500, len(offsets)))
+    log.close()
+    (tmp_path / "commitlog" / "00000000000000008192").unlink()
+    log = reopen(tmp_path)
+    assert log.recover(0, check_crc=True).end == 2 * FILE_SIZE
+    log.flush()  # returns (it used to spin here for ever)
+    assert log.flush() is False  # nothing dirty any more
+    assert put(log, b"after", len(offsets)) == 2 * FILE_SIZE  # the next message opens the next file
+    assert log.flush() is True
     log.close()

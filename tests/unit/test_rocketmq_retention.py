@@ -21,6 +21,14 @@ from tidelog.storage.rocketmq.retention import is_time_to_delete
 TS = 1_700_000_000_000
 FILE_SIZE = 4096
 HOUR_S = 3600
+# The ratios at their maxima, so that the tests about age and deleteWhen do not depend on how full the disk of the
+# machine running them is (RocketMQ's defaults, 75/85/90 %, are crossed on a busy CI disk). Tests of the ratios set them
+# around the real usage instead.
+IGNORE_DISK_USAGE = {
+    "tidelog.rocketmq.diskMaxUsedSpaceRatio": 95,
+    "tidelog.rocketmq.diskSpaceCleanForciblyRatio": 95,
+    "tidelog.rocketmq.diskSpaceWarningLevelRatio": 99,
+}
 
 
 def open_store(path: Path, **config: object) -> RocketMQEngine:
@@ -29,6 +37,7 @@ def open_store(path: Path, **config: object) -> RocketMQEngine:
         "tidelog.rocketmq.mapedFileSizeConsumeQueue": 200,
         "tidelog.rocketmq.deleteFileBatchMax": 100,
         "tidelog.rocketmq.deleteCommitLogFilesInterval": 0,
+        **IGNORE_DISK_USAGE,
         **config,
     }
     engine = tidelog.open(path, engine="rocketmq", config=settings, background=False)

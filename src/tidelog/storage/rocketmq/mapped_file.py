@@ -340,6 +340,14 @@ class MappedFileQueue:
                     return candidate
             return None
 
+    def _first_file_ending_after(self, offset: int) -> MappedFile | None:
+        """The file holding `offset`, or the first one after it when `offset` falls in a gap or before the first
+        file; None when every file ends at or before `offset`. The caller holds the lock."""
+        holder = self.find(offset)
+        if holder is not None:
+            return holder
+        return next((f for f in self.files if f.file_from_offset + self.file_size > offset), None)
+
     def last_file_for_append(self, start_offset: int = 0) -> MappedFile:
         """The last file if it has room, else a new one after it (or at `start_offset` for an empty queue)."""
         with self.lock:
@@ -375,15 +383,14 @@ class MappedFileQueue:
         flushed_any = False
         while True:
             with self.lock:
-                mapped_file = self.find(self.flushed_where) or (self.files[0] if self.files else None)
-                if mapped_file is None:
+                mapped_file = self._first_file_ending_after(self.flushed_where)
+                if mapped_file is None:  # flushed up to (or past) the end of the last file: nothing to do
                     return flushed_any
                 if least_pages > 0 and mapped_file.dirty_pages() < least_pages and not mapped_file.is_full:
                     return flushed_any
                 if mapped_file.flushed_position >= mapped_file.wrote_position:
-                    nxt = self.find(mapped_file.file_from_offset + self.file_size)
-                    if mapped_file.is_full and nxt is not None and nxt is not mapped_file:
-                        self.flushed_where = max(self.flushed_where, nxt.file_from_offset)
+                    if mapped_file.is_full:  # go on with the next file, if there is one
+                        self.flushed_where = max(self.flushed_where, mapped_file.file_from_offset + self.file_size)
                         continue
                     self.flushed_where = max(self.flushed_where, mapped_file.end_offset)
                     return flushed_any
