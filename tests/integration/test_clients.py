@@ -634,15 +634,22 @@ def test_restart_clean_and_after_kill(start_broker, engine: str) -> None:
             acked.add(int(msg.value()))
 
     produced = 0
+    killer: threading.Timer | None = None
     deadline = time.monotonic() + TIMEOUT_S
-    while len(acked) < 400 and time.monotonic() < deadline:
+    while broker.running and time.monotonic() < deadline:
         for _ in range(50):  # bursts: production outpaces the fsync-per-batch acks, so some are always in flight
             key = f"k{produced % 17}".encode()
             producer.produce(topic, key=key, value=str(produced).encode(), on_delivery=on_delivery)
             produced += 1
-        producer.poll(0.005)
-    assert len(acked) >= 400, "the broker did not acknowledge enough records"
-    broker.kill()
+        producer.poll(0.002)
+        if killer is None and len(acked) >= 400:
+            # the kill lands while this loop goes on producing, so the broker is busy with produce requests when it
+            # dies (a kill after the loop found a fast broker idle, every record acknowledged)
+            killer = threading.Timer(0.03, broker.kill)
+            killer.start()
+    assert killer is not None, "the broker did not acknowledge enough records"
+    killer.join()
+    assert not broker.running, "the broker survived its kill"
     producer.purge()  # what was acknowledged before the kill is reported now; the rest is dropped
     producer.flush(10)
     assert len(acked) < produced, "nothing was in flight at the kill; the test proves less than it should"
