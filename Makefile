@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test system-deps java lint crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long clean
+.PHONY: demo test system-deps java bench-peers lint crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,7 +58,14 @@ bench-read: $(STAMP)
 bench-recovery: $(STAMP)
 	$(PY) bench/recovery_scan.py
 
-bench-broker: $(STAMP)
+# the peers and compiled clients of the broker benchmark: Redis (redis-benchmark), NATS, kcat, Go with nats.go
+bench-peers: system-deps
+	@command -v redis-benchmark >/dev/null 2>&1 && command -v nats-server >/dev/null 2>&1 && \
+	  command -v go >/dev/null 2>&1 && [ -d /usr/share/gocode/src/github.com/nats-io/nats.go ] || \
+	  { echo "installing Debian packages for the broker benchmark's peers"; \
+	    $(call APT_INSTALL,redis-server redis-tools nats-server golang-go golang-github-nats-io-go-nats-dev); }
+
+bench-broker: $(STAMP) bench-peers
 	$(PY) bench/broker_vs_peers.py
 
 bench-spark: $(STAMP)

@@ -1,6 +1,8 @@
-"""The tidelog broker against Redis Streams and NATS JetStream, in one run on one machine, with Python clients.
+"""The tidelog broker against Redis Streams and NATS JetStream, in one run on one machine, with Python clients
+and with compiled ones.
 
-Every system gets the same records (100 bytes of value) and the same count (default 1,000,000), over 127.0.0.1:
+Every system gets the same records (100 bytes of value) and the same count (default 1,000,000), over 127.0.0.1.
+Python clients (one tier):
 
   tidelog  `tidelog serve` driven by confluent-kafka (librdkafka). Produce with acks=1 to a broker with the default
            flush policy (the OS flushes, as Kafka does), produce with acks=all to a second broker started with
@@ -11,6 +13,16 @@ Every system gets the same records (100 bytes of value) and the same count (defa
   NATS     Debian nats-server -js (file storage). nats-py publish_async with at most 4000 acks pending, then a
            pull consumer fetch(10000) acknowledging the last message of each batch (AckAll).
 
+Compiled clients (the other tier: the client no longer sets the pace, so the servers are measured):
+
+  tidelog  Debian's kcat (C, librdkafka): `kcat -P` of the records as lines from a file (acks=1, and acks=all to
+           the durable broker), `kcat -C -o beginning -e` to /dev/null.
+  Redis    redis-benchmark (C): XADD with 64 commands pipelined on each of 50 connections; XRANGE - + COUNT 1000
+           (the stream's first 1000 entries, over and over: Redis's read path, 1000 entries per command).
+  NATS     bench/natsbench (Go, nats.go, built with Debian's golang-go): PublishAsync with 4000 acks pending, and a
+           pull consumer Fetch(10000) with AckAll, the nats-py flows in Go.
+
+Ratios and targets compare each tidelog row with the peers of its own tier and direction.
 The peers' flows are those of /work/shared/reference/peer-baselines.md. Each test runs in a fresh client
 process; tests are interleaved system by system inside each repetition, and records/s is the median over the
 repetitions. CPU is CPU seconds over wall time (100 % = one core): servers from /proc/PID/stat utime+stime,
@@ -102,6 +114,14 @@ REDIS_PIPELINE = 1000
 REDIS_XREAD_COUNT = 10_000
 NATS_FETCH = 10_000
 KAFKA_CONSUME_BATCH = 10_000
+# compiled clients
+REDIS_COMPILED_STREAM = "bench-compiled"
+REDIS_BENCH_PIPELINE = 64  # redis-benchmark -P: commands in flight per connection (peer-baselines R1)
+REDIS_BENCH_CONNECTIONS = 50
+REDIS_XRANGE_COUNT = 1000  # entries per XRANGE reply
+REDIS_XRANGE_PIPELINE = 16
+REDIS_XRANGE_CONNECTIONS = 10
+NATSBENCH_SOURCE = Path(__file__).resolve().parent / "natsbench"
 
 
 # --- measuring ------------------------------------------------------------------------------------------------
@@ -127,22 +147,30 @@ def client_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-class Meter:
-    """Wall time, this process's CPU and a server's CPU between start() and stop()."""
+def children_cpu_seconds() -> float:
+    """CPU of the child processes this process has waited for (all their threads)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
-    def __init__(self, server_pid: int) -> None:
+
+class Meter:
+    """Wall time, the client's CPU and a server's CPU between start() and stop(). The client is this process, or
+    with `children=True` the compiled client it ran as a child process (waited for before stop())."""
+
+    def __init__(self, server_pid: int, children: bool = False) -> None:
         self.server_pid = server_pid
+        self.client_cpu_seconds = children_cpu_seconds if children else client_cpu_seconds
 
     def start(self) -> None:
         self._server = server_cpu_seconds(self.server_pid)
-        self._client = client_cpu_seconds()
+        self._client = self.client_cpu_seconds()
         self._thread = time.thread_time()
         self._system = system_busy_seconds()
         self._wall = time.perf_counter()
 
     def stop(self, records: int, **extra: Any) -> dict[str, Any]:
         wall = time.perf_counter() - self._wall
-        client = 100 * (client_cpu_seconds() - self._client) / wall
+        client = 100 * (self.client_cpu_seconds() - self._client) / wall
         server = 100 * (server_cpu_seconds(self.server_pid) - self._server) / wall
         return {
             "records": records,
@@ -589,6 +617,107 @@ async def nats_latency_consume(spec: dict[str, Any]) -> dict[str, Any]:
         await nc.close()
 
 
+# --- compiled clients: each worker runs the tool as a child process and measures it ----------------------------
+
+
+def run_compiled(spec: dict[str, Any], argv: list[str], stdin: IO[bytes] | None = None) -> tuple[dict[str, Any], str]:
+    """Run a compiled client to completion under a Meter; its stdout goes to /dev/null unless it is the result
+    (natsbench), its stderr is returned. A non-zero exit status fails the test with the client's own message."""
+    meter = Meter(spec["server_pid"], children=True)
+    meter.start()
+    proc = subprocess.run(
+        argv,
+        stdin=stdin if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE if spec.get("keep_stdout") else subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        check=False,
+        timeout=600,
+    )
+    result = meter.stop(spec["records"])
+    stderr = proc.stderr.decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited with status {proc.returncode}: {stderr[-2000:]}")
+    result["stdout"] = proc.stdout.decode() if proc.stdout else ""
+    return result, stderr
+
+
+def kcat_argv(spec: dict[str, Any], mode: str) -> list[str]:
+    return ["kcat", mode, "-b", spec["bootstrap"], "-t", spec["topic"], "-p", "0", "-X", "log_level=3"]
+
+
+def worker_kcat_produce(spec: dict[str, Any]) -> dict[str, Any]:
+    """kcat -P sends every line of the records file as a record and exits once every delivery was reported."""
+    create_kafka_topic(spec["bootstrap"], spec["topic"])
+    argv = [*kcat_argv(spec, "-P"), "-X", f"acks={spec['acks']}"]
+    for key in ("linger.ms", "batch.size", "queue.buffering.max.messages", "compression.type"):
+        argv += ["-X", f"{key}={KAFKA_PRODUCER[key]}"]
+    with open(spec["lines_file"], "rb") as lines:
+        result, stderr = run_compiled(spec, argv, stdin=lines)
+    if "ERROR" in stderr:
+        raise RuntimeError(f"kcat reported delivery errors: {stderr[-2000:]}")
+    result["stored"] = kafka_high_watermark(spec["bootstrap"], spec["topic"])
+    return result
+
+
+def worker_kcat_consume(spec: dict[str, Any]) -> dict[str, Any]:
+    """kcat -C from the beginning, values to /dev/null, exiting at the last record (-c N) as the Python consumer
+    does (waiting for the end of the partition with -e alone adds librdkafka's fetch.wait.max.ms); -e makes a
+    short partition an error instead of a hang."""
+    argv = [*kcat_argv(spec, "-C"), "-o", "beginning", "-c", str(spec["records"]), "-e"]
+    result, stderr = run_compiled(spec, argv)
+    end = re.search(r"Reached end of topic \S+ \[0\] at offset (\d+)", stderr)
+    if end is not None and int(end[1]) < spec["records"]:
+        raise RuntimeError(f"kcat reached the end of {spec['topic']} at offset {end[1]}: {stderr[-2000:]}")
+    return result
+
+
+def redis_benchmark_argv(spec: dict[str, Any], pipeline: int, connections: int, commands: int) -> list[str]:
+    argv = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(spec["port"]), "-P", str(pipeline)]
+    return [*argv, "-c", str(connections), "-n", str(commands), "-q"]
+
+
+def counted(result: dict[str, Any], records: int) -> dict[str, Any]:
+    """redis-benchmark sends whole pipelines, so it may run a few more commands than -n: count what the server did."""
+    return {**result, "records": records, "rate": records / result["seconds"], "at_least": True}
+
+
+def xrange_calls(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_xrange", {}).get("calls", 0))
+
+
+def worker_redis_benchmark_xadd(spec: dict[str, Any]) -> dict[str, Any]:
+    client = redis_client(spec)
+    client.delete(REDIS_COMPILED_STREAM)
+    redis_rewrite_aof(client)
+    argv = redis_benchmark_argv(spec, REDIS_BENCH_PIPELINE, REDIS_BENCH_CONNECTIONS, spec["records"])
+    result, _ = run_compiled(spec, [*argv, "XADD", REDIS_COMPILED_STREAM, "*", "v", VALUE.decode()])
+    return counted(result, client.xlen(REDIS_COMPILED_STREAM))
+
+
+def worker_redis_benchmark_xrange(spec: dict[str, Any]) -> dict[str, Any]:
+    client = redis_client(spec)
+    if client.xlen(REDIS_COMPILED_STREAM) < REDIS_XRANGE_COUNT:
+        raise RuntimeError(f"stream {REDIS_COMPILED_STREAM} holds fewer than {REDIS_XRANGE_COUNT} entries")
+    commands = spec["records"] // REDIS_XRANGE_COUNT
+    argv = redis_benchmark_argv(spec, REDIS_XRANGE_PIPELINE, REDIS_XRANGE_CONNECTIONS, commands)
+    calls = xrange_calls(client)
+    result, _ = run_compiled(spec, [*argv, "XRANGE", REDIS_COMPILED_STREAM, "-", "+", "COUNT", str(REDIS_XRANGE_COUNT)])
+    result = counted(result, (xrange_calls(client) - calls) * REDIS_XRANGE_COUNT)
+    client.delete(REDIS_COMPILED_STREAM)
+    return result
+
+
+def worker_natsbench(spec: dict[str, Any]) -> dict[str, Any]:
+    argv = [spec["natsbench"], "-port", str(spec["port"]), "-n", str(spec["records"])]
+    argv += ["-durable", spec.get("durable", "c0"), spec["flow"]]
+    result, _ = run_compiled({**spec, "keep_stdout": True}, argv)
+    reported = json.loads(result.pop("stdout").strip().splitlines()[-1])
+    result["records"] = reported["records"]
+    if "stored" in reported:
+        result["stored"] = reported["stored"]
+    return result
+
+
 WORKERS = {
     "kafka_produce": worker_kafka_produce,
     "kafka_consume": worker_kafka_consume,
@@ -602,6 +731,11 @@ WORKERS = {
     "nats_fetch": lambda spec: asyncio.run(nats_fetch(spec)),
     "nats_latency_produce": lambda spec: asyncio.run(nats_latency_produce(spec)),
     "nats_latency_consume": lambda spec: asyncio.run(nats_latency_consume(spec)),
+    "kcat_produce": worker_kcat_produce,
+    "kcat_consume": worker_kcat_consume,
+    "redis_benchmark_xadd": worker_redis_benchmark_xadd,
+    "redis_benchmark_xrange": worker_redis_benchmark_xrange,
+    "natsbench": worker_natsbench,
 }
 
 
@@ -765,6 +899,30 @@ class Context:
     servers: dict[str, Server] = field(default_factory=dict)
     worker_count: int = 0
     revision: str = ""  # of the tidelog sources the brokers were started from (src/ may change during a run)
+    lines_file: Path | None = None  # the records as lines, kcat's input
+    natsbench: Path | None = None  # the Go client, built for this run
+
+
+def write_lines_file(path: Path, records: int) -> Path:
+    """The records as kcat -P reads them: one 100-byte value per line."""
+    with path.open("wb") as out:
+        chunk = (VALUE + b"\n") * 10_000
+        for _ in range(records // 10_000):
+            out.write(chunk)
+        out.write((VALUE + b"\n") * (records % 10_000))
+    return path
+
+
+def build_natsbench(scratch: Path) -> Path:
+    """Build bench/natsbench with Debian's Go toolchain and nats.go (golang-go, golang-github-nats-io-go-nats-dev)."""
+    binary = scratch / "natsbench"
+    env = {**os.environ, "GO111MODULE": "off", "GOPATH": "/usr/share/gocode", "GOCACHE": str(scratch / "gocache")}
+    built = subprocess.run(
+        ["go", "build", "-o", str(binary), "."], cwd=NATSBENCH_SOURCE, env=env, capture_output=True, text=True
+    )
+    if built.returncode != 0:
+        raise RuntimeError(f"building bench/natsbench failed:\n{built.stderr[-2000:]}")
+    return binary
 
 
 def start_worker(ctx: Context, spec: dict[str, Any]) -> tuple[subprocess.Popen[str], Path]:
@@ -804,6 +962,7 @@ class Test:
     kind: str  # write | read
     label: str
     client: str
+    tier: str = "python"  # python | compiled: ratios and targets compare a tidelog row with the peers of its tier
 
 
 TESTS = [
@@ -814,8 +973,42 @@ TESTS = [
     Test("redis_xread", "redis", "read", "Redis XREAD COUNT 10000", "redis-py"),
     Test("nats_publish", "nats", "write", "NATS publish_async, 4000 pending", "nats-py"),
     Test("nats_fetch", "nats", "read", "NATS pull fetch(10000), AckAll", "nats-py"),
+    Test("tidelog_kcat_acks1", "tidelog", "write", "tidelog produce, acks=1", "kcat (C)", "compiled"),
+    Test(
+        "tidelog_kcat_acksall",
+        "tidelog",
+        "write",
+        "tidelog produce, acks=all + fsync group commit",
+        "kcat (C)",
+        "compiled",
+    ),
+    Test("tidelog_kcat_consume", "tidelog", "read", "tidelog consume (from the beginning)", "kcat (C)", "compiled"),
+    Test(
+        "redis_bench_xadd",
+        "redis",
+        "write",
+        f"Redis XADD, pipeline {REDIS_BENCH_PIPELINE} x {REDIS_BENCH_CONNECTIONS} connections",
+        "redis-benchmark (C)",
+        "compiled",
+    ),
+    Test(
+        "redis_bench_xrange",
+        "redis",
+        "read",
+        f"Redis XRANGE COUNT {REDIS_XRANGE_COUNT}, pipeline {REDIS_XRANGE_PIPELINE} x {REDIS_XRANGE_CONNECTIONS} "
+        "connections",
+        "redis-benchmark (C)",
+        "compiled",
+    ),
+    Test("nats_go_publish", "nats", "write", "NATS PublishAsync, 4000 pending", "nats.go (Go)", "compiled"),
+    Test("nats_go_fetch", "nats", "read", "NATS pull Fetch(10000), AckAll", "nats.go (Go)", "compiled"),
 ]
-PEERS = {"write": ("redis_xadd", "nats_publish"), "read": ("redis_xread", "nats_fetch")}
+PEERS = {  # (direction, tier) -> (the Redis row, the NATS row) a tidelog row is compared with
+    ("write", "python"): ("redis_xadd", "nats_publish"),
+    ("read", "python"): ("redis_xread", "nats_fetch"),
+    ("write", "compiled"): ("redis_bench_xadd", "nats_go_publish"),
+    ("read", "compiled"): ("redis_bench_xrange", "nats_go_fetch"),
+}
 
 LATENCY_TESTS = [
     ("tidelog_acks1", "tidelog, acks=1", "librdkafka linger.ms=1 → poll() after assign"),
@@ -844,7 +1037,28 @@ def throughput_spec(ctx: Context, test: Test, rep: int) -> dict[str, Any]:
         return {"kind": test.key, "broker": servers["redis"]}
     if test.key == "nats_publish":
         return {"kind": "nats_publish", "broker": servers["nats"]}
-    return {"kind": "nats_fetch", "durable": f"c{rep}", "broker": servers["nats"]}
+    if test.key == "nats_fetch":
+        return {"kind": "nats_fetch", "durable": f"c{rep}", "broker": servers["nats"]}
+    kcat = {"lines_file": str(ctx.lines_file)}
+    if test.key == "tidelog_kcat_acks1":
+        return {**kcat, "kind": "kcat_produce", "acks": "1", "topic": f"kcat-acks1-{rep}", "broker": servers["tidelog"]}
+    if test.key == "tidelog_kcat_acksall":
+        broker = servers["tidelog-durable"]
+        return {**kcat, "kind": "kcat_produce", "acks": "all", "topic": f"kcat-acksall-{rep}", "broker": broker}
+    if test.key == "tidelog_kcat_consume":
+        return {"kind": "kcat_consume", "topic": f"kcat-acks1-{rep}", "broker": servers["tidelog"]}
+    if test.key == "redis_bench_xadd":
+        return {"kind": "redis_benchmark_xadd", "broker": servers["redis"]}
+    if test.key == "redis_bench_xrange":
+        return {"kind": "redis_benchmark_xrange", "broker": servers["redis"]}
+    flow = {"nats_go_publish": "publish", "nats_go_fetch": "fetch"}[test.key]
+    return {
+        "kind": "natsbench",
+        "flow": flow,
+        "durable": f"go{rep}",
+        "natsbench": str(ctx.natsbench),
+        "broker": servers["nats"],
+    }
 
 
 def worker_spec(spec: dict[str, Any], records: int) -> dict[str, Any]:
@@ -884,7 +1098,9 @@ def run_throughput(ctx: Context, test: Test, rep: int) -> dict[str, Any]:
 
 
 def check_count(test: Test, expected: int, result: dict[str, Any]) -> None:
-    if result["records"] != expected:
+    if result.get("at_least") and result["records"] >= expected:
+        pass
+    elif result["records"] != expected:
         raise RuntimeError(f"{test.label}: moved {result['records']} records, expected {expected}")
     if "stored" in result and result["stored"] != expected:
         raise RuntimeError(f"{test.label}: the server holds {result['stored']} records, expected {expected}")
@@ -1130,9 +1346,16 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
 
 
 def bottleneck(test: Test, row: dict[str, Any]) -> str:
-    """Which single thread sat at (nearly) a full core: the broker's event loop or the client's Python thread."""
+    """Which single thread sat at (nearly) a full core: the broker's event loop or the client's Python thread;
+    with compiled (multi-threaded) clients, whether the two cores were full."""
     if test.system == "tidelog" and row["server_cpu"] >= BOTTLENECK_CPU:
         return "broker (1 Python thread)"
+    if test.tier == "compiled":
+        if row["server_cpu"] >= BOTTLENECK_CPU:
+            return "server"
+        if row["server_cpu"] + row["client_cpu"] + row["other_cpu"] >= 2 * BOTTLENECK_CPU:
+            return "both cores busy"
+        return "client" if row["client_cpu"] >= BOTTLENECK_CPU else "neither saturated"
     if row["client_thread_cpu"] >= BOTTLENECK_CPU:
         return "client (Python thread)"
     if row["server_cpu"] >= BOTTLENECK_CPU:
@@ -1146,7 +1369,7 @@ def throughput_rows(summary: dict[str, dict[str, Any]]) -> list[list[str]]:
         row = summary.get(test.key)
         if row is None:
             continue
-        redis_key, nats_key = PEERS[test.kind]
+        redis_key, nats_key = PEERS[test.kind, test.tier]
         vs_redis = vs_nats = "–"
         if test.system == "tidelog":
             vs_redis = ratio_text(row["rate"], summary.get(redis_key, {}).get("rate"))
@@ -1243,20 +1466,17 @@ P99_TARGET_MS = 5.0  # end-to-end, at the latency tests' rate
 def target_rows(summary: dict[str, dict[str, Any]], latency: dict[str, dict[str, Any]]) -> list[list[str]]:
     """The issue's targets against this run: one row per target, with the measured figure and met/missed."""
     rows = []
-    peers_by_direction = {
-        "write": [summary[k]["rate"] for k in ("redis_xadd", "nats_publish") if k in summary],
-        "read": [summary[k]["rate"] for k in ("redis_xread", "nats_fetch") if k in summary],
-    }
     for test in TESTS:
         if test.system != "tidelog" or test.key not in summary:
             continue
         rate = summary[test.key]["rate"]
-        rows.append([test.label, f">= {RATE_TARGET:,} rec/s", f"{rate:,.0f} rec/s", _met(rate >= RATE_TARGET)])
-        peers = peers_by_direction[test.kind]
+        label = f"{test.label} ({test.client})"
+        rows.append([label, f">= {RATE_TARGET:,} rec/s", f"{rate:,.0f} rec/s", _met(rate >= RATE_TARGET)])
+        peers = [summary[k]["rate"] for k in PEERS[test.kind, test.tier] if k in summary]
         if peers:
             factor = rate / max(peers)
             verdict = _met(factor >= PEER_FACTOR_TARGET)
-            rows.append([test.label, f">= {PEER_FACTOR_TARGET:g}x the better peer", f"{factor:.1f}x", verdict])
+            rows.append([label, f">= {PEER_FACTOR_TARGET:g}x the better peer of its tier", f"{factor:.1f}x", verdict])
     for key, label, _ in LATENCY_TESTS:
         if key.startswith("tidelog") and key in latency:
             p99 = latency[key]["p99"]
@@ -1372,12 +1592,23 @@ def plot(summary: dict[str, dict[str, Any]], latency: dict[str, dict[str, Any]],
     rates = [summary[t.key]["rate"] / 1000 for t in tests]
     low = [summary[t.key]["rate"] / 1000 - summary[t.key]["min"] / 1000 for t in tests]
     high = [summary[t.key]["max"] / 1000 - summary[t.key]["rate"] / 1000 for t in tests]
-    ax_rate.barh(y, rates, xerr=[low, high], color=[colors[t.system] for t in tests], capsize=3)
+    ax_rate.barh(
+        y,
+        rates,
+        xerr=[low, high],
+        color=[colors[t.system] for t in tests],
+        hatch=["//" if t.tier == "compiled" else "" for t in tests],
+        edgecolor="white",
+        capsize=3,
+    )
     ax_rate.set_yticks(y, [f"{t.label}\n({t.client})" for t in tests], fontsize=8)
     for yy, rate, extra in zip(y, rates, high, strict=True):
         ax_rate.text(rate + extra, yy, f"  {rate:.0f}k", va="center", fontsize=8)
     ax_rate.set_xlabel("thousand records/s (median; whiskers min–max)")
-    ax_rate.set_title(f"throughput, {args.records:,} × {RECORD_SIZE} B, Python clients", fontsize=10)
+    ax_rate.set_title(
+        f"throughput, {args.records:,} × {RECORD_SIZE} B: Python clients (plain), compiled clients (hatched)",
+        fontsize=10,
+    )
     ax_rate.margins(x=0.15)
     keys = [(k, label) for k, label, _ in LATENCY_TESTS if "p50" in latency.get(k, {})]
     if keys:
@@ -1436,12 +1667,26 @@ def versions() -> str:
         except (OSError, IndexError):
             return "?"
 
+    def kcat_version() -> str:
+        try:
+            text = subprocess.run(["kcat", "-V"], capture_output=True, text=True, check=False).stdout
+        except OSError:
+            return "?"
+        found = re.search(r"Version (\S+) .*?librdkafka (\S+)", text)
+        return f"{found[1]} (librdkafka {found[2]})" if found else "?"
+
+    def debian_version(package: str) -> str:
+        shown = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True)
+        return shown.stdout.strip() or "?"
+
     redis_version = re.search(r"v=(\S+)", first_line(["redis-server", "--version"]))
     nats_version = first_line(["nats-server", "--version"]).split()[-1]
     return (
         f"redis-server {redis_version[1] if redis_version else '?'}, nats-server {nats_version}; "
         f"confluent-kafka {confluent_kafka.__version__} (librdkafka {confluent_kafka.libversion()[0]}), "
-        f"redis-py {redis.__version__} (hiredis parser), nats-py {nats.aio.client.__version__}"
+        f"redis-py {redis.__version__} (hiredis parser), nats-py {nats.aio.client.__version__}; "
+        f"kcat {kcat_version()}, redis-benchmark {redis_version[1] if redis_version else '?'}, "
+        f"nats.go {debian_version('golang-github-nats-io-go-nats-dev')} ({first_line(['go', 'version'])})"
     )
 
 
@@ -1600,6 +1845,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency-seconds", type=float, default=None, help="measured latency period (default 15)")
     parser.add_argument("--warmup-seconds", type=float, default=None, help="latency warm-up, not counted (default 2)")
     parser.add_argument("--systems", default="tidelog,redis,nats", help="comma-separated subset to run")
+    parser.add_argument(
+        "--clients",
+        default="python,compiled",
+        help="client tiers to run: python (confluent-kafka, redis-py, nats-py) and/or compiled (kcat, "
+        "redis-benchmark, nats.go); default both",
+    )
     parser.add_argument("--no-latency", action="store_true", help="skip the latency tests")
     parser.add_argument(
         "--quiet-wait",
@@ -1637,17 +1888,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = args.systems - {"tidelog", "redis", "nats"}
     if unknown:
         parser.error(f"unknown system(s) {', '.join(sorted(unknown))}")
+    args.clients = {c.strip() for c in args.clients.split(",") if c.strip()}
+    if not args.clients or args.clients - {"python", "compiled"}:
+        parser.error("--clients takes python, compiled or both")
     return args
 
 
-def check_tools(systems: set[str]) -> None:
-    missing = [
-        tool
-        for system, tool in (("redis", "redis-server"), ("nats", "nats-server"))
-        if system in systems and shutil.which(tool) is None
-    ]
+def selected(test: Test, args: argparse.Namespace) -> bool:
+    return test.system in args.systems and test.tier in args.clients
+
+
+def check_tools(args: argparse.Namespace) -> None:
+    needed = {("redis", "python"): ["redis-server"], ("nats", "python"): ["nats-server"]}
+    needed |= {("tidelog", "compiled"): ["kcat"], ("redis", "compiled"): ["redis-server", "redis-benchmark"]}
+    needed |= {("nats", "compiled"): ["nats-server", "go"]}
+    packages = {"redis-benchmark": "redis-tools", "go": "golang-go golang-github-nats-io-go-nats-dev"}
+    missing = sorted(
+        {
+            tool
+            for (system, tier), tools in needed.items()
+            if system in args.systems and tier in args.clients
+            for tool in tools
+            if shutil.which(tool) is None
+        }
+    )
     if missing:
-        console.print(f"[bold red]missing:[/] {', '.join(missing)} (Debian: apt-get install -y {' '.join(missing)})")
+        apt = " ".join(packages.get(tool, tool) for tool in missing)
+        console.print(f"[bold red]missing:[/] {', '.join(missing)} (Debian: apt-get install -y {apt})")
         sys.exit(2)
 
 
@@ -1655,14 +1922,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return run_worker(args.worker)
-    check_tools(args.systems)
+    check_tools(args)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: servers are stopped
     command = "python bench/broker_vs_peers.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     started = time.strftime("%Y-%m-%d %H:%M %Z")
-    per_rep = 2 * 140 * args.records  # two tidelog topics a repetition
-    needed = args.repeat * per_rep + 3 * 400 * args.records  # plus NATS's store and Redis's AOF
+    per_rep = 4 * 140 * args.records  # four tidelog topics a repetition
+    needed = args.repeat * per_rep + 4 * 400 * args.records  # plus NATS's store, Redis's AOF and kcat's input
     procs = Processes()
-    results: dict[str, list[dict[str, Any]]] = {t.key: [] for t in TESTS if t.system in args.systems}
+    results: dict[str, list[dict[str, Any]]] = {t.key: [] for t in TESTS if selected(t, args)}
     latency: dict[str, dict[str, Any]] = {}
     phases: list[dict[str, Any]] = []
     with scratch_dir(args.dir, needed, "tidelog-vs-peers-") as scratch:
@@ -1672,6 +1939,12 @@ def main(argv: list[str] | None = None) -> int:
             f"tidelog {ctx.revision}"
         )
         try:
+            if "compiled" in args.clients:
+                if "tidelog" in args.systems:
+                    ctx.lines_file = write_lines_file(scratch / "records.txt", args.records)
+                if "nats" in args.systems:
+                    with console.status("building bench/natsbench (Go) …"):
+                        ctx.natsbench = build_natsbench(scratch)
             if "tidelog" in args.systems:
                 ctx.servers["tidelog"] = start_tidelog(procs, "tidelog", scratch / "tidelog", {})
                 ctx.servers["tidelog-durable"] = start_tidelog(
@@ -1685,14 +1958,15 @@ def main(argv: list[str] | None = None) -> int:
             console.print(version_text)
             for rep in range(args.repeat):
                 for test in TESTS:
-                    if test.system not in args.systems:
+                    if not selected(test, args):
                         continue
                     with console.status(f"[{rep + 1}/{args.repeat}] {test.label} …"):
                         settle(ctx)
                         result = run_throughput(ctx, test, rep)
                     results[test.key].append(result)
                     console.print(
-                        f"[{rep + 1}/{args.repeat}] {test.label:<50} {result['rate']:>10,.0f} rec/s   server CPU "
+                        f"[{rep + 1}/{args.repeat}] {test.label + ' (' + test.client + ')':<70} "
+                        f"{result['rate']:>10,.0f} rec/s   server CPU "
                         f"{result['server_cpu']:4.0f} %   client CPU {result['client_cpu']:4.0f} %   rest of the "
                         f"machine {result['other_cpu']:4.0f} %"
                     )
