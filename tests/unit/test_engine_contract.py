@@ -161,6 +161,29 @@ def test_offset_for_timestamp(open_log: Opener) -> None:
     assert engine.offset_for_timestamp("t", 1, 0) is None
 
 
+def test_offset_for_timestamp_with_timestamps_out_of_order(open_log: Opener) -> None:
+    """Kafka's meaning: the earliest offset whose timestamp is at least the target, however the timestamps are
+    ordered; MAX_TIMESTAMP names the first record carrying the largest one."""
+    engine = open_log()
+    engine.create_topic("late", 1)
+    stamps = [TS + 100, TS + 300, TS + 200, TS + 400, TS + 150, TS + 400, TS + 50]
+    for i, stamp in enumerate(stamps):  # one batch per record: batch timestamps go back in time, too
+        engine.produce("late", 0, [Record(b"v%d" % i, timestamp_ms=stamp)])
+        if i == 3:  # 100, 300, 200, 400: a binary search for 250 lands on 400
+            assert engine.offset_for_timestamp("late", 0, TS + 250).offset == 1
+    for target in (0, TS + 50, TS + 100, TS + 101, TS + 200, TS + 250, TS + 300, TS + 301, TS + 400, TS + 401):
+        expected = next((o for o, stamp in enumerate(stamps) if stamp >= target), None)
+        found = engine.offset_for_timestamp("late", 0, target)
+        got = None if found is None else (found.timestamp, found.offset)
+        assert got == (None if expected is None else (stamps[expected], expected)), target
+    newest = engine.offset_for_timestamp("late", 0, MAX_TIMESTAMP)
+    assert (newest.timestamp, newest.offset) == (TS + 400, 3)
+    engine.produce("late", 0, [Record(b"in one batch", timestamp_ms=TS + 500), Record(b"x", timestamp_ms=TS + 10)])
+    assert engine.offset_for_timestamp("late", 0, TS + 450).offset == 7
+    assert engine.offset_for_timestamp("late", 0, TS + 350).offset == 3
+    assert (engine.offset_for_timestamp("late", 0, MAX_TIMESTAMP).offset) == 7
+
+
 def test_delete_records_moves_the_log_start_and_survives_a_reopen(open_log: Opener) -> None:
     engine = open_log()
     written = fill(engine)

@@ -9,6 +9,7 @@ import time
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tidelog.codec import rocketmq_message as rm
@@ -34,6 +35,7 @@ def put(log: CommitLog, body: bytes, queue_offset: int = 0, extra: str = "", top
             queue_offset=queue_offset,
             physical_offset=phys,
             store_timestamp=TS + queue_offset,
+            born_timestamp=TS - queue_offset,
         ),
         TS + queue_offset,
     )
@@ -77,7 +79,8 @@ def test_files_blank_fill_and_roll(tmp_path: Path) -> None:
     for i, offset in enumerate(offsets):
         message = log.read_message(offset, 91 + 300 + 1 + len(f"UNIQ_KEY\x01U{i}\x02"), check_crc=True)
         assert message.body == bytes([i]) * 300 and message.physical_offset == offset and message.queue_offset == i
-        assert log.read_born_timestamp(offset) == 0 and log.read_store_timestamp(offset) == TS + i
+        assert log.read_store_timestamp(offset) == TS + i
+    assert log.read_born_timestamps(np.array(offsets)).tolist() == [TS - i for i in range(30)]  # across files
     dispatched = [(o, info.queue_offset) for o, info in log.iter_dispatch(0, log.max_offset)]
     assert dispatched == [(o, i) for i, o in enumerate(offsets)]
     with pytest.raises(RecordTooLargeError):

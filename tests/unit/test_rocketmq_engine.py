@@ -5,6 +5,7 @@ or from nothing; SYNC_FLUSH group commit; the abort file and checkpoint; deleted
 from __future__ import annotations
 
 import os
+import random
 import struct
 import threading
 from pathlib import Path
@@ -15,6 +16,8 @@ import tidelog
 from tidelog import Record
 from tidelog.codec.record_batch import build_batch
 from tidelog.errors import ConfigError, CrcMismatchError, RecordTooLargeError
+from tidelog.storage.api import MAX_TIMESTAMP
+from tidelog.storage.rocketmq import message_queue
 from tidelog.storage.rocketmq.checkpoint import read_checkpoint
 from tidelog.storage.rocketmq.engine import RocketMQEngine
 
@@ -246,3 +249,42 @@ def test_consume_queue_flush_rounds(tmp_path: Path) -> None:
         engine._scheduled_consume_queue_flush()
         assert quiet.dirty_bytes() == 0
         assert engine.checkpoint.logics_msg_timestamp == engine.dispatcher.last_store_timestamp > 0
+
+
+def test_time_lookup_over_many_blocks_with_timestamps_out_of_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """offset_for_timestamp against a brute-force answer, with timestamps in random order over many blocks of the
+    time summary, after more appends and after a DeleteRecords inside a block; once the summary is built a lookup
+    (MAX_TIMESTAMP included) reads the timestamps of at most two blocks, not of the whole queue."""
+    monkeypatch.setattr(message_queue, "TIME_BLOCK_UNITS", 8)
+    rng = random.Random(3)
+    stamps: list[int] = []
+
+    def expected(target: int) -> tuple[int, int] | None:
+        offset = next((o for o in range(start, len(stamps)) if stamps[o] >= target), None)
+        return None if offset is None else (stamps[offset], offset)
+
+    def lookup(target: int) -> tuple[int, int] | None:
+        found = engine.offset_for_timestamp("t", 0, target)
+        return None if found is None else (found.timestamp, found.offset)
+
+    with open_store(tmp_path / "store") as engine:
+        engine.create_topic("t", 1)
+        read = []
+        gather = engine.commitlog.read_born_timestamps
+        monkeypatch.setattr(engine.commitlog, "read_born_timestamps", lambda o: read.append(len(o)) or gather(o))
+        start = 0
+        for round_ in range(3):
+            for _ in range(40):
+                batch = [TS + rng.randrange(10_000) for _ in range(rng.randint(1, 4))]
+                engine.produce("t", 0, [Record(b"x", timestamp_ms=s) for s in batch])
+                stamps += batch
+            if round_ == 2:
+                start = engine.delete_records("t", 0, len(stamps) - 37)  # inside a block
+            for target in [0, TS, TS + 10_000, *(TS + rng.randrange(10_000) for _ in range(40))]:
+                assert lookup(target) == expected(target), (round_, target)
+            read.clear()
+            newest = max(stamps[start:])
+            assert lookup(MAX_TIMESTAMP) == (newest, stamps.index(newest, start))
+            assert sum(read) <= 2 * 8

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from tidelog.codec.rocketmq_message import (
     BLANK_MAGIC,
     BORN_TIMESTAMP_POSITION,
@@ -40,7 +42,7 @@ from tidelog.codec.rocketmq_message import (
     decode_dispatch_info,
     decode_message,
 )
-from tidelog.errors import RecordTooLargeError
+from tidelog.errors import KafkaStorageError, RecordTooLargeError
 from tidelog.storage.rocketmq.mapped_file import AllocateMappedFileService, MappedFile, MappedFileQueue
 
 log = logging.getLogger("tidelog.storage.rocketmq")
@@ -48,6 +50,7 @@ log = logging.getLogger("tidelog.storage.rocketmq")
 COMMITLOG_DIR = "commitlog"
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+_I64_BYTES = np.arange(8)
 
 
 @dataclass(frozen=True)
@@ -134,9 +137,26 @@ class CommitLog:
             raise InvalidMessage(f"BLANK marker at {offset}, not a message")
         return item
 
-    def read_born_timestamp(self, offset: int) -> int:
-        """The record timestamp of the message at `offset`: 8 bytes at a fixed position."""
-        return _I64.unpack(self.read(offset + BORN_TIMESTAMP_POSITION, 8))[0]
+    def read_born_timestamps(self, offsets: np.ndarray) -> np.ndarray:
+        """The record timestamps of the messages at `offsets` (int64 array), gathered with numpy from each file's
+        mapping; -1 for an offset whose file is gone (retention)."""
+        stamps = np.full(len(offsets), -1, dtype=np.int64)
+        file_starts = offsets - offsets % self.file_size
+        for file_start in np.unique(file_starts):
+            mapped_file = self.queue.find(int(file_start))
+            if mapped_file is None or mapped_file.map is None:
+                continue
+            chosen = file_starts == file_start
+            positions = offsets[chosen] - file_start + BORN_TIMESTAMP_POSITION
+            if positions.max() + 8 > mapped_file.wrote_position:
+                raise KafkaStorageError(f"{mapped_file.path}: a ConsumeQueue unit points past the written end")
+            try:
+                data = np.frombuffer(mapped_file.map, dtype=np.uint8)
+            except ValueError:  # the mapping was closed under us (the store is closing)
+                continue
+            stamps[chosen] = data[positions[:, None] + _I64_BYTES].view(">i8")[:, 0]
+            del data  # release the mapping's buffer export at once
+        return stamps
 
     def read_store_timestamp(self, offset: int) -> int:
         head = self.read(offset, STORE_TIMESTAMP_POSITION + 20)

@@ -22,6 +22,8 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from tidelog.storage.rocketmq.mapped_file import MappedFile, MappedFileQueue
 
 log = logging.getLogger("tidelog.storage.rocketmq")
@@ -29,6 +31,7 @@ log = logging.getLogger("tidelog.storage.rocketmq")
 CONSUME_QUEUE_DIR = "consumequeue"
 CQ_STORE_UNIT_SIZE = 20
 UNIT = struct.Struct(">qiq")
+UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])  # the same unit, for numpy
 BLANK_UNIT = UNIT.pack(0, 0x7FFFFFFF, 0)
 RECOVERY_CHECK_UNITS = 4096  # units at the tail of the last file checked one by one when loading
 
@@ -193,6 +196,21 @@ class ConsumeQueue:
         end = min(self.queue.max_offset, start + count * CQ_STORE_UNIT_SIZE)
         data = self.queue.read(start, end - start)
         return list(UNIT.iter_unpack(data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE]))
+
+    def unit_array(self, queue_offset: int, count: int) -> np.ndarray:
+        """The units in [queue_offset, queue_offset + count) as a UNIT_DTYPE array, across files; empty outside
+        the queue."""
+        start = max(queue_offset, self.min_offset) * CQ_STORE_UNIT_SIZE
+        end = min(queue_offset + count, self.max_offset) * CQ_STORE_UNIT_SIZE
+        parts = []
+        while start < end:
+            data = self.queue.read(start, end - start)
+            data = data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE]
+            if not data:
+                break
+            parts.append(data)
+            start += len(data)
+        return np.frombuffer(b"".join(parts), dtype=UNIT_DTYPE)
 
     # --- truncation, retention, flushing ----------------------------------------------------------------------
 

@@ -9,7 +9,9 @@ turns ConsumeQueue units back into Kafka v2 batches built in memory. The contrac
 - `flushed_offset` = the queue offset below which the CommitLog is on disk, `flush_due` says whether an acks=all
   producer must wait for a group commit (SYNC_FLUSH) or not (ASYNC_FLUSH);
 - a retried idempotent batch is answered with its first offsets, as Kafka's ProducerStateManager does; the state
-  is rebuilt after a restart from the `KAFKA_PRODUCER` property of the queue's last messages.
+  is rebuilt after a restart from the `KAFKA_PRODUCER` property of the queue's last messages;
+- a time lookup has Kafka's meaning (the earliest offset whose record timestamp is at least the target, in whatever
+  order timestamps come) through an in-memory summary: the largest timestamp of each block of offsets.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import struct
 import threading
 from collections import deque
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tidelog.codec import rocketmq_message as rm
 from tidelog.codec.record_batch import (
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
 
 _I64 = struct.Struct(">q")
 READ_UNITS = 1024  # ConsumeQueue units read per round of a fetch
+TIME_BLOCK_UNITS = 1024  # queue offsets per block of the time summary (offset_for_timestamp)
 PRODUCER_REPLAY_UNITS = 4096  # units at the end of a queue replayed for the idempotent-producer state
 BLANK_UNIT_SIZE = 0x7FFFFFFF
 
@@ -73,6 +78,34 @@ class _Encoded:
         self.starts = starts
         self.count = len(starts)
         self.kafka_bytes = kafka_bytes
+
+
+class TimeBlocks:
+    """The largest record timestamp of each block of TIME_BLOCK_UNITS queue offsets (block k holds [k*B, (k+1)*B)),
+    in memory, from `first_block` on, covering the offsets below `end`. Built from the ConsumeQueue and the
+    CommitLog the first time a queue is searched by time, then extended by what was dispatched since; a block's
+    maximum may come from offsets below a log start that moved later (callers read that block exactly)."""
+
+    def __init__(self) -> None:
+        self.maxima = np.empty(0, dtype=np.int64)
+        self.first_block = 0
+        self.end = -1  # nothing covered yet
+
+    def extend(self, queue: MessageQueue, start: int, end: int) -> np.ndarray:
+        """Cover the offsets up to `end` (the queue's high watermark); returns the maxima."""
+        if self.end < 0:
+            self.first_block, self.end = start // TIME_BLOCK_UNITS, start
+        while self.end < end:
+            block = self.end // TIME_BLOCK_UNITS
+            chunk_end = min(end, (block + 64) * TIME_BLOCK_UNITS)
+            stamps = queue.born_timestamps(self.end, chunk_end)
+            block_ids = np.arange(self.end, chunk_end) // TIME_BLOCK_UNITS - self.first_block
+            count = int(block_ids[-1]) + 1
+            if count > len(self.maxima):
+                self.maxima = np.concatenate([self.maxima, np.full(count - len(self.maxima), -1, dtype=np.int64)])
+            np.maximum.at(self.maxima, block_ids, stamps)
+            self.end = chunk_end
+        return self.maxima
 
 
 class MessageQueue(Partition):
@@ -99,6 +132,8 @@ class MessageQueue(Partition):
         self._pending_flush: deque[tuple[int, int]] = deque()  # (CommitLog end, queue offset after it)
         self._flushed = self.next_offset
         self._size: int | None = None
+        self._time_blocks = TimeBlocks()
+        self._time_lock = threading.Lock()
         self.closed = False
 
     # --- offsets ----------------------------------------------------------------------------------------------
@@ -359,38 +394,51 @@ class MessageQueue(Partition):
         return FileSlices(tuple(slices), start, high_watermark)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
-        """ListOffsets. A time lookup is a binary search over the record (born) timestamps of the queue, as
-        RocketMQ's getOffsetInQueueByTime searches store times: exact when timestamps grow with the offsets."""
+        """ListOffsets, with Kafka's meaning whatever order the record (born) timestamps come in: the earliest
+        offset whose timestamp is at least the target; MAX_TIMESTAMP: the first record with the largest timestamp.
+        Whole blocks of offsets are skipped by their maximum timestamp (`_time_blocks`), so a lookup reads the
+        timestamps of at most two blocks."""
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return TimestampAndOffset(-1, self.log_start_offset)
         if timestamp_ms == LATEST_TIMESTAMP:
             return TimestampAndOffset(-1, self.log_end_offset)
-        low, high = self.log_start_offset, self.high_watermark
-        if timestamp_ms == MAX_TIMESTAMP:
-            best: TimestampAndOffset | None = None
-            for queue_offset, physical_offset, _size in self.units(low, high):
-                timestamp = self.engine.commitlog.read_born_timestamp(physical_offset)
-                if best is None or timestamp > best.timestamp:
-                    best = TimestampAndOffset(timestamp, queue_offset)
-            return best
-        if timestamp_ms < 0:
+        if timestamp_ms < 0 and timestamp_ms != MAX_TIMESTAMP:
             raise OffsetOutOfRangeError(f"{timestamp_ms} is neither a timestamp nor a special ListOffsets target")
-        end = high
-        while low < high:
-            middle = (low + high) // 2
-            if self._born_timestamp(middle) >= timestamp_ms:
-                high = middle
-            else:
-                low = middle + 1
-        if low >= end:
+        with self._time_lock:
+            start, end = self.log_start_offset, self.high_watermark
+            if start >= end:
+                return None
+            maxima = self._time_blocks.extend(self, start, end)
+            first_block = start // TIME_BLOCK_UNITS
+            if timestamp_ms == MAX_TIMESTAMP:
+                # the first block may hold offsets below the log start: its visible part is read
+                head = self.born_timestamps(start, min(end, (first_block + 1) * TIME_BLOCK_UNITS))
+                later = maxima[first_block + 1 - self._time_blocks.first_block :]
+                timestamp_ms = max(int(head.max()), int(later.max()) if len(later) else -1)
+                if timestamp_ms < 0:
+                    return None
+            block = first_block
+            while block * TIME_BLOCK_UNITS < end:
+                candidates = np.flatnonzero(maxima[block - self._time_blocks.first_block :] >= timestamp_ms)
+                if not len(candidates):
+                    return None
+                block += int(candidates[0])
+                low = max(start, block * TIME_BLOCK_UNITS)
+                stamps = self.born_timestamps(low, min(end, (block + 1) * TIME_BLOCK_UNITS))
+                hits = np.flatnonzero(stamps >= timestamp_ms)
+                if len(hits):  # else the block's maximum is below the log start: go on with the next
+                    return TimestampAndOffset(int(stamps[hits[0]]), low + int(hits[0]))
+                block += 1
             return None
-        return TimestampAndOffset(self._born_timestamp(low), low)
 
-    def _born_timestamp(self, queue_offset: int) -> int:
-        unit = self.consume_queue.unit_at(queue_offset)
-        if unit is None:
-            raise KafkaStorageError(f"{self.name}: no ConsumeQueue unit for offset {queue_offset}")
-        return self.engine.commitlog.read_born_timestamp(unit[0])
+    def born_timestamps(self, start: int, end: int) -> np.ndarray:
+        """The record timestamps of the queue offsets [start, end), -1 where no message is (a gap, a blank unit)."""
+        units = self.consume_queue.unit_array(start, end - start)
+        if len(units) != end - start:
+            raise KafkaStorageError(f"{self.name}: ConsumeQueue units {start}..{end} are not all there")
+        stamps = self.engine.commitlog.read_born_timestamps(units["offset"].astype(np.int64))
+        stamps[(units["size"] <= 0) | (units["size"] == BLANK_UNIT_SIZE)] = -1
+        return stamps
 
     # --- durability and deletion -------------------------------------------------------------------------------
 
