@@ -1,8 +1,13 @@
-"""Data builders shared by the Spark tests (imported by module name: pytest puts this directory on sys.path)."""
+"""Data builders and checks shared by the Spark tests (imported by module name: pytest puts this directory on
+sys.path)."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 import tidelog
 from tidelog.codec.record_batch import Record
@@ -42,3 +47,18 @@ def write_topic(
         for i in range(0, len(records), batch):
             codec = compression_cycle[(i // batch) % len(compression_cycle)]
             log.produce(topic, p, records[i : i + batch], compression=codec)
+
+
+def fails_before_any_task(spark: Any, action: Callable[[], Any], message: str) -> str:
+    """Runs `action` (a Spark action) and checks it fails with an error matching `message` while the query is
+    planned: no Spark job was started. Returns the error text."""
+    context = spark.sparkContext
+    group = f"planning-{uuid.uuid4().hex}"
+    context.setJobGroup(group, "expected to fail at planning")
+    try:
+        with pytest.raises(Exception, match=message) as caught:
+            action()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    assert context.statusTracker().getJobIdsForGroup(group) == [], "a Spark job (tasks) ran before the error"
+    return str(caught.value)

@@ -4,6 +4,7 @@ filters, and the lock-free log-file reader against the storage engine's own answ
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 from pathlib import Path
 
@@ -127,11 +128,29 @@ def test_split_ranges_follows_sparks_range_calculator() -> None:
     assert [r.size for r in capped] == [25, 25, 25, 25]
 
 
-def test_split_boundaries_snap_to_batch_starts() -> None:
-    split = split_ranges([OffsetRange("t", 0, 0, 100)], 2, None, lambda r: [48, 90])
-    assert split == [OffsetRange("t", 0, 0, 48), OffsetRange("t", 0, 48, 100)]
+def test_split_boundaries_move_to_batch_starts() -> None:
+    whole = [OffsetRange("t", 0, 0, 300)]
+    # the audit's case: even boundaries 75/150/225, batches known to start at 100, 150, 200, 250
+    split = split_ranges(whole, 4, None, lambda r: [100, 150, 200, 250])
+    assert [(r.start, r.end) for r in split] == [(0, 100), (100, 150), (150, 200), (200, 300)]
     far = split_ranges([OffsetRange("t", 0, 0, 100)], 2, None, lambda r: [5])
-    assert far == [OffsetRange("t", 0, 0, 50), OffsetRange("t", 0, 50, 100)]  # too far away: kept
+    assert far == [OffsetRange("t", 0, 0, 5), OffsetRange("t", 0, 5, 100)]  # however far: a batch start
+    # no batch start between a boundary's neighbours: the boundary goes, its pieces merge
+    sparse = split_ranges(whole, 6, None, lambda r: [120])
+    assert [(r.start, r.end) for r in sparse] == [(0, 120), (120, 300)]
+    assert split_ranges(whole, 3, None, lambda r: []) == whole
+    # a broker cannot tell where batches start: the even split stays
+    assert [r.size for r in split_ranges(whole, 3, None, lambda r: None)] == [100, 100, 100]
+    # maxRecordsPerPartition is a cap: a boundary moves only as far as keeps both neighbours under it
+    capped = split_ranges(whole, None, 70, lambda r: [100, 150, 200, 250])
+    assert all(r.size <= 70 for r in capped) and sum(r.size for r in capped) == 300
+    assert [r.start for r in capped] == [0, 60, 120, 180, 250]  # 250 is within reach; 60/120/180 have none
+    # boundaries stay strictly increasing and every piece non-empty whatever the points
+    for points in ([1, 2, 3], [299], list(range(0, 300, 7)), [150] * 3):
+        pieces = split_ranges(whole, 5, None, lambda r, points=points: points)
+        assert pieces[0].start == 0 and pieces[-1].end == 300
+        assert all(a.end == b.start for a, b in itertools.pairwise(pieces))
+        assert all(r.size > 0 for r in pieces)
 
 
 def test_rate_limit_prorates_and_never_starves() -> None:

@@ -102,8 +102,8 @@ class KafkaBackend:
             raise self._fail(f"looking up timestamp {timestamp_ms} in {tp[0]}-{tp[1]}", found.error)
         return None if found.offset < 0 else found.offset
 
-    def batch_starts(self, r: OffsetRange) -> Sequence[int]:
-        return ()  # a broker does not tell where batches start; ranges are split evenly
+    def batch_starts(self, r: OffsetRange) -> Sequence[int] | None:
+        return None  # a broker does not tell where batches start; ranges are split evenly
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,12 +90,29 @@ def _pread_exact(fd: int, length: int, position: int) -> bytes:
     return data
 
 
+def _open_segment(path: Path) -> int | None:
+    """A read-only descriptor of segment file `path`; None when it is gone (retention removed it since it was
+    listed). Anything else that keeps it from being read is a LogFilesError naming the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise LogFilesError(f"{path}: the segment file cannot be opened: {exc.strerror}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LogFilesError(f"{path}: not a regular file (a segment file was expected)")
+    return fd
+
+
 def _read_entries(path: Path, entry_size: int) -> bytes:
     """The leading non-zero entries of an index file (a preallocated active index is zero-filled after them)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return b""
+    except OSError as exc:
+        raise LogFilesError(f"{path}: the index file cannot be opened: {exc.strerror}") from exc
     try:
         count = os.fstat(fd).st_size // entry_size
         zero = bytes(entry_size)
@@ -106,6 +124,8 @@ def _read_entries(path: Path, entry_size: int) -> bytes:
             else:
                 lo = mid + 1
         return _pread_exact(fd, lo * entry_size, 0)
+    except OSError as exc:
+        raise LogFilesError(f"{path}: the index file cannot be read: {exc.strerror}") from exc
     finally:
         os.close(fd)
 
@@ -201,9 +221,8 @@ class PartitionFiles:
             return self.checkpointed_start
         for base in reversed(bases):  # an empty newest segment: its base is the end
             path = self.log_path(base)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
+            fd = _open_segment(path)
+            if fd is None:
                 continue
             try:
                 size = os.fstat(fd).st_size
@@ -237,9 +256,8 @@ class PartitionFiles:
         slot = int(np.searchsorted(entries.timestamps, timestamp_ms, side="right")) - 1
         indexed_offset = int(entries.time_offsets[slot]) if slot >= 0 else base
         path = self.log_path(base)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        fd = _open_segment(path)
+        if fd is None:
             return None
         try:
             size = os.fstat(fd).st_size
@@ -302,13 +320,12 @@ class PartitionFiles:
             if base >= end:
                 break
             path = self.log_path(base)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:  # removed by retention since it was listed
+            fd = _open_segment(path)
+            if fd is None:  # removed by retention since it was listed
                 if fail_on_data_loss:
                     raise DataLossError(
                         data_loss_message(f"{self.name}: segment {path.name} was deleted while it was being read")
-                    ) from None
+                    )
                 continue
             try:
                 size = os.fstat(fd).st_size
@@ -338,14 +355,17 @@ def _entry_size(chunk: bytes | memoryview) -> int | None:
     return int.from_bytes(bytes(chunk[8:12]), "big", signed=True) + LOG_OVERHEAD
 
 
-def _read_padded(fd: int, length: int, position: int) -> tuple[memoryview, int]:
+def _read_padded(fd: int, path: Path, length: int, position: int) -> tuple[memoryview, int]:
     """`length` bytes at `position` (fewer at the end of the file) in a buffer with PADDING spare bytes after them,
     which lets the columnar decoder read its varint windows without copying the chunk. (An uninitialised numpy
     buffer: a bytearray would first be zero-filled.)"""
     view = memoryview(np.empty(length + PADDING, dtype=np.uint8))
     done = 0
     while done < length:
-        n = os.preadv(fd, [view[done:length]], position + done)
+        try:
+            n = os.preadv(fd, [view[done:length]], position + done)
+        except OSError as exc:
+            raise LogFilesError(f"{path}: reading at file byte {position + done} failed: {exc.strerror}") from exc
         if n <= 0:
             break
         done += n
@@ -364,13 +384,13 @@ def _chunks(
 ) -> Iterator[tuple[memoryview, BatchTable, int]]:
     """Whole batches from `position` to `size`, about `chunk_bytes` at a time; stops at a partial tail."""
     while position < size:
-        chunk, length = _read_padded(fd, min(chunk_bytes, size - position), position)
+        chunk, length = _read_padded(fd, path, min(chunk_bytes, size - position), position)
         table = _scan(chunk, path, position, length)
         if len(table) == 0:
             needed = _entry_size(chunk[:length])
             if needed is None or position + needed > size:
                 return  # a partial batch at the tail (being written, or torn)
-            chunk, length = _read_padded(fd, needed, position)
+            chunk, length = _read_padded(fd, path, needed, position)
             table = _scan(chunk, path, position, length)
             if len(table) == 0:
                 return

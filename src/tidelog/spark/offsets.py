@@ -3,8 +3,8 @@
 - The JSON form of per-partition offsets, `{"topic": {"0": 23, "1": 42}}`, is what `startingOffsets` takes and
   what a streaming query stores in `<checkpoint>/offsets/N` (partitions sorted numerically, as Kafka's JsonUtils).
 - `split_ranges` is KafkaOffsetRangeCalculator.getRanges (minPartitions / maxRecordsPerPartition), with one
-  addition: a boundary is moved to the nearest offset where a batch starts (known from the offset index) when
-  one lies close, so neighbouring tasks do not both decode the batch a boundary falls into.
+  addition: every boundary inside a partition is moved to the nearest offset where a batch starts (known from the
+  offset index), so every task starts at a batch and no batch is decoded by two tasks.
 - `rate_limit` is KafkaMicroBatchStream.rateLimit: `maxOffsetsPerTrigger` prorated over the partitions by how
   far behind each is, never starving a small one.
 - `PushedFilters` turns the predicates Spark pushes on `topic`, `partition`, `offset` and `timestamp` into
@@ -82,9 +82,9 @@ def split_ranges(
     ranges: Sequence[OffsetRange],
     min_partitions: int | None,
     max_records_per_partition: int | None,
-    batch_starts: Callable[[OffsetRange], Sequence[int]] | None = None,
+    batch_starts: Callable[[OffsetRange], Sequence[int] | None] | None = None,
 ) -> list[OffsetRange]:
-    """Spark's getRanges, then each interior boundary snapped to a batch start within 1/4 of a piece's size."""
+    """Spark's getRanges, then each interior boundary moved to a batch start (see `_snap`)."""
     ranges = [r for r in ranges if r.size > 0]
     if (min_partitions is None or len(ranges) >= min_partitions) and max_records_per_partition is None:
         return ranges
@@ -110,33 +110,44 @@ def split_ranges(
         divided = result
     if batch_starts is None:
         return divided
-    return _snap(divided, batch_starts)
+    return _snap(divided, batch_starts, max_records_per_partition)
 
 
-def _snap(pieces: list[OffsetRange], batch_starts: Callable[[OffsetRange], Sequence[int]]) -> list[OffsetRange]:
-    """Move the boundaries between consecutive pieces of one partition to nearby batch starts."""
+def _snap(
+    pieces: list[OffsetRange], batch_starts: Callable[[OffsetRange], Sequence[int] | None], max_records: int | None
+) -> list[OffsetRange]:
+    """Move each boundary between consecutive pieces of one partition to the nearest known batch start between
+    its neighbours (the boundary before it, already moved, and the one after it), so no batch is decoded by two
+    tasks. A boundary with no batch start between its neighbours is dropped (its two pieces become one), unless
+    that would break `maxRecordsPerPartition`: then it stays where the even split put it. When the backend cannot
+    tell where batches start (None: a broker), the even split stays."""
     by_partition: dict[TopicPartition, list[OffsetRange]] = {}
     for piece in pieces:
         by_partition.setdefault(piece.topic_partition, []).append(piece)
     snapped: list[OffsetRange] = []
     for group in by_partition.values():
         group.sort(key=lambda r: r.start)
-        if len(group) == 1:
+        whole = OffsetRange(group[0].topic, group[0].partition, group[0].start, group[-1].end)
+        known = batch_starts(whole) if len(group) > 1 else None
+        if known is None:
             snapped += group
             continue
-        whole = OffsetRange(group[0].topic, group[0].partition, group[0].start, group[-1].end)
-        points = list(batch_starts(whole))
-        bounds = [group[0].start]
+        points = sorted(known)
+        bounds = [whole.start]
         for left, right in itertools.pairwise(group):
-            target = left.end
-            tolerance = max(1, min(left.size, right.size) // 4)
-            i = bisect.bisect_left(points, target)
-            near = [p for p in points[max(0, i - 1) : i + 1] if abs(p - target) <= tolerance and p > bounds[-1]]
-            bounds.append(min(near, key=lambda p: abs(p - target)) if near else target)
-        bounds.append(group[-1].end)
-        snapped += [
-            OffsetRange(whole.topic, whole.partition, lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo
-        ]
+            target, after = left.end, right.end
+            lo, hi = bounds[-1] + 1, after - 1  # strictly between the neighbours
+            if max_records is not None:  # neither this piece nor the next (still unmoved) may grow past the cap
+                lo, hi = max(lo, after - max_records), min(hi, bounds[-1] + max_records)
+            candidates = points[bisect.bisect_left(points, lo) : bisect.bisect_right(points, hi)]
+            if candidates:
+                i = bisect.bisect_left(candidates, target)
+                below, above = candidates[max(0, i - 1)], candidates[min(i, len(candidates) - 1)]
+                bounds.append(below if target - below <= above - target else above)
+            elif max_records is not None:
+                bounds.append(target)
+        bounds.append(whole.end)
+        snapped += [OffsetRange(whole.topic, whole.partition, lo, hi) for lo, hi in itertools.pairwise(bounds)]
     return snapped
 
 

@@ -27,7 +27,9 @@ class Backend(Protocol):
 
     def offset_for_timestamp(self, tp: TopicPartition, timestamp_ms: int) -> int | None: ...
 
-    def batch_starts(self, r: OffsetRange) -> Sequence[int]: ...
+    def batch_starts(self, r: OffsetRange) -> Sequence[int] | None:
+        """Offsets in (r.start, r.end) where a batch is known to start; None when the backend cannot tell."""
+        ...
 
     def close(self) -> None: ...
 
@@ -183,6 +185,34 @@ def check_data_loss(
     return earliest
 
 
+def check_within_log(
+    options: ReadOptions,
+    offsets: Mapping[TopicPartition, int],
+    latest: Mapping[TopicPartition, int],
+    which: str,
+) -> None:
+    """Offsets given as numbers in `startingOffsets`/`endingOffsets` must not lie past the end of the log.
+
+    Checked at planning, as Spark's Kafka source does, so the option at fault is named before any task runs
+    (a task would otherwise wait for records that are not there, or report them lost)."""
+    spec = options.starting if which == "starting" else options.ending
+    if spec.kind != "offsets":
+        return  # earliest, latest and timestamps resolve to offsets inside the log
+    beyond = [(tp, offsets[tp], latest[tp]) for tp in sorted(offsets) if offsets[tp] > latest[tp]]
+    if beyond:
+        detail = ", ".join(f"{t}-{p} at {offset} (the log ends at {end})" for (t, p), offset, end in beyond)
+        raise OptionError(
+            f"option '{which}Offsets': {detail}: past the end of the partition; an offset may be at most the "
+            "partition's latest offset (-1 means latest)"
+        )
+
+
+def _option_name(spec: OffsetSpec, which: str) -> str:
+    return {"timestamp": f"{which}Timestamp", "timestamps": f"{which}OffsetsByTimestamp"}.get(
+        spec.kind, f"{which}Offsets"
+    )
+
+
 def plan_batch(options: ReadOptions, filters: PushedFilters, backend: Backend) -> list[OffsetRange]:
     """Offset ranges of a batch query, narrowed by pushed filters and split by minPartitions."""
     partitions = [tp for tp in subscribed(options, backend) if filters.allows(*tp)]
@@ -192,17 +222,20 @@ def plan_batch(options: ReadOptions, filters: PushedFilters, backend: Backend) -
     latest = backend.latest(partitions)
     start = resolve_start(options, backend, partitions, earliest, latest)
     end = resolve_end(options, backend, partitions, latest)
+    check_within_log(options, start, latest, "starting")
+    check_within_log(options, end, latest, "ending")
     ranges = []
     for tp in partitions:
-        s = check_data_loss(options, tp, start[tp], earliest[tp])
-        e = end[tp]
-        if e < s:
-            option = "endingOffsets" if options.ending.kind in ("offsets", "latest") else "endingOffsetsByTimestamp"
+        if end[tp] < start[tp]:
             raise OptionError(
-                f"{tp[0]}-{tp[1]}: the ending offset {e} ({option}) is before the starting offset {s}; "
-                "a batch query needs starting <= ending"
+                f"{tp[0]}-{tp[1]}: the ending offset {end[tp]} ({_option_name(options.ending, 'ending')}) is before "
+                f"the starting offset {start[tp]} ({_option_name(options.starting, 'starting')}); a batch query needs "
+                "starting <= ending"
             )
-        r = filters.clip(OffsetRange(tp[0], tp[1], s, e))
+        s = check_data_loss(options, tp, start[tp], earliest[tp])
+        if end[tp] <= s:  # everything asked for is gone, and failOnDataLoss=false says to go on
+            continue
+        r = filters.clip(OffsetRange(tp[0], tp[1], s, end[tp]))
         if r.size and filters.timestamps.low is not None:  # the time index gives a lower bound on offsets
             first = backend.offset_for_timestamp(tp, filters.timestamps.low)
             r = OffsetRange(r.topic, r.partition, max(r.start, first if first is not None else r.end), r.end)

@@ -75,6 +75,7 @@ from tidelog.spark.options import ReadOptions, parse_read_options
 from tidelog.spark.planning import (
     Backend,
     check_data_loss,
+    check_within_log,
     open_backend,
     plan_batch,
     resolve_start,
@@ -335,6 +336,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         earliest = self.backend.earliest(partitions)
         latest = self.backend.latest(partitions)
         start = resolve_start(self.options, self.backend, partitions, earliest, latest)
+        check_within_log(self.options, start, latest, "starting")
         self._known = set(partitions)
         return offsets_to_json(start)
 
