@@ -57,6 +57,7 @@ class CommitLogFlusher:
         self._flush_lock = threading.Lock()
         self._running = background
         self._thread: threading.Thread | None = None
+        self._last_thorough = time.monotonic()  # of the last thorough ASYNC_FLUSH round
 
     def start(self) -> None:
         if self._running and self._thread is None:
@@ -123,22 +124,25 @@ class CommitLogFlusher:
                 self._cond.notify_all()
 
     def _run_real_time(self) -> None:
-        last_thorough = time.monotonic()
         while self._running:
             with self._cond:
                 self._cond.wait(self.interval_ms / 1000)
             if not self._running:
                 break
-            now = time.monotonic()
-            least_pages = self.least_pages
-            if (now - last_thorough) * 1000 >= self.thorough_interval_ms:
-                last_thorough, least_pages = now, 0
             try:
-                self.flush_now(least_pages)
+                self.real_time_round(time.monotonic())
             except Exception as exc:
                 log.error("CommitLog flush failed: %s", exc)
             with self._cond:
                 self._cond.notify_all()
+
+    def real_time_round(self, now: float) -> bool:
+        """One FlushRealTimeService round at monotonic time `now` (seconds): flush when at least `least_pages`
+        pages are dirty, or everything when `thorough_interval_ms` passed since the last thorough round."""
+        least_pages = self.least_pages
+        if (now - self._last_thorough) * 1000 >= self.thorough_interval_ms:
+            self._last_thorough, least_pages = now, 0
+        return self.flush_now(least_pages)
 
     def shutdown(self) -> None:
         """Stop the thread, then flush everything (FlushRealTimeService retries 10 times on shutdown)."""
