@@ -220,3 +220,26 @@ def test_command_line_entry_point(store: tuple[Path, list[Stored]]) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert bodies(done.stdout) == ["paid"]
+
+
+def test_query_message_time_window_to_the_millisecond(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The IndexFile keeps whole seconds (an entry of a message stored at T0+2700 ms says T0+2000): a window is
+    still exact to the millisecond at both ends, and messages just past its end do not take the places of
+    matches when --max is small."""
+    offsets_ms = [0, 700, 2700, 2900, 3100]
+    write_store(tmp_path, [("t", 0, b"k", b"at %d" % ms, TS + ms) for ms in offsets_ms])
+
+    topic_key = ["--topic", "t", "--key", "k"]
+
+    def query(begin: int, end: int | None = None, *extra: str) -> list[str]:
+        window = ["--begin", str(TS + begin)] + ([] if end is None else ["--end", str(TS + end)])
+        code, out = run(capsys, "query-message", "--store", str(tmp_path), *topic_key, *window, *extra)
+        assert code == (0 if bodies(out) else 1)
+        return bodies(out)
+
+    assert query(2700) == ["at 3100", "at 2900", "at 2700"]
+    assert query(2701) == ["at 3100", "at 2900"]
+    assert query(701, 2700) == ["at 2700"]
+    assert query(0, 2699) == ["at 700", "at 0"]
+    assert query(0, 2700, "--max", "1") == ["at 2700"]  # 2900's entry says T0+2000: a candidate, not a match
+    assert query(3101) == []

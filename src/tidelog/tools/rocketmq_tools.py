@@ -11,8 +11,9 @@ storage/rocketmq/consume_queue.py (20-byte units) and storage/rocketmq/index_fil
 
 dump-commitlog prints one line per message with MessageExt's field names (and the BLANK markers that end files);
 query-message prints each match as mqadmin's queryMsgByKey/queryMsgById do (`OffsetID:`, `Topic:`, ... `Body:`).
-The index only stores 4-byte key hashes, so query-message reads every candidate and keeps the messages whose
-topic and key (or UNIQ_KEY) really match and whose store time is in [begin, end].
+The index only stores 4-byte key hashes and times in whole seconds, so query-message asks it for a window widened
+by a second and reads every candidate, keeping the messages whose topic and key (or UNIQ_KEY) really match and whose
+store time is in [begin, end] to the millisecond.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from tidelog.storage.rocketmq.index_file import (
 
 FILE_NAME = re.compile(r"^\d{20}$")
 LONG_MAX = (1 << 63) - 1
+INDEX_TIME_UNIT_MS = 1000  # an IndexFile entry keeps its time in whole seconds
 
 
 class _ReadOnlyFile:
@@ -303,24 +305,34 @@ def query_by_key(
     out = out or sys.stdout
     sizes = infer_index_sizes(store, hash_slot_num, index_num)
     index = IndexService(store / INDEX_DIR, sizes.hash_slot_num, sizes.index_num, read_only=True)
-    try:
-        index.load(clean_shutdown=True, index_checkpoint_timestamp=0)
-        candidates = index.query_offsets(topic, key, max_num, begin, end, max_msgs_num_batch=max_num).phy_offsets
-    except KafkaStorageError as exc:
-        raise ToolError(str(exc)) from None
-    finally:
-        index.close()
-    found = 0
+    # An entry's time is its file's begin + whole seconds, up to 999 ms before the message's store time: the index
+    # is asked for [begin - 999, end] and every candidate checked against [begin, end] exactly. Candidates outside
+    # the window may take the places of matches, so a full answer that kept too few is asked again, for more.
+    index_begin = max(0, begin - INDEX_TIME_UNIT_MS + 1)
     with ExitStack() as stack:
+        try:
+            index.load(clean_shutdown=True, index_checkpoint_timestamp=0)
+        except KafkaStorageError as exc:
+            raise ToolError(str(exc)) from None
+        stack.callback(index.close)
         commitlog = CommitLogReader(store, stack)
-        for offset in dict.fromkeys(candidates):  # a message re-indexed after a restart appears twice
-            message = commitlog.message_at(offset)
-            if message is None or not _key_matches(message, topic, key):
-                continue  # a hash duplicate, or an entry left by a truncated CommitLog
-            if not begin <= message.store_timestamp <= end:
-                continue  # the index keeps seconds; the message keeps milliseconds
-            found += 1
+        limit, distinct_before = max_num, -1
+        while True:
+            candidates = index.query_offsets(topic, key, limit, index_begin, end, max_msgs_num_batch=limit).phy_offsets
+            distinct = dict.fromkeys(candidates)  # a message re-indexed after a restart appears twice
+            matches = []
+            for offset in distinct:
+                message = commitlog.message_at(offset)
+                if message is None or not _key_matches(message, topic, key):
+                    continue  # a hash duplicate, or an entry left by a truncated CommitLog
+                if begin <= message.store_timestamp <= end:
+                    matches.append(message)
+            if len(matches) >= max_num or len(candidates) < limit or len(distinct) == distinct_before:
+                break  # enough, all there are, or a damaged chain going round
+            limit, distinct_before = 2 * limit, len(distinct)
+        for message in matches[:max_num]:
             print_message(message, out)
+    found = min(len(matches), max_num)
     print(f"{found} message(s) with key {key!r} in topic {topic!r}", file=out)
     return 0 if found else 1
 
