@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tidelog.partitioner import partition_for_key
@@ -549,6 +549,62 @@ def test_admin_delete_topic(engine_broker) -> None:
     # A topic of the same name starts over, empty
     create_topic(engine_broker.bootstrap, "admin-doomed")
     assert all(wm == (0, 0) for wm in watermarks(engine_broker.bootstrap, "admin-doomed"))
+
+
+def test_admin_delete_records(broker) -> None:
+    """DeleteRecords moves the low watermark: the records before it are gone for every reader, the rest stay."""
+    topic = "admin-delete-records"
+    create_topic(broker.bootstrap, topic, partitions=2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for partition, count, prefix in ((0, 10, "v"), (1, 5, "w")):
+        for i in range(count):
+            producer.produce(topic, value=f"{prefix}{i}".encode(), partition=partition)
+    assert producer.flush(TIMEOUT_S) == 0
+    client = admin(broker.bootstrap)
+    futures = client.delete_records(
+        [TopicPartition(topic, 0, 4), TopicPartition(topic, 1, OFFSET_END)], operation_timeout=10, request_timeout=15
+    )
+    low = {tp.partition: future.result(timeout=TIMEOUT_S).low_watermark for tp, future in futures.items()}
+    assert low == {0: 4, 1: 5}
+    assert watermarks(broker.bootstrap, topic, 2) == [(4, 10), (5, 5)]
+    got = ck_consume(broker.bootstrap, topic, 6, partitions=2)
+    assert [(g.partition, g.offset, g.value) for g in got] == [(0, i, f"v{i}".encode()) for i in range(4, 10)]
+    # beyond the high watermark: OFFSET_OUT_OF_RANGE, and nothing moves
+    [future] = client.delete_records([TopicPartition(topic, 0, 11)], request_timeout=15).values()
+    with pytest.raises(KafkaException) as raised:
+        future.result(timeout=TIMEOUT_S)
+    assert raised.value.args[0].code() == KafkaError.OFFSET_OUT_OF_RANGE
+    assert watermarks(broker.bootstrap, topic, 2) == [(4, 10), (5, 5)]
+
+
+def test_delete_records_of_the_offsets_topic_is_refused(start_broker) -> None:
+    """Kafka refuses DeleteRecords on an internal topic (INVALID_TOPIC_EXCEPTION, "Cannot delete records of
+    internal topic"); committed offsets must survive any client's attempt, across a restart too."""
+    broker = start_broker(offsets_topic_num_partitions=3)
+    topic, group = "offsets-kept", "offsets-kept-group"
+    create_topic(broker.bootstrap, topic, partitions=1)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)  # offset 0 of an empty topic
+    finally:
+        consumer.close()
+    client = admin(broker.bootstrap)
+    futures = client.delete_records(
+        [TopicPartition("__consumer_offsets", p, OFFSET_END) for p in range(3)], request_timeout=15
+    )
+    for tp, future in futures.items():
+        with pytest.raises(KafkaException) as raised:
+            future.result(timeout=TIMEOUT_S)
+        assert raised.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, tp
+    assert all(low == 0 for low, _ in watermarks(broker.bootstrap, "__consumer_offsets", 3))
+    broker.restart()
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        [committed] = consumer.committed([TopicPartition(topic, 0)], timeout=TIMEOUT_S)
+    finally:
+        consumer.close()
+    assert committed.offset == 0, "the committed offset was lost"
+    broker.stop()
 
 
 # --- idempotent producer, acks -------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""Metadata, CreateTopics, DeleteTopics: the cluster as clients see it.
+"""Metadata, CreateTopics, DeleteTopics, CreatePartitions, DeleteRecords, DescribeConfigs: the cluster as clients
+see it.
 
 One broker is the whole cluster: it is the controller, the leader of every partition and its only
 replica. Metadata auto-creates a requested topic when both the client allows it and
 `auto.create.topics.enable` is on. CreateTopics validates names, partition counts, the replication
 factor (1 or -1 on a single node) and topic configs (Kafka's names) before creating anything.
+The internal topic `__consumer_offsets` belongs to the broker: no client may delete it, add partitions to it or
+delete records from it (INVALID_TOPIC_EXCEPTION, as Kafka answers).
 """
 
 from __future__ import annotations
@@ -298,6 +301,8 @@ class TopicApis:
                     partitions.append(result)
                     continue
                 try:
+                    if topic.name in INTERNAL_TOPICS:  # Kafka's answer: the offsets topic is the broker's to trim
+                        raise InvalidTopicError(f"Cannot delete records of internal topic {topic.name}")
                     partition_log = engine.partition(topic.name, partition.partition_index)
                     offset = partition_log.high_watermark if partition.offset == -1 else partition.offset
                     result["low_watermark"] = partition_log.delete_records(offset)
