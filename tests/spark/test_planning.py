@@ -233,3 +233,13 @@ def test_reads_plan_whole_batches_and_report_data_loss(engine_log: Path) -> None
     with pytest.raises(DataLossError, match="failOnDataLoss"):
         list(p0.read(0, 500, fail_on_data_loss=True))
     assert list(p0.read(0, 500, fail_on_data_loss=False))
+
+
+def test_the_broker_path_reads_uncommitted_as_sparks_kafka_source() -> None:
+    """librdkafka defaults to read_committed; Spark's Kafka source (and the path reader) return aborted records."""
+    from tidelog.spark.kafka_client import consumer_config
+
+    base = {"kafka.bootstrap.servers": "h:1", "subscribe": "t"}
+    assert consumer_config(parse_read_options(base, streaming=False))["isolation.level"] == "read_uncommitted"
+    chosen = parse_read_options({**base, "kafka.isolation.level": "read_committed"}, streaming=False)
+    assert consumer_config(chosen)["isolation.level"] == "read_committed"

@@ -4,13 +4,14 @@ by `tidelog serve`, so a real Kafka client checks that the files are what Kafka 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from spark_helpers import make_records
+from spark_helpers import fails_before_any_task, make_records
 
 import tidelog
 from tidelog.partitioner import partition_for_key
@@ -104,6 +105,24 @@ def test_batch_write_through_the_broker_with_topic_and_partition_columns(spark: 
     check_keyed(consume_all(broker.bootstrap, "keyed", 4), 300, 4)
 
 
+def test_a_missing_topic_on_the_broker_fails_before_any_task(spark: Any, broker: LocalBroker, tmp_path: Path) -> None:
+    df = spark.createDataFrame([("k", b"v")], "key string, value binary")
+    # auto-creation on (the shared broker): the driver's lookup creates the topic, the write goes through
+    df.write.format("tidelog").mode("append").option("kafka.bootstrap.servers", broker.bootstrap).option(
+        "topic", "created-on-write"
+    ).save()
+    assert [r["value"] for r in consume_all(broker.bootstrap, "created-on-write", 3)] == [b"v"]
+    with LocalBroker(tmp_path / "strict", {"auto.create.topics.enable": "false"}) as strict:
+        writer = df.write.format("tidelog").mode("append").option("kafka.bootstrap.servers", strict.bootstrap)
+        started = time.monotonic()
+        fails_before_any_task(
+            spark,
+            writer.option("topic", "nowhere").save,
+            "option 'topic': topic 'nowhere' does not exist on kafka.bootstrap.servers=127.0.0.1:",
+        )
+        assert time.monotonic() - started < 20  # not after librdkafka's metadata timeout in every task
+
+
 def test_streaming_write_from_files_to_the_broker(spark: Any, broker: LocalBroker, tmp_path: Path) -> None:
     source = tmp_path / "source"
     with tidelog.open(source, background=False) as log:
@@ -161,9 +180,12 @@ def test_streaming_write_to_a_log_directory(spark: Any, tmp_path: Path) -> None:
         .start(str(target))
     )
     assert query.awaitTermination(120) and query.exception() is None
-    with tidelog.open(target, background=False) as log:
-        for p in range(2):  # partition column kept: same partition, same order
-            assert [r.value for r in log.consume("out", p)] == [r.value for r in make_records("in", p, 40)]
+    with LocalBroker(target) as served:  # the directory the stream wrote, read by a real Kafka client
+        records = consume_all(served.bootstrap, "out", 2)
+    for p in range(2):  # partition column kept: same partition, same order, dense offsets from 0
+        written = [r for r in records if r["partition"] == p]
+        assert [r["offset"] for r in written] == list(range(40))
+        assert [(r["key"], r["value"]) for r in written] == [(w.key, w.value) for w in make_records("in", p, 40)]
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ Works against `tidelog serve` and against a real Kafka cluster alike. Planning (
 metadata, watermarks and offsets-for-times (ListOffsets); a task reads its range with a consumer of its own that
 is assigned the one partition at the range's start offset (no group membership, no offset commits: progress lives
 in Spark's checkpoint, as with Spark's Kafka source). Other `kafka.*` options pass through to librdkafka, except
-those the source must decide itself (options.py).
+those the source must decide itself (options.py). Records are read uncommitted, as Spark's Kafka source reads
+them (and as the path reader does): `kafka.isolation.level=read_committed` asks for committed ones only.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def consumer_config(options: ReadOptions, **extra: Any) -> dict[str, Any]:
         "enable.auto.offset.store": False,
         "auto.offset.reset": "error",
         "client.id": "tidelog-spark",
+        # Spark's Kafka source (the Java consumer's default) and the path reader return the records of aborted
+        # transactions too; librdkafka alone would default to read_committed
+        "isolation.level": "read_uncommitted",
     }
     config.update(options.kafka_params)
     config.update(extra)

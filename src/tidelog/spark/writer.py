@@ -96,7 +96,50 @@ def parse_sink(options: Any, schema: StructType) -> SinkSpec:
                 f"option 'topic': topic {opts.topic!r} does not exist in {opts.location}; create it first "
                 "(tidelog.open(...).create_topic, or write through a broker that auto-creates topics)"
             )
+    if opts.bootstrap_servers and opts.topic is not None:
+        _check_broker_topic(opts, opts.topic)
     return SinkSpec(opts, "key" in columns, "topic" in columns, "partition" in columns, "headers" in columns)
+
+
+def _producer_config(options: WriteOptions) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "bootstrap.servers": options.bootstrap_servers,
+        "enable.idempotence": True,
+        "acks": "all",
+        "partitioner": "murmur2_random",  # the Java client's partitioning of keyed records
+        "linger.ms": 5,
+        "client.id": "tidelog-spark-sink",
+    }
+    config.update(options.kafka_params)
+    return config
+
+
+def _check_broker_topic(options: WriteOptions, topic: str) -> None:
+    """Asks the broker for `topic` as the tasks' producers will (a broker that auto-creates topics creates it now);
+    a topic that is not there and will not be created fails here, on the driver, instead of in every task after
+    the producer's metadata timeout."""
+    from confluent_kafka import KafkaError, KafkaException, Producer
+
+    from tidelog.spark.kafka_client import METADATA_TIMEOUT_S
+
+    producer = Producer(_producer_config(options))
+    try:
+        metadata = producer.list_topics(topic=topic, timeout=METADATA_TIMEOUT_S)
+    except KafkaException as exc:
+        raise KafkaClientError(
+            f"{options.location}: looking up topic {topic!r} (option 'topic') failed: {exc}"
+        ) from None
+    finally:
+        producer.close()
+    found = metadata.topics.get(topic)
+    error = None if found is None else found.error
+    if found is None or (error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+        raise UnknownTopicOrPartitionError(
+            f"option 'topic': topic {topic!r} does not exist on {options.location} and the broker does not create "
+            "topics automatically; create it first"
+        )
+    if error is not None and error.code() != KafkaError.LEADER_NOT_AVAILABLE:  # that one: being auto-created
+        raise KafkaClientError(f"option 'topic': topic {topic!r} cannot be written on {options.location}: {error}")
 
 
 @dataclass
@@ -232,17 +275,8 @@ class _ProducerWriter:
     def __init__(self, options: WriteOptions) -> None:
         from confluent_kafka import Producer
 
-        config = {
-            "bootstrap.servers": options.bootstrap_servers,
-            "enable.idempotence": True,
-            "acks": "all",
-            "partitioner": "murmur2_random",  # the Java client's partitioning of keyed records
-            "linger.ms": 5,
-            "client.id": "tidelog-spark-sink",
-        }
-        config.update(options.kafka_params)
         self.options = options
-        self.producer = Producer(config)
+        self.producer = Producer(_producer_config(options))
         self.errors: list[str] = []
         self.summary = WriteSummary()
 
@@ -278,7 +312,6 @@ class _ProducerWriter:
             self._raise()
 
     def _raise(self) -> None:
-
         raise KafkaClientError(
             f"writing to kafka.bootstrap.servers={self.options.bootstrap_servers} failed: {'; '.join(self.errors[:5])}"
         )
