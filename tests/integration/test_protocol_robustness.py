@@ -3,7 +3,8 @@
 Whatever a client sends, the broker answers it or closes that connection - never hangs on a complete frame,
 never dies - and afterwards still serves a fresh connection (an ApiVersions round trip and a confluent-kafka
 produce and consume), with the data stored before intact. Requests are encoded by hand here (big-endian,
-Kafka's non-flexible versions) so nothing of the broker's own codec is trusted.
+Kafka's non-flexible versions, and ListOffsets v8 for its special targets) so nothing of the broker's own codec
+is trusted.
 """
 
 from __future__ import annotations
@@ -475,6 +476,72 @@ def test_raw_idempotent_produce_dedups_and_checks_sequences(seeded) -> None:
     got = consume_partition(seeded.bootstrap, topic, 0, 5)
     assert [v for _, v, _ in got] == [b"0", b"1", b"2", b"3", b"4"]
     assert_broker_healthy(seeded, clients=False)
+
+
+# --- raw ListOffsets v8 (flexible): the special targets ------------------------------------------------------
+
+LIST_OFFSETS = 2
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
+
+
+def uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def compact_string(value: str) -> bytes:
+    raw = value.encode()
+    return uvarint(len(raw) + 1) + raw
+
+
+def list_offsets_v8(sock: socket.socket, correlation_id: int, topic: str, target: int) -> tuple[int, int, int]:
+    """(error code, timestamp, offset) of partition 0 of `topic` for one ListOffsets v8 target (request header
+    v2, compact arrays and strings, an empty tagged-field section after every struct)."""
+    partition = struct.pack(">iiq", 0, -1, target) + b"\x00"  # index, current leader epoch, timestamp, tags
+    topics = uvarint(2) + compact_string(topic) + uvarint(2) + partition + b"\x00"
+    body = struct.pack(">ib", -1, 0) + topics + b"\x00"  # replica id, isolation level, topics, tags
+    sock.sendall(frame(header(LIST_OFFSETS, 8, correlation_id) + b"\x00" + body))
+    answer = outcome(sock)
+    assert answer.kind == "answered", answer.kind
+    payload = answer.payload
+    cid, header_tags, _throttle = struct.unpack_from(">ibi", payload, 0)
+    assert (cid, header_tags) == (correlation_id, 0)
+    name = compact_string(topic)
+    assert payload[9:10] == uvarint(2) and payload[10 : 10 + len(name)] == name
+    pos = 10 + len(name)
+    assert payload[pos : pos + 1] == uvarint(2)
+    index, error_code, timestamp, offset, _epoch = struct.unpack_from(">ihqqi", payload, pos + 1)
+    assert index == 0
+    assert payload[pos + 27 :] == b"\x00\x00\x00", "partition, topic and response tags end the answer"
+    return error_code, timestamp, offset
+
+
+def test_list_offsets_v8_special_targets(seeded) -> None:
+    """-2 earliest and -4 earliest-local (no tiered storage: both the log start, moved here by DeleteRecords), -1
+    latest, -3 the record with the largest timestamp (timestamps out of order: not the last record)."""
+    topic = "robustness-list-offsets"
+    create_topics(seeded.bootstrap, topic)
+    stamps = [TS + i for i in range(10)]
+    stamps[6] = TS + 100
+    producer = Producer({"bootstrap.servers": seeded.bootstrap, "linger.ms": 50})
+    for i, stamp in enumerate(stamps):
+        producer.produce(topic, value=f"v{i}".encode(), partition=0, timestamp=stamp)
+    assert producer.flush(20) == 0
+    admin = AdminClient({"bootstrap.servers": seeded.bootstrap})
+    [future] = admin.delete_records([TopicPartition(topic, 0, 3)], request_timeout=15).values()
+    assert future.result(timeout=20).low_watermark == 3
+    with connect(seeded) as sock:
+        assert list_offsets_v8(sock, 1, topic, EARLIEST) == (0, -1, 3)
+        assert list_offsets_v8(sock, 2, topic, EARLIEST_LOCAL) == (0, -1, 3)
+        assert list_offsets_v8(sock, 3, topic, LATEST) == (0, -1, 10)
+        assert list_offsets_v8(sock, 4, topic, MAX_TIMESTAMP) == (0, TS + 100, 6)
+        assert list_offsets_v8(sock, 5, topic, TS + 4) == (0, TS + 4, 4)
+        assert list_offsets_v8(sock, 6, topic, TS + 7) == (0, TS + 100, 6), "the first record at or after it"
+        assert list_offsets_v8(sock, 7, topic, TS + 1) == (0, TS + 3, 3), "deleted records are not found"
 
 
 @pytest.mark.parametrize("partitions", [1001, 100_000])  # librdkafka sends at most 100,000

@@ -5,6 +5,9 @@ A Fetch reads file slices from each requested partition (at most `partition_max_
 fewer than `min_bytes` are available it waits up to `max_wait_ms` for an append to one of its
 partitions - woken by the producer path, never by polling - then reads again. Record bytes go out
 with sendfile straight from the segment files.
+
+ListOffsets answers Kafka's special targets: -2 earliest (log start), -1 latest (log end), -3 the record with the
+largest timestamp, and -4 (EARLIEST_LOCAL_TIMESTAMP, v8+) which, with no tiered storage, is the log start too.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from tidelog.broker.acl import Operation, ResourceType
 from tidelog.errors import ErrorCode, TidelogError
 from tidelog.protocol.fetch_response import PartitionData, TopicData, encode_fetch_response
 from tidelog.protocol.messages import ApiKey, Request, millis, response_header
+from tidelog.storage.api import EARLIEST_TIMESTAMP
 
 if TYPE_CHECKING:
     from tidelog.broker.server import ApiHandler, Broker, Connection, Response
 
 INT_MAX = (1 << 31) - 1
+EARLIEST_LOCAL_TIMESTAMP = -4  # ListOffsets v8+ (KIP-405): the first offset kept on local disk
 PartitionKey = tuple[str, int]
 
 
@@ -159,10 +164,11 @@ class FetchApis:
                 if not authorized:
                     answer["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                     continue
+                target = list_partition.timestamp
+                if target == EARLIEST_LOCAL_TIMESTAMP:  # no tiered storage: the local log starts at the log start
+                    target = EARLIEST_TIMESTAMP
                 try:
-                    found = engine.offset_for_timestamp(
-                        list_topic.name, list_partition.partition_index, list_partition.timestamp
-                    )
+                    found = engine.offset_for_timestamp(list_topic.name, list_partition.partition_index, target)
                     if found is not None:  # no record at or after the timestamp: offset -1, as Kafka answers
                         answer.update(
                             timestamp=found.timestamp,
