@@ -478,7 +478,7 @@ def test_raw_idempotent_produce_dedups_and_checks_sequences(seeded) -> None:
     assert_broker_healthy(seeded, clients=False)
 
 
-# --- raw ListOffsets v8 (flexible): the special targets ------------------------------------------------------
+# --- flexible versions by hand: unknown tagged fields, ListOffsets v8's special targets ----------------------
 
 LIST_OFFSETS = 2
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
@@ -518,6 +518,23 @@ def list_offsets_v8(sock: socket.socket, correlation_id: int, topic: str, target
     assert index == 0
     assert payload[pos + 27 :] == b"\x00\x00\x00", "partition, topic and response tags end the answer"
     return error_code, timestamp, offset
+
+
+def test_unknown_tagged_fields_are_skipped_not_fatal(seeded) -> None:
+    """The protocol says a reader skips tags it does not know (a newer client may send them): a Metadata v12 with
+    unknown tags in its header, topic entry and body is answered, and the connection stays open."""
+    unknown = b"\x02" + b"\x63\x02hi" + b"\xe8\x07\x00"  # two tagged fields: tag 99 (2 bytes), tag 1000 (empty)
+    topic = b"\x00" * 16 + compact_string(SEED_TOPIC) + unknown
+    body = uvarint(2) + topic + b"\x00\x00" + unknown  # topics, no auto-creation, no authorized operations, tags
+    with connect(seeded) as sock:
+        sock.sendall(frame(header(METADATA, 12, 31) + unknown + body))
+        answer = outcome(sock)
+        assert answer.kind == "answered", f"a request with unknown tags was {answer.kind}"
+        assert struct.unpack_from(">i", answer.payload)[0] == 31
+        assert compact_string(SEED_TOPIC) in answer.payload
+        sock.sendall(api_versions_v0(32))
+        assert parse_api_versions_v0(outcome(sock).payload).correlation_id == 32
+    assert_broker_healthy(seeded, clients=False)
 
 
 def test_list_offsets_v8_special_targets(seeded) -> None:

@@ -28,7 +28,7 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from tidelog.errors import MalformedRequestError, UnsupportedVersionError
-from tidelog.protocol.bounds import check_sizes
+from tidelog.protocol.bounds import check_sizes_and_strip_unknown_tags
 
 _API_KEY_VERSION = struct.Struct(">hh")
 
@@ -90,11 +90,12 @@ def decode_request(payload: bytes, supported: Mapping[int, tuple[int, int]]) -> 
             f"API key {api_key} version {api_version} is not supported", api_key, api_version, correlation_id
         )
     request_cls = _request_class(api_key, api_version)
-    check_sizes(payload, (request_cls.__header_schema__, request_cls))  # before kio's reader allocates anything
+    # before kio's reader allocates anything, and without the tagged fields kio would refuse
+    payload = check_sizes_and_strip_unknown_tags(payload, (request_cls.__header_schema__, request_cls))
     try:
         header, header_size = _reader(request_cls.__header_schema__)(payload, 0)
         body, body_size = _reader(request_cls)(payload, header_size)
-    except Exception as exc:  # kio raises assorted errors (ValueError, KeyError for unknown tags, ...)
+    except Exception as exc:  # kio raises assorted errors (ValueError, UnicodeDecodeError, ...)
         raise MalformedRequestError(
             f"cannot decode {ApiKey(api_key).name if api_key in ApiKey._value2member_map_ else api_key} "
             f"v{api_version} request: {exc!r}"
