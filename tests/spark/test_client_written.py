@@ -5,16 +5,20 @@ the Kafka protocol with `kafka.bootstrap.servers`. Both paths must return exactl
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from spark_helpers import fails_before_any_task
 
 from tidelog.partitioner import partition_for_key
 from tidelog.spark.local_broker import LocalBroker
+from tidelog.spark.logfiles import LogFiles
 
 pytestmark = pytest.mark.spark
 TS0 = 1_700_000_000_000
@@ -106,6 +110,87 @@ def test_kafka_protocol_offsets_timestamps_and_pushdown(spark: Any, broker: Loca
     assert sorted(r.offset for r in narrowed.select("offset").collect()) == [5, 6, 7, 8, 9]
     with pytest.raises(Exception, match="option 'subscribe': topic 'missing' does not exist"):
         reader().option("subscribe", "missing").load().count()
+
+
+ACCESS_PATHS = ["files", "broker"]
+
+
+def reader(spark: Any, broker: LocalBroker, access: str, **options: str) -> Any:
+    """A batch read of the broker's data, from its log files or through the Kafka protocol."""
+    df = spark.read.format("tidelog")
+    if access == "broker":
+        df = df.option("kafka.bootstrap.servers", broker.bootstrap)
+    for key, value in options.items():
+        df = df.option(key, value)
+    return df.load(str(broker.log_dir)) if access == "files" else df.load()
+
+
+@pytest.mark.parametrize("access", ACCESS_PATHS)
+def test_pattern_and_ending_offsets(spark: Any, broker: LocalBroker, written: Any, access: str) -> None:
+    create_topic(broker.bootstrap, f"clicks-{access}-later", 1)  # matched by the pattern's start, not the whole
+    check_rows(reader(spark, broker, access, subscribePattern="cl.*s", includeHeaders="true").collect(), written, 3)
+    ending = '{"clicks": {"0": 50, "1": -1, "2": 7}}'
+    got = by_partition(reader(spark, broker, access, subscribe="clicks", endingOffsets=ending).collect())
+    everything = by_partition(reader(spark, broker, access, subscribe="clicks").collect())
+    assert [r.offset for r in got[0]] == list(range(50)) and [r.offset for r in got[2]] == list(range(7))
+    for partition, rows in got.items():
+        assert [(r.key, r.value) for r in rows] == [(r.key, r.value) for r in everything[partition][: len(rows)]]
+    assert len(got[1]) == len(everything[1]) > 0
+
+
+@pytest.mark.parametrize("access", ACCESS_PATHS)
+def test_min_partitions(
+    spark: Any, broker: LocalBroker, written: Any, access: str, stats_dir: Callable[[], Any]
+) -> None:
+    stats = {"tidelog.statsDir": stats_dir.path}  # type: ignore[attr-defined]
+    df = reader(spark, broker, access, subscribe="clicks", minPartitions="9", includeHeaders="true", **stats)
+    check_rows(df.collect(), written, 3)
+    tasks = stats_dir()
+    if access == "broker":  # a broker does not tell where batches start: each partition is split evenly
+        assert len(tasks) >= 9
+        for partition in range(3):
+            sizes = [t["end"] - t["start"] for t in tasks if t["partition"] == partition]
+            assert max(sizes) - min(sizes) <= 1
+        return
+    # librdkafka's batches vary in size: boundaries at index entries still mean no batch is decoded twice
+    assert len(tasks) > 3
+    assert sum(t["records_decoded"] for t in tasks) == sum(t["rows"] for t in tasks) == len(written)
+
+
+@pytest.mark.parametrize("access", ACCESS_PATHS)
+def test_fail_on_data_loss_after_delete_records(spark: Any, broker: LocalBroker, access: str) -> None:
+    topic = f"trimmed-{access}"
+    create_topic(broker.bootstrap, topic, 1)
+    produce(broker.bootstrap, topic, 100)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 40)]).values():
+        assert future.result(timeout=30).low_watermark == 40
+    # the path reader takes the log start from the broker's log-start-offset checkpoint (written every 200 ms here)
+    deadline = time.monotonic() + 10
+    while LogFiles([str(broker.log_dir)]).partition(topic, 0).log_start_offset() < 40:
+        assert time.monotonic() < deadline, "the broker did not checkpoint its log start offset"
+        time.sleep(0.1)
+    start = json.dumps({topic: {"0": 10}})
+    df = reader(spark, broker, access, subscribe=topic, startingOffsets=start)
+    fails_before_any_task(spark, df.count, "the starting offset 10 is below the log start offset 40")
+    tolerant = reader(spark, broker, access, subscribe=topic, startingOffsets=start, failOnDataLoss="false")
+    assert [r.offset for r in tolerant.select("offset").orderBy("offset").collect()] == list(range(40, 100))
+    assert reader(spark, broker, access, subscribe=topic).count() == 60  # earliest is the new log start
+
+
+@pytest.mark.parametrize("access", ACCESS_PATHS)
+def test_offsets_past_the_end_fail_at_planning(spark: Any, broker: LocalBroker, written: Any, access: str) -> None:
+    """Not a task waiting kafkaConsumer.pollTimeoutMs (2 minutes) for records that will never come."""
+    started = time.monotonic()
+    ending = reader(
+        spark, broker, access, subscribe="clicks", endingOffsets='{"clicks": {"0": 100000, "1": -1, "2": -1}}'
+    )
+    fails_before_any_task(spark, ending.count, r"option 'endingOffsets': clicks-0 at 100000 \(the log ends at \d+\)")
+    starting = reader(
+        spark, broker, access, subscribe="clicks", startingOffsets='{"clicks": {"0": -2, "1": 99999, "2": -2}}'
+    )
+    fails_before_any_task(spark, starting.count, "option 'startingOffsets': clicks-1 at 99999")
+    assert time.monotonic() - started < 30
 
 
 def test_reading_files_while_the_broker_appends(spark: Any, broker: LocalBroker) -> None:
