@@ -1,8 +1,8 @@
 """Broker configuration: `server.properties` with Kafka's key names, plus `--override key=value`.
 
-Network and coordinator keys live here; storage keys (`log.dirs`, `log.segment.bytes`, ...) go to
-EngineConfig. Every key of the file must be known to one of the two, with a value of the right type:
-otherwise start-up stops with a ConfigError naming the key.
+Network and coordinator keys live here (with `tidelog.metrics.port`/`tidelog.metrics.host` for the Prometheus
+endpoint); storage keys (`log.dirs`, `log.segment.bytes`, ...) go to EngineConfig. Every key of the file must be
+known to one of the two, with a value of the right type: otherwise start-up stops with a ConfigError naming the key.
 
 Security uses Kafka's keys (README.md, Security): a listener's name maps to its security protocol
 (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL) through `listener.security.protocol.map`, which by default maps each
@@ -39,6 +39,18 @@ def parse_principals(key: str, raw: Any) -> frozenset[str]:
     return frozenset(principals)
 
 
+def parse_host(key: str, raw: Any) -> str:
+    """A host name or address to bind: not empty, and one the resolver accepts (a label over 63 characters is not)."""
+    host = parse_str(key, raw).strip("[]")
+    if not host:
+        raise ConfigError(f"config {key}: a host name or address is needed")
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        raise ConfigError(f"config {key}: {host!r} is not a valid host name ({exc})") from None
+    return host
+
+
 SERVER_KEYS: dict[str, Key] = {
     k.name: k
     for k in [
@@ -55,6 +67,7 @@ SERVER_KEYS: dict[str, Key] = {
         Key("offsets.retention.check.interval.ms", parse_int, minimum=1),
         Key("producer.id.expiration.ms", parse_int, minimum=1),
         Key("tidelog.metrics.port", parse_int, minimum=-1, maximum=65535),
+        Key("tidelog.metrics.host", parse_host),
         Key("tidelog.shutdown.timeout.ms", parse_int, minimum=0),
         # security
         Key("listener.security.protocol.map", parse_list),
@@ -210,7 +223,8 @@ class BrokerConfig:
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     offsets_retention_check_interval_ms: int = 600_000
     producer_id_expiration_ms: int = 86_400_000
-    metrics_port: int = -1
+    metrics_port: int = -1  # -1: no metrics endpoint; 0: an ephemeral port (logged at start)
+    metrics_host: str = "127.0.0.1"
     shutdown_timeout_ms: int = 30_000
     engine: EngineConfig = field(default_factory=EngineConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -265,6 +279,7 @@ class BrokerConfig:
             ),
             producer_id_expiration_ms=server.get("producer.id.expiration.ms", defaults.producer_id_expiration_ms),
             metrics_port=server.get("tidelog.metrics.port", defaults.metrics_port),
+            metrics_host=server.get("tidelog.metrics.host", defaults.metrics_host),
             shutdown_timeout_ms=server.get("tidelog.shutdown.timeout.ms", defaults.shutdown_timeout_ms),
             engine=EngineConfig.from_mapping(storage, log_dir=defaults.engine.log_dirs[0]),
             security=SecurityConfig.from_server_keys(server, listeners),

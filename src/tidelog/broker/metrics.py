@@ -1,12 +1,18 @@
-"""Prometheus metrics of a broker, served at `http://127.0.0.1:<tidelog.metrics.port>/metrics`.
+"""Prometheus metrics of a broker, served at `http://<tidelog.metrics.host>:<tidelog.metrics.port>/metrics`.
 
+Families: `tidelog_bytes_in_total`, `tidelog_messages_in_total` and `tidelog_bytes_out_total` per topic (record
+bytes appended by producers, records appended, record bytes sent to fetchers); `tidelog_request_latency_seconds`, a
+histogram per API (`api` label: produce, fetch, join_group, ...); `tidelog_partition_size_bytes` and
+`tidelog_partition_log_end_offset` per partition; `tidelog_consumer_groups`; `tidelog_connections`.
 Counters are updated on the request path (cheap increments); sizes are read from the engine when
 Prometheus scrapes. Each broker has its own registry, so several brokers can live in one process.
-Port 0 picks a free port (see `Metrics.port`); -1 (the default) serves nothing.
+The host defaults to 127.0.0.1; port 0 picks a free port (logged at start, see `Metrics.port`); -1 (the default)
+serves nothing.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +22,8 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from tidelog.broker.server import Broker
+
+log = logging.getLogger("tidelog.broker")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -80,11 +88,12 @@ class Metrics:
             self._topic_counters[topic] = counters
         return counters
 
-    def serve(self, port: int) -> None:
+    def serve(self, host: str, port: int) -> None:
         if port < 0:
             return
-        self._server, _thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
         self.port = self._server.server_address[1]
+        log.info("serving metrics on http://%s:%d/metrics", host, self.port)
 
     def close(self) -> None:
         if self._server is not None:

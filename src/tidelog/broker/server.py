@@ -127,7 +127,7 @@ class Broker:
     async def start(self) -> None:
         self.offset_store.open()
         self.groups.start()
-        self.metrics.serve(self.config.metrics_port)
+        self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
         context = self._ssl_context() if any(listener.tls for listener in self.config.listeners) else None
         for listener in self.config.listeners:
             server = await asyncio.start_server(
