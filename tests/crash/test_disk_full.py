@@ -1,15 +1,18 @@
-"""A full disk: a tmpfs of 8 MiB mounted for the test holds the log directory (we run as root; where mounting is not
-permitted the tests skip and say why). A filler file takes part of it, then records are produced until the disk is
-full.
+"""A full disk: a tmpfs of 8 MiB mounted for the test holds the log directory (as root, or with `sudo -n` where
+that is allowed; where neither may mount the tests skip and say why). A filler file takes part of it, then records
+are produced until the disk is full.
 
 - Through the broker (librdkafka, acks=all, no retries): the produce fails with KAFKA_STORAGE_ERROR - a delivery
-  error, not a hang - and the broker logs a line naming the partition and the cause; every record acknowledged
-  before is read back intact (CRC checked by librdkafka, values compared); metadata and reads keep being served;
-  once the filler is deleted, writes resume at the next offset; the broker stops cleanly and the log directory
-  opens with everything in it.
-- Through the embedded API (`tidelog.open`): an append on the full disk raises KafkaStorageError and leaves the log
-  as it was (same end offset, nothing half-written), reads go on, appends resume after space is freed, and a
-  close on a full disk does not lose anything either.
+  error, not a hang - and the broker logs a line at ERROR naming the partition and the cause; every record
+  acknowledged before is read back intact (CRC checked by librdkafka, values compared); metadata and reads keep
+  being served; once the filler is deleted, writes resume at the next offset; the broker stops cleanly and the log
+  directory opens with everything in it.
+- Through the embedded API (`tidelog.open`), both engines: an append on the full disk raises KafkaStorageError and
+  leaves the log as it was (same end offset, nothing half-written), reads go on, appends resume after space is
+  freed, and a close on a full disk does not lose anything either. The RocketMQ engine stores a message when it is
+  in the CommitLog (preallocated files: the append fails when the next one cannot be made); its key index, built
+  after that and here at RocketMQ's default size (420 MB sparse, 20 MB of slots allocated), cannot be created on
+  this disk at all - an ERROR, not a failed produce.
 """
 
 from __future__ import annotations
@@ -46,18 +49,22 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of FS_BYTES mounted at a fresh directory, unmounted afterwards."""
     mount_point = tmp_path / "small-fs"
     mount_point.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the disk-full tests (needs root): {result.stderr.strip()}")
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", str(mount_point)]
+    failures = []
+    for prefix in ([], ["sudo", "-n"]):  # as we are, then through sudo where it needs no password
+        if prefix and shutil.which("sudo") is None:
+            failures.append("sudo: not installed")
+            continue
+        result = subprocess.run([*prefix, *mount], capture_output=True, text=True, check=False)
+        if result.returncode == 0:
+            break
+        failures.append(f"{' '.join([*prefix, 'mount'])}: {result.stderr.strip() or f'exit {result.returncode}'}")
+    else:
+        pytest.skip(f"cannot mount a tmpfs for the disk-full tests (needs root or sudo -n): {'; '.join(failures)}")
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        subprocess.run([*prefix, "umount", "-l", str(mount_point)], check=False)
 
 
 def write_filler(path: Path, size: int) -> None:
@@ -170,8 +177,11 @@ def test_broker_on_a_full_disk(small_fs: Path, start_broker: Any) -> None:
         if failed:
             round_size = 1
     fill_s = time.monotonic() - started
-    stderr = broker.stderr_text()
-    assert f"{TOPIC}-0" in stderr and "No space left on device" in stderr, "no clear log line about the full disk"
+    full_disk_lines = [
+        line for line in broker.stderr_text().splitlines() if f"{TOPIC}-0" in line and "No space left on device" in line
+    ]
+    assert full_disk_lines, "no clear log line about the full disk"
+    assert all(" ERROR " in line for line in full_disk_lines), f"not logged at ERROR: {full_disk_lines[0]}"
     full_at = high_watermark(broker.bootstrap)
     assert sorted(acked) == list(range(full_at)), "what was acknowledged is not exactly the log"
 
@@ -231,14 +241,36 @@ def check_log(engine: tidelog.StorageEngine, stored: list[bytes]) -> None:
     assert [r.value for r in engine.consume(TOPIC, 0)] == stored
 
 
-def test_embedded_api_on_a_full_disk(small_fs: Path) -> None:
+EMBEDDED_CONFIGS: dict[str, dict[str, object]] = {
+    "kafka": {"log.segment.bytes": 1024 * 1024},
+    "rocketmq": {
+        "tidelog.rocketmq.mapedFileSizeCommitLog": 512 * 1024,
+        # RocketMQ's own answer to a filling disk is to delete CommitLog files early (diskSpaceCleanForciblyRatio)
+        # and refuse writes (diskSpaceWarningLevelRatio), on a cleaning round; none runs here, so the disk fills
+        "tidelog.rocketmq.cleanResourceInterval": 3_600_000,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("engine_name", "background"),
+    [("kafka", True), ("rocketmq", True), ("rocketmq", False)],
+    ids=["kafka", "rocketmq", "rocketmq-dispatching-inline"],  # without threads an append dispatches itself
+)
+def test_embedded_api_on_a_full_disk(
+    small_fs: Path, engine_name: str, background: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     filler = small_fs / "filler"
     write_filler(filler, FILLER_BYTES)
     data = small_fs / "data"
     rng = random.Random(8)
     stored: list[bytes] = []
-    config = {"log.segment.bytes": 1024 * 1024}
-    with tidelog.open(data, config=config) as engine:
+    config = EMBEDDED_CONFIGS[engine_name]
+
+    def open_log() -> tidelog.StorageEngine:
+        return tidelog.open(data, engine=engine_name, config=config, background=background)
+
+    with open_log() as engine:
         engine.create_topic(TOPIC, 1)
         error = fill(engine, rng, stored)
         assert "No space left on device" in str(error) and f"{TOPIC}-0" in str(error)
@@ -256,10 +288,14 @@ def test_embedded_api_on_a_full_disk(small_fs: Path) -> None:
         write_filler(small_fs / "filler", min(FILLER_BYTES, free_bytes(small_fs) - 64 * 1024))
         fill(engine, rng, stored)  # full again: the close below runs on a full disk
         check_log(engine, stored)
-    with tidelog.open(data, config=config) as engine:
+    with open_log() as engine:
         check_log(engine, stored)
     (small_fs / "filler").unlink()
-    with tidelog.open(data, config=config) as engine:
+    with open_log() as engine:
         check_log(engine, stored)
         assert engine.produce(TOPIC, 0, [Record(b"last", timestamp_ms=TS)]) == len(stored)
+    if engine_name == "rocketmq":
+        index_errors = [r for r in caplog.records if "key index cannot be written" in r.getMessage()]
+        assert index_errors and all(r.levelname == "ERROR" for r in index_errors)
+        assert "No space left on device" in index_errors[0].getMessage()
     shutil.rmtree(data)

@@ -13,7 +13,7 @@ import tidelog
 from tidelog import Record
 from tidelog.cli import main
 from tidelog.codec import rocketmq_message as rm
-from tidelog.errors import KeyIndexDisabledError, UnknownTopicOrPartitionError
+from tidelog.errors import KafkaStorageError, KeyIndexDisabledError, UnknownTopicOrPartitionError
 from tidelog.storage.api import KeyLocation, StorageEngine
 from tidelog.storage.rocketmq.checkpoint import read_checkpoint
 from tidelog.storage.rocketmq.engine import RocketMQEngine
@@ -179,3 +179,39 @@ def test_message_index_disabled(tmp_path: Path) -> None:
             engine.lookup_key("t", b"k")
     assert not (tmp_path / "store" / "index").exists()
     assert rm.index_key(b"k") == "k"
+
+
+def test_an_index_that_cannot_be_written_fails_no_produce_and_catches_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The IndexFile is written after the message is stored (the dispatcher's second step): when it cannot be
+    written - here a file stands where the index directory goes, on a full disk its creation fails - the produce
+    still succeeds (a retry would store the message twice), the failure is logged once at ERROR, reads go on, a key
+    lookup says the index is behind, and the index catches up from the CommitLog once it can be written - at a
+    lookup, or at the next start, which the failure does not stop either."""
+    store = tmp_path / "store"
+    blocker = store / "index"
+    where: dict[bytes, KeyLocation] = {}
+    with open_store(store) as engine:
+        engine.create_topic("t", partitions=1)
+        blocker.write_text("not a directory")
+        for i in range(5):
+            offset = engine.produce("t", 0, [Record(b"v%d" % i, key=b"k%d" % i, timestamp_ms=TS + i)])
+            where[b"k%d" % i] = KeyLocation(0, offset, TS + i)
+        errors = [r for r in caplog.records if r.levelname == "ERROR" and "key index cannot be written" in r.message]
+        assert len(errors) == 1 and "CommitLog offset 0 on" in errors[0].message
+        assert [r.value for r in engine.consume("t", 0)] == [b"v%d" % i for i in range(5)]
+        with pytest.raises(KafkaStorageError, match="the key index misses the messages from CommitLog offset 0"):
+            engine.lookup_key("t", b"k1")
+    with open_store(store) as engine:  # still blocked: the start re-indexes, fails, and goes on
+        engine.produce("t", 0, [Record(b"v5", key=b"k5", timestamp_ms=TS + 5)])
+        where[b"k5"] = KeyLocation(0, 5, TS + 5)
+        assert [r.value for r in engine.consume("t", 0)] == [b"v%d" % i for i in range(6)]
+        blocker.unlink()
+        caplog.clear()
+        assert engine.lookup_key("t", b"k1") == [where[b"k1"]]
+        assert any("key index caught up" in r.message for r in caplog.records)
+        engine.produce("t", 0, [Record(b"v6", key=b"k6", timestamp_ms=TS + 6)])
+        where[b"k6"] = KeyLocation(0, 6, TS + 6)
+        for key, location in where.items():
+            assert engine.lookup_key("t", key) == [location]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tidelog.errors import KafkaStorageError
 from tidelog.storage.rocketmq.mapped_file import MappedFile, MappedFileQueue
 
 log = logging.getLogger("tidelog.storage.rocketmq")
@@ -114,8 +115,18 @@ class ConsumeQueue:
     # --- writing ----------------------------------------------------------------------------------------------
 
     def put(self, units: Sequence[tuple[int, int, int, int]]) -> int:
-        """Write units (commitLogOffset, size, tagsCode, queueOffset) in queue order; returns how many were new.
-        Units the queue already covers (by CommitLog offset) are skipped; a gap is logged and filled by position."""
+        """Write units (commitLogOffset, size, tagsCode, queueOffset) in queue order; returns the CommitLog bytes of
+        the new ones. Units the queue already covers (by CommitLog offset) are skipped; a gap is logged and filled
+        by position. A failed write (KafkaStorageError) leaves the queue ending at its last unit written, so
+        dispatching the same units again goes on from there."""
+        try:
+            return self._put(units)
+        except KafkaStorageError:
+            last_unit = self.unit_at(self.max_offset - 1) if self.max_offset > self.min_offset else None
+            self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
+            raise
+
+    def _put(self, units: Sequence[tuple[int, int, int, int]]) -> int:
         written = 0
         pending = bytearray()
         pending_at = -1
@@ -148,7 +159,7 @@ class ConsumeQueue:
                 pending_at = expected
             pending += UNIT.pack(physical_offset, size, tags_code)
             self.max_physic_offset = physical_offset + size
-            written += 1
+            written += size
             if (pending_at + len(pending)) % self.file_size == 0:  # a file is full: write it out
                 self._write(pending_at, pending)
                 pending = bytearray()

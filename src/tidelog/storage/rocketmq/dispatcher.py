@@ -5,6 +5,8 @@ It reads up to `end_offset()`: the written end under ASYNC_FLUSH, the flushed en
 confirmOffset rule: a consumer never sees what a crash could still take back). A background thread runs it, woken by
 every append and every flush; a reader that needs entries not yet dispatched runs it inline instead of waiting
 (`catch_up`), so reading your own write costs no thread hand-off. Without the thread appends dispatch inline.
+A batch that cannot be written (a full disk) is logged and dispatched again on the next round: the messages are
+stored, and neither the append nor a reader that caught up inline sees the error.
 The format it reads is the CommitLog's (codec/rocketmq_message.py); it writes nothing itself.
 """
 
@@ -16,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from tidelog.codec.rocketmq_message import Blank, DispatchInfo, InvalidMessage, decode_dispatch_info
+from tidelog.errors import KafkaStorageError
 from tidelog.storage.rocketmq.commitlog import CommitLog
 
 log = logging.getLogger("tidelog.storage.rocketmq")
@@ -44,6 +47,7 @@ class ReputMessageService:
         self._wake = threading.Event()
         self._running = background
         self._stuck_at = -1
+        self._failed_at = -1  # where a dispatch failed to write (a full disk), until one succeeds
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -82,8 +86,22 @@ class ReputMessageService:
                         break
                     self.reput_from_offset = next_offset
                     continue
-                for dispatch in self.dispatchers:
-                    dispatch(batch)
+                try:
+                    for dispatch in self.dispatchers:
+                        dispatch(batch)
+                except KafkaStorageError as exc:  # the batch is dispatched again next round (idempotent)
+                    if self._failed_at != self.reput_from_offset:
+                        self._failed_at = self.reput_from_offset
+                        log.error(
+                            "dispatcher: cannot dispatch from CommitLog offset %d (%s); the messages are stored and "
+                            "become readable once their ConsumeQueues can be written",
+                            self.reput_from_offset,
+                            exc,
+                        )
+                    break
+                if self._failed_at >= 0:
+                    log.warning("dispatcher: dispatching again from CommitLog offset %d", self.reput_from_offset)
+                    self._failed_at = -1
                 self.last_store_timestamp = batch[-1][1].store_timestamp
                 self.reput_from_offset = next_offset
                 dispatched += len(batch)

@@ -78,6 +78,7 @@ TOPICS_FILE = "tidelog-topics.json"
 START_OFFSETS_FILE = "tidelog-log-start-offsets"
 _NOT_DISPATCHED = rm.SYSFLAG_TRANSACTION_PREPARED, rm.SYSFLAG_TRANSACTION_ROLLBACK
 REINDEX_BATCH = 2048  # messages per IndexFile batch when recovery re-indexes from the CommitLog
+INDEX_RETRY_SECONDS = 1.0  # an index that could not be written is tried again after this long
 LONG_MAX = (1 << 63) - 1
 
 
@@ -142,6 +143,9 @@ class RocketMQEngine(StorageEngine):
                 self._open_queue(topic, queue_id, start_floor=start_offsets.get((topic, queue_id), 0))
         self._report_foreign_queues()
         self.index: IndexService | None = None
+        self._index_behind_from: int | None = None  # re-index from this CommitLog offset before the next batch
+        self._index_error: BaseException | None = None  # why the index could not be written, while it cannot
+        self._index_retry_at = 0.0
         if store.message_index_enable:
             self.index = IndexService(
                 self.root / INDEX_DIR,
@@ -189,7 +193,7 @@ class RocketMQEngine(StorageEngine):
     def _dispatch_targets(self) -> list[Dispatcher]:
         """The dispatch chain (CommitLogDispatcher list): each gets every dispatched batch of messages, in order.
         The IndexFile builder is the second (CommitLogDispatcherBuildIndex), with messageIndexEnable."""
-        return [self._build_consume_queues] + ([self.index.build_index] if self.index is not None else [])
+        return [self._build_consume_queues] + ([self._build_index] if self.index is not None else [])
 
     # --- topics file and start offsets ----------------------------------------------------------------------------
 
@@ -279,7 +283,9 @@ class RocketMQEngine(StorageEngine):
         if self.index is not None:
             self.index.drop_beyond(result.end)
             # from the last message the kept files index (a message boundary; it is skipped as already indexed)
-            self._reindex(self.index.last_indexed_offset, self.dispatcher.reput_from_offset)
+            self._index_behind_from = self.index.last_indexed_offset
+            with self.index.lock:
+                self._index_up_to(self.dispatcher.reput_from_offset, ())
         redispatched = self.dispatcher.catch_up()
         for queue in self.queues.values():
             if queue.consume_queue.max_offset < queue.start_floor:
@@ -313,6 +319,55 @@ class RocketMQEngine(StorageEngine):
 
     # --- the dispatch chain -------------------------------------------------------------------------------------
 
+    def _build_index(self, batch: DispatchBatch) -> None:
+        """CommitLogDispatcherBuildIndex. The index is derived data, built after the message is stored: when it
+        cannot be written (a full disk) the message stays stored and readable - its produce succeeded, and a
+        retry would store it twice - the failure is logged at ERROR, and the index catches up from the CommitLog
+        on a batch at least INDEX_RETRY_SECONDS later, on a key lookup, or at the next start."""
+        assert self.index is not None
+        with self.index.lock:
+            if self._index_error is not None and time.monotonic() < self._index_retry_at:
+                return
+            self._index_up_to(batch[0][0], batch)
+
+    def _index_up_to(self, end: int, batch: DispatchBatch) -> None:
+        """Index what the index misses below `end` (when behind), then `batch`, which starts at `end`. The caller
+        holds the index lock."""
+        assert self.index is not None
+        try:
+            if self._index_behind_from is not None:
+                self._reindex(self._index_behind_from, end)
+            if batch:
+                self.index.build_index(batch)
+        except (KafkaStorageError, OSError) as exc:
+            if self._index_error is None:
+                log.error(
+                    "%s: the key index cannot be written (%s); messages from CommitLog offset %d on are stored and "
+                    "readable but not yet indexed - indexing catches up once the index can be written again",
+                    self.root, getattr(exc, "strerror", None) or exc, self.index.rebuild_from,
+                )  # fmt: skip
+            self._index_error = exc
+            self._index_behind_from = self.index.last_indexed_offset  # a message boundary, skipped as indexed
+            self._index_retry_at = time.monotonic() + INDEX_RETRY_SECONDS
+            return
+        if self._index_error is not None:
+            log.warning("%s: the key index caught up with the CommitLog", self.root)
+        self._index_error = None
+        self._index_behind_from = None
+
+    def _catch_up_index(self) -> None:
+        """A key lookup needs the whole index now: index what it misses of the dispatched messages, or raise."""
+        assert self.index is not None
+        with self.index.lock:
+            if self._index_behind_from is None:
+                return
+            self._index_up_to(self.dispatcher.reput_from_offset, ())
+            if self._index_error is not None:
+                raise KafkaStorageError(
+                    f"{self.root}: the key index misses the messages from CommitLog offset {self.index.rebuild_from} "
+                    f"on and cannot be written: {self._index_error}"
+                )
+
     def _reput_end_offset(self) -> int:
         """Where the dispatcher may read to: under SYNC_FLUSH only what is on disk (confirmOffset)."""
         if self.store_config.sync_flush:
@@ -337,8 +392,11 @@ class RocketMQEngine(StorageEngine):
                 units.setdefault(key, []).append((offset, info.total_size, tags, info.queue_offset))
             for key, queue_units in units.items():
                 queue = self.queues[key]
-                queue.consume_queue.put(queue_units)
-                queue.dispatched(sum(unit[1] for unit in queue_units))
+                try:
+                    queue.dispatched(queue.consume_queue.put(queue_units))
+                except KafkaStorageError:
+                    queue.forget_size()  # some units may be in: count again when asked
+                    raise
 
     def catch_up(self) -> int:
         """Dispatch what the CommitLog holds beyond the queues now (a reader wants its own writes)."""
@@ -432,6 +490,7 @@ class RocketMQEngine(StorageEngine):
             )
         meta = self._meta(topic)
         self.catch_up()
+        self._catch_up_index()
         indexed = rm.index_key(key)
         candidates = self.index.query_offsets(
             topic, indexed, max_results, 0, LONG_MAX, max_msgs_num_batch=max_results

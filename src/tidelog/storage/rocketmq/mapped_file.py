@@ -50,16 +50,21 @@ class MappedFile:
         self.file_from_offset = int(path.name)
         self.mapped = mapped
         if create:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise KafkaStorageError(f"cannot create {path}: {exc}") from exc
             try:
                 if mapped:
                     _preallocate(fd, file_size)
                 else:
                     os.ftruncate(fd, file_size)
-            except OSError:
+            except (OSError, KafkaStorageError) as exc:  # no file of the wrong size is left for the next load
                 os.close(fd)
                 path.unlink(missing_ok=True)
-                raise
+                if isinstance(exc, KafkaStorageError):
+                    raise
+                raise KafkaStorageError(f"cannot create {path}: {exc}") from exc
         else:
             fd = os.open(path, os.O_RDWR)
             actual = os.fstat(fd).st_size

@@ -236,6 +236,8 @@ class MessageQueue(Partition):
                 physical_offset = commitlog.put(size, encode, now)
             except OSError as exc:
                 raise KafkaStorageError(f"{self.name}: cannot append: {exc.strerror or exc}") from exc
+            except KafkaStorageError as exc:  # a CommitLog file could not be created (a full disk): nothing stored
+                raise KafkaStorageError(f"{self.name}: cannot append: {exc}") from exc
             self.next_offset = base_offset + total_messages
             with self._lock:
                 self._pending_flush.append((physical_offset + size, self.next_offset))
