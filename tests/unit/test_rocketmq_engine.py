@@ -288,3 +288,33 @@ def test_time_lookup_over_many_blocks_with_timestamps_out_of_order(
             newest = max(stamps[start:])
             assert lookup(MAX_TIMESTAMP) == (newest, stamps.index(newest, start))
             assert sum(read) <= 2 * 8
+
+
+def test_a_consume_queue_that_cannot_be_written_fails_no_append(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ConsumeQueue is derived data written after the message is stored: when it cannot be written (here a file
+    stands where the queue's directory goes; on a full disk, a new page of a sparse file), appends still succeed
+    and are not readable yet (dispatching waits there, for every queue, as it follows the CommitLog in order), the
+    failure is logged once at ERROR, and the dispatcher writes the units once it can - nothing twice, nothing
+    missing."""
+    store = tmp_path / "store"
+    with open_store(store) as engine:
+        engine.create_topic("t", 2)
+        engine.produce("t", 1, [Record(b"other 0", timestamp_ms=TS)])
+        blocker = store / "consumequeue" / "t" / "0"
+        blocker.parent.mkdir(parents=True, exist_ok=True)
+        blocker.write_text("not a directory")
+        for i in range(4):
+            assert engine.produce("t", 0, [Record(b"m%d" % i, timestamp_ms=TS), Record(b"n%d" % i)]) == 2 * i
+        assert engine.log_end_offset("t", 0) == 8 and engine.high_watermark("t", 0) == 0
+        assert list(engine.consume("t", 0)) == []
+        errors = [r for r in caplog.records if r.levelname == "ERROR" and "cannot dispatch" in r.getMessage()]
+        assert len(errors) == 1
+        blocker.unlink()
+        assert engine.high_watermark("t", 0) == 8
+        assert [r.value for r in engine.consume("t", 0)] == [v % i for i in range(4) for v in (b"m%d", b"n%d")]
+        assert engine.produce("t", 1, [Record(b"other 1", timestamp_ms=TS)]) == 1
+        assert [r.value for r in engine.consume("t", 1)] == [b"other 0", b"other 1"]
+        assert engine.partition("t", 0).size_in_bytes == sum(size for _, size, _ in consume_queue_units(store, "t", 0))
+    assert len(consume_queue_units(store, "t", 0)) == 8

@@ -117,11 +117,11 @@ class ConsumeQueue:
     def put(self, units: Sequence[tuple[int, int, int, int]]) -> int:
         """Write units (commitLogOffset, size, tagsCode, queueOffset) in queue order; returns the CommitLog bytes of
         the new ones. Units the queue already covers (by CommitLog offset) are skipped; a gap is logged and filled
-        by position. A failed write (KafkaStorageError) leaves the queue ending at its last unit written, so
-        dispatching the same units again goes on from there."""
+        by position. A failed write leaves the queue ending at its last unit written, so dispatching the same units
+        again goes on from there."""
         try:
             return self._put(units)
-        except KafkaStorageError:
+        except (KafkaStorageError, OSError):
             last_unit = self.unit_at(self.max_offset - 1) if self.max_offset > self.min_offset else None
             self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
             raise

@@ -89,7 +89,7 @@ class ReputMessageService:
                 try:
                     for dispatch in self.dispatchers:
                         dispatch(batch)
-                except KafkaStorageError as exc:  # the batch is dispatched again next round (idempotent)
+                except (KafkaStorageError, OSError) as exc:  # the batch goes again next round (idempotent)
                     if self._failed_at != self.reput_from_offset:
                         self._failed_at = self.reput_from_offset
                         log.error(

@@ -394,7 +394,7 @@ class RocketMQEngine(StorageEngine):
                 queue = self.queues[key]
                 try:
                     queue.dispatched(queue.consume_queue.put(queue_units))
-                except KafkaStorageError:
+                except (KafkaStorageError, OSError):
                     queue.forget_size()  # some units may be in: count again when asked
                     raise
 
