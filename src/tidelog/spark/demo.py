@@ -5,15 +5,20 @@
    page visits with a real Kafka client (confluent-kafka), keyed by user, the record timestamp being the visit time;
 3. runs the Structured Streaming query of `examples/page_visits_pipeline.py`: visits per page per 10-second window
    with a 5-second watermark, each finished window written to `page_visits_per_window` and to Parquet,
-   with a live progress line;
+   with a live progress line (on a terminal), or a plain status line every few seconds (CI logs, `| tee`);
 4. when the producer stops, sends one heartbeat 20 s later in event time so the watermark closes the last window,
    waits for it, stops the query, and prints the top pages from a batch read of the broker's log files, checked
    against the sum of the windowed counts;
-5. stops Spark and the broker (SIGTERM) - also on Ctrl-C or an error.
+5. stops Spark (if it started it) and the broker (SIGTERM) - also on Ctrl-C or an error.
+
+The whole demo stops by itself within DEADLINE_S (under 3 minutes): the streaming phase ends early enough to
+leave time for the report, and a watchdog behind it ends a demo stuck in a call that never returns, saying where
+it was stuck, after stopping Spark and the broker (exit code DEADLINE_EXIT_CODE).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -23,6 +28,7 @@ import shutil
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -40,6 +46,11 @@ WEIGHTS = [30, 22, 15, 10, 7, 6, 5, 5]
 EVENTS_PARTITIONS = 5
 HEARTBEAT_AHEAD_MS = 20_000
 DRAIN_TIMEOUT_S = 45.0
+DEADLINE_S = 170.0  # start to finish, whatever happens: under the 3 minutes the demo promises
+STOP_RESERVE_S = 40.0  # of the deadline, kept for stopping the query, the batch report and the shutdown
+PLAIN_STATUS_EVERY_S = 5.0  # without a terminal (rich's live display shows nothing until it ends)
+CLEANUP_TIMEOUT_S = 15.0
+DEADLINE_EXIT_CODE = 3
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "page_visits_pipeline.py"
 
 
@@ -80,6 +91,55 @@ class Progress:
     window_latencies_ms: list[float] = field(default_factory=list)
     seen_batches: set[int] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Watchdog:
+    """The deadline's last resort, for a call that never returns (a JVM that does not start, a hung query):
+    `deadline_s` after `started` it prints what the demo was doing, runs the cleanups registered with
+    `on_expiry` (the latest first, each given CLEANUP_TIMEOUT_S) and ends the process with DEADLINE_EXIT_CODE.
+    A Spark JVM this process started exits with it (PySpark's gateway quits when its stdin pipe closes)."""
+
+    def __init__(self, deadline_s: float, console: Console, started: float | None = None) -> None:
+        self.deadline_s = deadline_s
+        self.console = console
+        self.started = time.monotonic() if started is None else started
+        self.phase = "starting"
+        self._cleanups: list[tuple[str, Callable[[], Any]]] = []
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="demo-deadline", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def on_expiry(self, name: str, cleanup: Callable[[], Any]) -> None:
+        self._cleanups.append((name, cleanup))
+
+    def cancel(self) -> None:
+        self._finished.set()
+
+    def _watch(self) -> None:
+        if self._finished.wait(max(0.0, self.started + self.deadline_s - time.monotonic())):
+            return
+        self.console.print(
+            f"[bold red]the demo did not finish within {self.deadline_s:.0f} s: it was stuck {self.phase}; "
+            "stopping everything"
+        )
+        for name, cleanup in reversed(self._cleanups):
+            worker = threading.Thread(target=self._run_cleanup, args=(name, cleanup), daemon=True)
+            worker.start()
+            worker.join(CLEANUP_TIMEOUT_S)
+            if worker.is_alive():
+                self.console.print(f"[red]{name} did not stop within {CLEANUP_TIMEOUT_S:.0f} s")
+        self.console.file.flush()
+        os._exit(DEADLINE_EXIT_CODE)
+
+    def _run_cleanup(self, name: str, cleanup: Callable[[], Any]) -> None:
+        try:
+            cleanup()
+            self.console.print(f"stopped {name}")
+        except Exception as exc:  # report it and go on with the other cleanups
+            self.console.print(f"[red]stopping {name} failed: {exc}")
 
 
 def produce_visits(bootstrap: str, seconds: float, rate: int, progress: Progress, stop: threading.Event) -> None:
@@ -138,6 +198,11 @@ def _status(progress: Progress, started: float) -> Text:
         )
 
 
+def _plain_status(progress: Progress, started: float) -> str:
+    """The status on one line, without styles (for logs)."""
+    return " ".join(_status(progress, started).plain.split())
+
+
 def _track(query: Any, progress: Progress) -> None:
     for report in query.recentProgress:
         batch_id = report["batchId"]
@@ -153,9 +218,18 @@ def _track(query: Any, progress: Progress) -> None:
 
 
 def run(
-    data_dir: Path = Path("tidelog-demo-data"), *, seconds: float = 40.0, rate: int = 500, read_from: str = "broker"
+    data_dir: Path = Path("tidelog-demo-data"),
+    *,
+    seconds: float = 40.0,
+    rate: int = 500,
+    read_from: str = "broker",
+    deadline_s: float = DEADLINE_S,
 ) -> int:
+    """The demo; 0 when every window was written and checked, 1 when it was cut short, 130 on Ctrl-C.
+
+    Uses the running SparkSession if there is one (and then leaves it running), else starts and stops its own."""
     console = Console()
+    console.soft_wrap = not console.is_terminal  # a log keeps each line whole instead of cutting it at 80 columns
     logging.getLogger("py4j").setLevel(logging.WARNING)  # py4j logs every callback at INFO
     console.rule("[bold]tidelog demo: page visits per window on Spark")
     problem = _missing_requirement()
@@ -166,20 +240,34 @@ def run(
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     started = time.monotonic()
+    stream_until = started + deadline_s - STOP_RESERVE_S  # the streaming phase ends by then, drained or not
+    watchdog = Watchdog(deadline_s, console, started).start()
     broker = LocalBroker(data_dir / "broker", {"num.partitions": str(EVENTS_PARTITIONS)})
+    watchdog.on_expiry("tidelog serve", broker.stop)
     spark = None
+    own_spark = False
     query = None
     stop = threading.Event()
+    watchdog.on_expiry("the producer", stop.set)
     producer_thread: threading.Thread | None = None
     try:
+        watchdog.phase = "starting tidelog serve"
         broker.start()
         console.print(f"tidelog serve is up on [bold]{broker.bootstrap}[/] (log.dirs={broker.log_dir})")
+        watchdog.phase = "creating the topics"
         create_topics(broker.bootstrap)
         console.print("created topics page_visits (5 partitions) and page_visits_per_window")
-        console.print("starting Spark (local[2]; the JVM takes 10-20 s to start) ...")
+        watchdog.phase = "starting Spark"
+        from pyspark.sql import SparkSession
+
         import tidelog.spark
 
+        own_spark = SparkSession.getActiveSession() is None
+        if own_spark:
+            console.print("starting Spark (local[2]; the JVM takes 10-20 s to start) ...")
         spark = tidelog.spark.local_session("tidelog-demo", fast_start=True)
+        if own_spark:
+            watchdog.on_expiry("Spark", spark.stop)
         progress = Progress()
 
         def on_batch(batch: Any, batch_id: int) -> None:
@@ -198,6 +286,7 @@ def run(
             source = {"kafka.bootstrap.servers": broker.bootstrap}
         sink = {"kafka.bootstrap.servers": broker.bootstrap}
         parquet_dir = str(data_dir / "windows.parquet")
+        watchdog.phase = "starting the streaming query"
         query = pipeline.start_pipeline(
             spark, source, sink, parquet_dir, str(data_dir / "checkpoint"), on_batch=on_batch
         )
@@ -209,31 +298,25 @@ def run(
             target=produce_visits, args=(broker.bootstrap, seconds, rate, progress, stop), daemon=True
         )
         producer_thread.start()
-        drain_deadline: float | None = None
-        with Live(_status(progress, started), console=console, refresh_per_second=4, transient=False) as live:
-            while True:
-                time.sleep(0.5)
-                if query.exception() is not None:
-                    raise RuntimeError(f"the streaming query failed: {query.exception()}")
-                with progress.lock:
-                    _track(query, progress)
-                    producing = progress.producing
-                    last_window_end = (progress.last_event_ms // 10_000 + 1) * 10_000
-                    closed = progress.max_window_end_ms >= last_window_end
-                live.update(_status(progress, started))
-                if not producing:
-                    drain_deadline = drain_deadline or time.monotonic() + DRAIN_TIMEOUT_S
-                    if closed or time.monotonic() > drain_deadline:
-                        break
-        console.print()
+        watchdog.phase = "streaming"
+        closed, cut_short = _stream(console, query, progress, started, stream_until)
+        stop.set()
+        producer_thread.join(timeout=30)
+        watchdog.phase = "stopping the streaming query"
         query.stop()
         query = None
-        if not closed:
+        if cut_short:
+            console.print(
+                f"[yellow]the demo's deadline ({deadline_s:.0f} s) came before the last window closed: stopped "
+                "the stream; results are partial"
+            )
+        elif not closed:
             console.print("[yellow]the last window did not close within the drain timeout; results are partial")
+        watchdog.phase = "reading the results"
         _report(console, spark, pipeline, broker, parquet_dir, progress)
         console.rule(f"[bold green]done in {time.monotonic() - started:.0f} s")
         console.print(f"Parquet: {parquet_dir}   log files: {broker.log_dir}")
-        return 0
+        return 0 if closed else 1
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; stopping")
         return 130
@@ -241,11 +324,50 @@ def run(
         stop.set()
         if producer_thread is not None:
             producer_thread.join(timeout=30)
+        watchdog.phase = "stopping Spark"
         if query is not None:
             query.stop()
-        if spark is not None:
+        if spark is not None and own_spark:
             spark.stop()
-        broker.stop()
+        watchdog.phase = "stopping tidelog serve"
+        code = broker.stop()
+        if code is not None:
+            console.print("tidelog serve stopped" + (" cleanly" if code == 0 else f" with exit code {code}"))
+        watchdog.cancel()
+
+
+def _stream(console: Console, query: Any, progress: Progress, started: float, until: float) -> tuple[bool, bool]:
+    """Follows the query until the last window is written, the drain times out or `until` passes, showing
+    progress. Returns (the last window was written, `until` cut the stream short)."""
+    drain_deadline: float | None = None
+    live = Live(_status(progress, started), console=console, refresh_per_second=4) if console.is_terminal else None
+    next_line = time.monotonic()
+    with live or contextlib.nullcontext():
+        while True:
+            time.sleep(0.5)
+            if query.exception() is not None:
+                raise RuntimeError(f"the streaming query failed: {query.exception()}")
+            with progress.lock:
+                _track(query, progress)
+                producing = progress.producing
+                last_window_end = (progress.last_event_ms // 10_000 + 1) * 10_000
+                closed = progress.max_window_end_ms >= last_window_end
+            now = time.monotonic()
+            if live is not None:
+                live.update(_status(progress, started))
+            elif now >= next_line:
+                console.print(_plain_status(progress, started), highlight=False)
+                next_line = now + PLAIN_STATUS_EVERY_S
+            if not producing:
+                drain_deadline = drain_deadline or now + DRAIN_TIMEOUT_S
+                if closed or now > drain_deadline:
+                    break
+            if now > until:
+                break
+    if live is None:
+        console.print(_plain_status(progress, started), highlight=False)
+    console.print()
+    return closed, not closed and time.monotonic() > until
 
 
 def _report(
