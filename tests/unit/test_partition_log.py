@@ -26,6 +26,7 @@ from crc32c import crc32c
 
 import tidelog
 from tidelog import Record
+from tidelog.codec.compression import Compression, compress, decompress
 from tidelog.codec.record_batch import ControlRecordType, build_batch, build_control_batch
 from tidelog.errors import (
     ConfigError,
@@ -40,6 +41,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.storage.api import StorageEngine
+from tidelog.storage.kafka.partition_log import CRC_IN_PARALLEL_BYTES
 
 with warnings.catch_warnings():  # kafka-python's import trips importlib.resources deprecations
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -639,6 +641,191 @@ def test_append_to_unknown_topic_or_partition(data_dir: Path) -> None:
 
 # =================================================================================================================
 # reads
+# --- every record of a producer's batch is checked (Kafka's LogValidator) --------------------------------------
+
+
+def with_section(
+    batch: bytes,
+    section: bytes,
+    *,
+    records_count: int | None = None,
+    last_offset_delta: int | None = None,
+    max_timestamp: int | None = None,
+) -> bytes:
+    """`batch` with its records section (as sent: compressed when the batch is) replaced and header fields changed,
+    the batch length and the CRC made to fit: damage a CRC check alone cannot see."""
+    header = bytearray(batch[:61])
+    struct.pack_into(">i", header, 8, 49 + len(section))
+    if records_count is not None:
+        struct.pack_into(">i", header, 57, records_count)
+    if last_offset_delta is not None:
+        struct.pack_into(">i", header, 23, last_offset_delta)
+    if max_timestamp is not None:
+        struct.pack_into(">q", header, 35, max_timestamp)
+    body = bytes(header[21:]) + section
+    return bytes(header[:17]) + struct.pack(">I", crc32c(body)) + body
+
+
+def raw_record(offset_delta: int, key: bytes, *, header_key_length: int = 1, key_length: int | None = None) -> bytes:
+    """One encoded record with one header, fields as given (lengths may lie)."""
+    from tidelog.codec.varint import encode_varint
+
+    body = (
+        b"\x00\x00"  # attributes, timestampDelta 0
+        + encode_varint(offset_delta)
+        + encode_varint(len(key) if key_length is None else key_length)
+        + key
+        + encode_varint(1)
+        + b"v"
+        + encode_varint(1)
+        + encode_varint(header_key_length)
+        + b"h" * max(header_key_length, 0)
+        + encode_varint(-1)
+    )
+    return encode_varint(len(body)) + body
+
+
+def _damaged_records(n: int) -> dict[str, bytes]:
+    """Batches of `n` records whose header and CRC are right but whose records are not."""
+    good = build_batch(values(n), now_ms=TS)
+    section = good[61:]
+    gzip = build_batch(values(n), compression=Compression.GZIP, now_ms=TS)
+    junk = random.Random(n).randbytes(len(section))
+    records = [raw_record(i, b"k%d" % i) for i in range(n)]
+    return {
+        "junk-records": with_section(good, junk),
+        "junk-gzip-data": with_section(gzip, junk[:200]),
+        "gzip-holding-junk": with_section(gzip, compress(Compression.GZIP, junk)),
+        "count-one-more": with_section(good, section, records_count=n + 1, last_offset_delta=n),
+        "count-one-less": with_section(good, section, records_count=n - 1, last_offset_delta=n - 2),
+        "bytes-after-the-records": with_section(good, section + b"\x00\x00"),
+        "gzip-bytes-after-the-records": with_section(
+            gzip, compress(Compression.GZIP, bytes(decompress(Compression.GZIP, gzip[61:])) + b"\x00")
+        ),
+        "offset-deltas-not-0-to-n-1": build_batch(
+            values(n), offset_deltas=[*range(n - 2), n - 1, n - 1], last_offset_delta=n - 1, now_ms=TS
+        ),
+        "record-length-not-its-fields": with_section(
+            good, b"".join(records[:-1]) + records[-1][:1] + raw_record(n - 1, b"k")[1:]
+        ),
+        "null-header-key": with_section(good, b"".join(records[:-1]) + raw_record(n - 1, b"x", header_key_length=-1)),
+        "key-length-below-minus-one": with_section(
+            good, b"".join(records[:-1]) + raw_record(n - 1, b"", key_length=-2)
+        ),
+    }
+
+
+@pytest.mark.parametrize("n", [3, 100])  # a plain loop walks small batches, numpy the others
+@pytest.mark.parametrize("case", sorted(_damaged_records(3)))
+def test_records_that_do_not_decode_are_refused_and_the_log_stays_readable(data_dir: Path, case: str, n: int) -> None:
+    data = _damaged_records(n)[case]
+    with open_engine(data_dir) as engine:
+        engine.create_topic("t", 1)
+        engine.produce("t", 0, values(2))
+        before = log_snapshot(data_dir / "t-0")
+        with pytest.raises(CorruptRecordError) as refused:
+            engine.append("t", 0, data)
+        assert refused.value.kafka_error_code == 2  # CORRUPT_MESSAGE
+        assert engine.log_end_offset("t", 0) == 2
+        assert log_snapshot(data_dir / "t-0") == before
+        engine.produce("t", 0, values(1))
+        assert [r.offset for r in engine.consume("t", 0)] == [0, 1, 2]
+
+
+def test_every_record_check_also_holds_for_the_batches_checked_while_written(data_dir: Path) -> None:
+    """A batch of CRC_IN_PARALLEL_BYTES or more is checked on a worker thread during its write: damaged records are
+    refused all the same, with nothing left in the file."""
+    records = [Record(random.Random(i).randbytes(1000), key=b"k%d" % i, timestamp_ms=TS + i) for i in range(400)]
+    good = build_batch(records)
+    assert len(good) >= CRC_IN_PARALLEL_BYTES
+    section = good[61:]
+    damaged = {
+        "junk": with_section(good, random.Random(1).randbytes(len(section))),
+        "count-one-more": with_section(good, section, records_count=401, last_offset_delta=400),
+        "bytes-after": with_section(good, section + b"\x00"),
+    }
+    with open_engine(data_dir) as engine:
+        engine.create_topic("t", 1)
+        engine.append("t", 0, good)
+        before = log_snapshot(data_dir / "t-0")
+        for name, data in damaged.items():
+            with pytest.raises(CorruptRecordError):
+                engine.append("t", 0, data)
+            assert log_snapshot(data_dir / "t-0") == before, name
+        assert engine.append("t", 0, good).base_offset == 400
+        assert len(list(engine.consume("t", 0))) == 800
+
+
+def test_whatever_append_accepts_every_reader_decodes(data_dir: Path) -> None:
+    """Flipped bytes in the records of good batches, CRC made to fit: each append is refused or, if taken, the
+    batch decodes through consume(), the columnar decoder and the cleaner's record layout."""
+    from tidelog.codec.columnar import decode_v2, record_layout, scan_batches
+
+    rng = random.Random(5)
+    originals = [
+        build_batch(
+            [Record(b"v" * rng.randrange(0, 30), key=b"k%d" % i, headers=[("h", b"x")]) for i in range(n)], now_ms=TS
+        )
+        for n in (2, 100)
+    ]
+    accepted = refused = 0
+    with open_engine(data_dir) as engine:
+        engine.create_topic("t", 1)
+        for trial in range(300):
+            good = originals[trial % 2]
+            section = bytearray(good[61:])
+            for _ in range(rng.randrange(1, 3)):
+                section[rng.randrange(len(section))] = rng.randrange(256)
+            try:
+                result = engine.append("t", 0, with_section(good, bytes(section)))
+            except CorruptRecordError:
+                refused += 1
+                continue
+            accepted += 1
+            stored = engine.read("t", 0, result.base_offset, 1 << 20).read_bytes()
+            table = scan_batches(stored)
+            assert len(decode_v2(stored, table)) == len(record_layout(stored, table)) == result.record_count
+            assert [r.offset for r in engine.consume("t", 0, result.base_offset)] == list(
+                range(result.base_offset, result.last_offset + 1)
+            )
+    assert accepted > 10 and refused > 100  # both outcomes were exercised
+
+
+@pytest.mark.parametrize("codec", [Compression.NONE, Compression.GZIP])
+@pytest.mark.parametrize("n", [3, 100, 400])  # loop, numpy, and on the worker thread while written (>= 256 KiB)
+def test_create_time_max_timestamp_is_the_records_largest(data_dir: Path, n: int, codec: Compression) -> None:
+    """A producer's maxTimestamp is not trusted: Kafka's validator stores the records' largest timestamp (and a
+    CRC to match), which the time index, roll by time and retention then use."""
+    size = 1000 if n == 400 else 10  # random values: even gzipped, 400 of them make a batch checked while written
+    records = [Record(random.Random(i).randbytes(size), timestamp_ms=TS + 1000 * (i % 3)) for i in range(n)]
+    sent = build_batch(records, compression=codec)
+    lying = with_section(sent, sent[61:], max_timestamp=TS)
+    assert (len(lying) >= CRC_IN_PARALLEL_BYTES) == (n == 400)
+    with open_engine(data_dir) as engine:
+        engine.create_topic("t", 1)
+        engine.append("t", 0, lying)
+        assert engine.offset_for_timestamp("t", 0, TS + 2000) == (TS + 2000, 2, 0)
+        assert engine.offset_for_timestamp("t", 0, -3) == (TS + 2000, 2, 0)
+        assert [r.timestamp_ms for r in engine.consume("t", 0)] == [r.timestamp_ms for r in records]
+        engine.append("t", 0, sent)  # a truthful header is stored as sent
+    stored = walk_batches((data_dir / "t-0" / f"{0:020d}.log").read_bytes())
+    assert [b.max_timestamp for b in stored] == [TS + 2000, TS + 2000]
+    assert all(crc32c(b.raw[21:]) == b.crc for b in stored)
+    assert stored[0].raw[21:35] == lying[21:35] and stored[0].raw[43:] == lying[43:]  # only maxTimestamp and CRC
+    assert stored[1].raw[16:] == sent[16:]
+
+
+def test_a_larger_max_timestamp_than_the_records_is_corrected_too(data_dir: Path) -> None:
+    records = [Record(b"a", timestamp_ms=TS), Record(b"b", timestamp_ms=TS + 5)]
+    sent = build_batch(records)
+    with open_engine(data_dir) as engine:
+        engine.create_topic("t", 1)
+        engine.append("t", 0, with_section(sent, sent[61:], max_timestamp=TS + 10**9))
+        assert engine.offset_for_timestamp("t", 0, TS + 6) is None  # not a record at TS + 10^9
+        assert engine.offset_for_timestamp("t", 0, -3) == (TS + 5, 1, 0)
+    assert walk_batches((data_dir / "t-0" / f"{0:020d}.log").read_bytes())[0].max_timestamp == TS + 5
+
+
 # =================================================================================================================
 
 
@@ -1360,3 +1547,26 @@ def test_kafka_written_segment_is_adopted(
         engine.produce("kwritten", 0, values(1))  # and it takes new appends after Kafka's data
         assert engine.log_end_offset("kwritten", 0) == expected[-1]["offset"] + 2
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_kafka_written_v2_batches_append_as_a_producer_sent_them(data_dir: Path, kafka_written: Path) -> None:
+    """Every magic-2 data batch Kafka itself wrote passes the record checks unchanged (maxTimestamp included)."""
+    from tidelog.codec.record_set import iter_batches
+
+    appended = 0
+    with open_engine(data_dir) as engine:
+        engine.create_topic("t", 1)
+        for name, expected in sorted(KAFKA_EXPECTED.items()):
+            data = (kafka_written / name).read_bytes()
+            for info in iter_batches(data):
+                if info.magic != 2 or info.is_control:
+                    continue
+                batch = data[info.position : info.position + info.size]
+                result = engine.append("t", 0, batch)
+                appended += 1
+                got = [(r.timestamp_ms, r.value.decode()) for r in engine.consume("t", 0, result.base_offset)]
+                want = [(e["timestamp_ms"], e["value"]) for e in expected if info.base_offset <= e["offset"]]
+                assert got == want[: len(got)] and len(got) == result.record_count, name
+                stored = engine.read("t", 0, result.base_offset, 1 << 20).read_bytes()
+                assert stored[16 : info.size] == batch[16:]
+    assert appended >= 8

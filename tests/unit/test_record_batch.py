@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import struct
 import time
 
@@ -11,7 +12,7 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidelog.codec import record_set
+from tidelog.codec import columnar, record_set
 from tidelog.codec.compression import Compression, compress, decompress
 from tidelog.codec.record_batch import (
     BatchHeader,
@@ -768,3 +769,83 @@ def test_batch_header_properties() -> None:
     assert TimestampType.CREATE_TIME.kafka_name == "CreateTime"
     with pytest.raises(ValueError):
         TimestampType.from_name("logappendtime")
+
+
+# --- the record check of a produced batch (columnar.check_batch_records, Kafka's LogValidator) ------------------
+
+
+def _random_batch(rng: random.Random, count: int, codec: Compression) -> bytes:
+    def blob(limit: int) -> bytes | None:
+        return None if rng.random() < 0.2 else rng.randbytes(rng.choice((rng.randrange(limit), limit)))
+
+    same_size = rng.random() < 0.5  # fixed-size records take the numpy path's runs, others its walk
+    records = [
+        Record(
+            value=b"v" * 30 if same_size else blob(300),
+            key=None if same_size else blob(20),
+            timestamp_ms=TS + (0 if same_size else rng.randrange(-20_000, 20_000)),
+            headers=[] if same_size or rng.random() < 0.7 else [(f"h{j}", blob(5)) for j in range(rng.randrange(3))],
+        )
+        for _ in range(count)
+    ]
+    return build_batch(records, compression=codec)
+
+
+def _outcome(batch: bytes) -> object:
+    try:
+        return columnar.check_batch_records(batch, 0, read_header(batch))
+    except CorruptRecordError:
+        return "corrupt"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_check_batch_records_loop_and_numpy_agree_with_the_decoders(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of checking (a loop for few records, numpy for more) give the same answer for good batches and
+    for batches with flipped record bytes (CRC made to fit); a batch they accept decodes, with the maximum
+    timestamp they report."""
+    rng = random.Random(seed)
+    outcomes = set()
+    for trial in range(40):
+        count = rng.choice((1, 2, 7, 40, 70, 150))
+        codec = rng.choice((Compression.NONE, Compression.NONE, Compression.GZIP, Compression.ZSTD))
+        good = _random_batch(rng, count, codec)
+        section = bytearray(decompress(codec, good[HEADER_SIZE:]))
+        if trial % 4:
+            for _ in range(rng.randrange(1, 3)):
+                section[rng.randrange(len(section))] = rng.randrange(256)
+        header = read_header(good)
+        batch = assemble(
+            compress(codec, bytes(section)) if codec else bytes(section),
+            count,
+            attributes=header.attributes,
+            base_timestamp=header.base_timestamp,
+            max_timestamp=header.max_timestamp,
+            last_offset_delta=count - 1,
+        )
+        monkeypatch.setattr(columnar, "FEW_RECORDS", 10**9)
+        by_loop = _outcome(batch)
+        monkeypatch.setattr(columnar, "FEW_RECORDS", 0)
+        by_numpy = _outcome(batch)
+        assert by_loop == by_numpy, (seed, trial)
+        outcomes.add(by_loop == "corrupt")
+        if by_loop != "corrupt":
+            decoded = decode_records(batch)
+            assert len(decoded) == count
+            assert by_loop.max_timestamp == max(r.timestamp_ms for r in decoded)
+            assert by_loop.keyless == sum(r.key is None for r in decoded)
+            if trial % 4 == 0:
+                assert normalized(decoded) == normalized(decode_records(good))
+    assert outcomes == {True, False}
+
+
+def test_check_batch_records_reports_what_is_wrong() -> None:
+    good = build_batch([Record(b"value %d" % i, timestamp_ms=TS + i) for i in range(3)])
+    header = read_header(good)
+    too_many = bytearray(good)
+    struct.pack_into(">i", too_many, 57, 4)
+    with pytest.raises(CorruptRecordError, match="record 3"):
+        columnar.check_batch_records(bytes(too_many), 0, header._replace(records_count=4))
+    assert columnar.check_batch_records(good, 0, header) == (TS + 2, 3)
+    stamped = bytearray(good)
+    set_log_append_time(stamped, 0, len(stamped), TS + 99)  # LogAppendTime: every record has maxTimestamp
+    assert columnar.check_batch_records(bytes(stamped), 0, read_header(bytes(stamped))).max_timestamp == TS + 99

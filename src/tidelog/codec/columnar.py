@@ -14,6 +14,11 @@ A reader that hands records to a columnar engine (Spark through Arrow) wants arr
   length is then decoded for all records together; keys, values and headers come back as (start, length) pairs
   into one buffer, ready for Arrow to gather without a per-record copy in Python.
 - `from_records(records)` builds the same columns from decoded `Record`s (legacy v0/v1 entries, client messages).
+- `check_batch_records(buf, pos, header)` is Kafka's LogValidator walk over the records of one batch a producer
+  sent: every record decoded (after decompression), `recordsCount` records exactly filling the batch, offset deltas
+  0..n-1, no bytes left over; it returns the records' true maximum timestamp and how many have no key. Batches of
+  more than FEW_RECORDS records take the numpy framing above; smaller ones a plain loop (numpy's fixed cost per
+  call is larger than the whole walk there).
 
 Contract: `decode_v2` takes complete v2 data batches (callers drop control batches and legacy entries, and check
 CRCs when they want to) and returns their records in batch order. Compressed batches are decompressed once per
@@ -25,6 +30,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,9 +43,12 @@ from tidelog.codec.record_batch import (
     LOG_OVERHEAD,
     MAGIC_OFFSET,
     MIN_BATCH_LENGTH,
+    NO_TIMESTAMP,
     TIMESTAMP_TYPE_MASK,
+    BatchHeader,
     Record,
 )
+from tidelog.codec.varint import decode_varint, decode_varlong
 from tidelog.errors import CorruptRecordError
 
 # The v2 batch header as a packed big-endian numpy record (see record_batch.py for the layout).
@@ -886,3 +895,181 @@ def from_records(records: Sequence[Record], timestamp_types: Sequence[int] | int
         headers[:, 2].copy(),
         headers[:, 3].copy(),
     )
+
+
+# --- checking the records of a produced batch (Kafka's LogValidator) ----------------------------------------
+
+# Up to this many records a batch is walked by a Python loop: below it the loop costs less than the numpy path's
+# fixed cost (measured: about 65 µs for the numpy path, 2 µs per record for the loop).
+FEW_RECORDS = 32
+_PADDING_BYTES = bytes(PADDING)
+_INT64_SPAN = 1 << 64
+
+
+class RecordsCheck(NamedTuple):
+    """What check_batch_records learnt about a batch whose records all decode."""
+
+    max_timestamp: int  # the largest record timestamp, at least NO_TIMESTAMP (as Kafka's validator computes it)
+    keyless: int  # records without a key (refused by compacted topics)
+
+
+def check_batch_records(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> RecordsCheck:
+    """Decode every record of the v2 batch at `pos` (compressed batches once decompressed) and check what Kafka's
+    LogValidator checks of a produced batch: `recordsCount` records fill the records section exactly, each
+    record's fields add up to its length, offset deltas run 0..n-1, key and value lengths are -1 or more, header
+    keys are not null. Raises CorruptRecordError naming the batch position and the record.
+
+    `max_timestamp` is the records' largest CreateTime (baseTimestamp + timestampDelta, wrapping as Java's long);
+    for a batch already stamped LogAppendTime, every record's timestamp is its maxTimestamp, which is returned."""
+    raw = memoryview(buf)[pos + HEADER_SIZE : pos + header.size_in_bytes]
+    codec = header.attributes & COMPRESSION_MASK
+    section: bytes | memoryview = raw
+    if codec and header.records_count:
+        try:
+            section = decompress(Compression.from_id(codec), raw)
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(f"batch at byte {pos}: {exc}") from exc
+    count = header.records_count
+    if count * MIN_RECORD_BYTES > len(section):
+        raise CorruptRecordError(f"batch at byte {pos} declares {count} records in {len(section)} bytes")
+    if count <= FEW_RECORDS:
+        check = _walk_records(section, count, header.base_timestamp, pos)
+    else:
+        check = _check_records_columnar(section, count, header.base_timestamp, pos)
+    if header.attributes & TIMESTAMP_TYPE_MASK:
+        return check._replace(max_timestamp=header.max_timestamp)
+    return check
+
+
+def _as_int64(value: int) -> int:
+    return (value + (1 << 63)) % _INT64_SPAN - (1 << 63)
+
+
+def _walk_records(section: bytes | memoryview, count: int, base_timestamp: int, pos: int) -> RecordsCheck:
+    """check_batch_records for a batch of few records: a plain loop, one step per record."""
+    view = memoryview(section)
+    end = len(view)
+    at = 0
+    largest_delta: int | None = None
+    keyless = 0
+    for index in range(count):
+        try:
+            length, at = decode_varint(view, at)
+            if length < 0 or at + length > end:
+                raise CorruptRecordError(f"declares length {length}, past the end of the batch")
+            record = view[at : at + length]
+            at += length
+            timestamp_delta, p = decode_varlong(record, 1)
+            offset_delta, p = decode_varint(record, p)
+            if offset_delta != index:
+                raise CorruptRecordError(f"has offset delta {offset_delta}; record {index} must have {index}")
+            key_length, p = decode_varint(record, p)
+            if key_length < -1:
+                raise CorruptRecordError(f"declares key length {key_length}")
+            keyless += key_length == -1
+            value_length, p = decode_varint(record, p + max(key_length, 0))
+            if value_length < -1:
+                raise CorruptRecordError(f"declares value length {value_length}")
+            header_count, p = decode_varint(record, p + max(value_length, 0))
+            if header_count < 0 or header_count * 2 > length - p:
+                raise CorruptRecordError(f"declares {header_count} headers in {length - p} bytes")
+            for _ in range(header_count):
+                key_size, p = decode_varint(record, p)
+                if key_size < 0:
+                    raise CorruptRecordError("has a header with a null key")
+                header_value_size, p = decode_varint(record, p + key_size)
+                p += max(header_value_size, 0)
+            if p != length:
+                raise CorruptRecordError(f"declares {length} bytes but its fields take {p}")
+        except CorruptRecordError as exc:  # TruncatedBatchError included: a varint running past the record
+            raise CorruptRecordError(f"batch at byte {pos}: record {index} {exc}") from exc
+        if largest_delta is None or timestamp_delta > largest_delta:
+            largest_delta = timestamp_delta
+    if at != end:
+        raise CorruptRecordError(
+            f"batch at byte {pos}: incorrect declared batch size, {end - at} bytes left after its {count} records"
+        )
+    max_timestamp = NO_TIMESTAMP if largest_delta is None else _as_int64(base_timestamp + largest_delta)
+    return RecordsCheck(max(max_timestamp, NO_TIMESTAMP), keyless)
+
+
+def _check_records_columnar(section: bytes | memoryview, count: int, base_timestamp: int, pos: int) -> RecordsCheck:
+    """check_batch_records for a batch of many records: the numpy framing of decode_v2, then each field of all
+    records at once."""
+    data = b"".join((section, _PADDING_BYTES))  # room for the vectorised reads past the last record
+    arr = np.frombuffer(data, dtype=np.uint8)
+    positions = np.array([pos], dtype=np.int64)
+    body, length = _frame_batch(data, arr, len(section), count, pos)
+    record_end = body + length
+
+    def refuse(bad: np.ndarray, what: str) -> None:
+        if bad.any():
+            raise CorruptRecordError(f"batch at byte {pos}: record {int(np.argmax(bad))} {what}")
+
+    timestamp_delta, offset_delta, key_length, p = _record_prefix(arr, body)
+    refuse(offset_delta != np.arange(count), "has an offset delta other than its index")
+    refuse(key_length < -1, "declares a key length below -1")
+    p = p + np.maximum(key_length, 0)
+    refuse(p >= record_end, "has a key running past its end")
+    value_length, size = _varints(arr, p, in_bounds=True)
+    refuse(value_length < -1, "declares a value length below -1")
+    p = p + size + np.maximum(value_length, 0)
+    refuse(p >= record_end, "has a value running past its end")
+    header_count, size = _varints(arr, p, in_bounds=True)
+    p = p + size
+    if header_count.any():
+        refuse(header_count < 0, "declares a negative header count")
+        refuse(header_count * 2 > record_end - p, "declares more headers than it has bytes for")
+        p = _decode_headers(arr, p, header_count, record_end, positions, np.zeros(count, dtype=np.int64))[0]
+    refuse(p != record_end, "has fields that do not add up to its declared length")
+    max_timestamp = _as_int64(base_timestamp + int(timestamp_delta.max()))
+    return RecordsCheck(max(max_timestamp, NO_TIMESTAMP), int(np.count_nonzero(key_length == -1)))
+
+
+def _offset_delta_bytes_before(k: np.ndarray) -> np.ndarray:
+    """Bytes the offset-delta varints of records 0..k-1 take when record i has delta i: 1 each up to 63, 2 up to
+    8191, then 3 (a 4-byte delta, past 2^20 records, is not predicted: it only ends a run)."""
+    return k + np.maximum(k - 64, 0) + np.maximum(k - 8192, 0)
+
+
+def _frame_batch(data: bytes, arr: np.ndarray, end: int, count: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """Body start and body length of each of the `count` records that must fill data[0:end] (one batch).
+
+    As _frame_runs, for one batch: from the record at the cursor, all later records are predicted at once to have
+    its size, plus a byte where their offset delta (their index, as a producer writes it) needs a longer varint;
+    the prediction is checked for every record in one go and accepted up to the first that does not match (exact:
+    each accepted record was read where the ones before it end). A run shorter than RUN_MIN_MEAN records means
+    sizes vary: the rest is walked record by record, as are the last few records."""
+    body = np.empty(count, dtype=np.int64)
+    length = np.empty(count, dtype=np.int64)
+    index = np.arange(count + 1, dtype=np.int64)
+    width_sum = _offset_delta_bytes_before(index)
+    widths = np.diff(width_sum)
+    cur = done = 0
+    while count - done >= RUN_MIN_MEAN:
+        try:
+            value, after = decode_varint(data, cur)
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(f"batch at byte {pos}: record {done} has a bad length: {exc}") from exc
+        stride = after - cur + value
+        if value < 0 or cur + stride > end:
+            raise CorruptRecordError(f"batch at byte {pos}: record {done} declares length {value}, past the batch end")
+        base = stride - int(widths[done])
+        candidate = cur + index[: count - done] * base + (width_sum[done:count] - width_sum[done])
+        predicted = base + widths[done:]
+        cand_value, cand_size = _varints(arr, candidate, strict=False)
+        fits = (cand_size > 0) & (cand_size + cand_value == predicted) & (candidate + predicted <= end)
+        run = count - done if fits.all() else int(np.argmin(fits))
+        body[done : done + run] = candidate[:run] + cand_size[:run]
+        length[done : done + run] = cand_value[:run]
+        cur += run * base + int(width_sum[done + run] - width_sum[done])
+        done += run
+        if run < RUN_MIN_MEAN:
+            break
+    if done < count:  # sizes vary, or only a few records are left
+        _frame_one(data, cur, end, count - done, done, body, length, pos)
+    elif cur != end:
+        raise CorruptRecordError(
+            f"batch at byte {pos}: incorrect declared batch size, {end - cur} bytes left after its {count} records"
+        )
+    return body, length

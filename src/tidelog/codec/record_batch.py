@@ -548,6 +548,12 @@ def set_log_append_time(batch: bytearray | memoryview, pos: int, size: int, time
     _UINT32.pack_into(batch, pos + CRC_OFFSET, compute_crc(batch, pos, size))
 
 
+def set_max_timestamp(batch: bytearray | memoryview, pos: int, size: int, timestamp_ms: int) -> None:
+    """Correct a CreateTime batch's maxTimestamp to its records' largest timestamp (inside the CRC)."""
+    _INT64.pack_into(batch, pos + MAX_TIMESTAMP_OFFSET, timestamp_ms)
+    _UINT32.pack_into(batch, pos + CRC_OFFSET, compute_crc(batch, pos, size))
+
+
 def peek_offset_and_length(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     """(offset field, size field) of the entry at `pos`: the 12-byte prefix all message formats share."""
     return _OFFSET_AND_LENGTH.unpack_from(buf, pos)

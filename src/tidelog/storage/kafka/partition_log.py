@@ -2,8 +2,11 @@
 
 Offsets: log start offset (first readable) <= recovery point (known fsynced) <= high watermark
 (readable; equal to the log end offset on a single node) <= log end offset (next to assign).
-Appends take batches as a producer sent them, check layout and CRC, assign offsets by rewriting
-baseOffset (outside the CRC) and write them with one pwritev, without copying the payload. Loading
+Appends take batches as a producer sent them, check layout and CRC and (for a producer's batch) decode every
+record as Kafka's LogValidator does, assign offsets by rewriting baseOffset (outside the CRC) and write them with
+one pwritev, without copying the payload; a CreateTime batch whose maxTimestamp is not its records' largest
+timestamp is corrected (and its CRC recomputed), as is a LogAppendTime batch's. Batches of CRC_IN_PARALLEL_BYTES
+or more are checked on a worker thread while they are written, and count only once the check passed. Loading
 removes leftovers of interrupted deletions, rebuilds missing or corrupt indexes, and after an
 unclean shutdown rescans every segment from the recovery point, truncating at the first invalid
 byte and deleting the segments after it.
@@ -19,11 +22,10 @@ import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from tidelog.codec.columnar import record_layout, scan_batches
+from tidelog.codec.columnar import RecordsCheck, check_batch_records
 from tidelog.codec.record_batch import (
     HEADER_SIZE,
     BatchHeader,
@@ -33,6 +35,7 @@ from tidelog.codec.record_batch import (
     compute_crc,
     read_header,
     set_log_append_time,
+    set_max_timestamp,
 )
 from tidelog.codec.record_set import peek_batch
 from tidelog.config import LogConfig
@@ -82,20 +85,39 @@ DEFAULT_LEADER_EPOCH = 0
 
 
 CRC_IN_PARALLEL_BYTES = 256 * 1024
-_PendingCrc = tuple[int, BatchHeader, Future[int]]
-_crc_executor: ThreadPoolExecutor | None = None
+_checker: ThreadPoolExecutor | None = None
 
 
-def _crc_pool() -> ThreadPoolExecutor:
-    global _crc_executor
-    if _crc_executor is None:
-        _crc_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidelog-crc")
-    return _crc_executor
+def _check_pool() -> ThreadPoolExecutor:
+    global _checker
+    if _checker is None:
+        _checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidelog-check")
+    return _checker
 
 
-def _check_pending(pending: list[_PendingCrc]) -> None:
-    for position, header, crc in pending:
-        check_crc(header, crc.result(), position)
+@dataclass(slots=True)
+class _AppendedBatch:
+    """One batch of an append: where it lies in the input, its header, and the maxTimestamp it is stored with
+    under CreateTime (its records' largest timestamp once they were checked)."""
+
+    position: int
+    header: BatchHeader
+    max_timestamp: int
+    pending: Future[RecordsCheck] | None = None  # a large batch's check, running on the worker while it is written
+
+
+class _MaxTimestampDiffers(Exception):
+    """A large batch's check found another largest record timestamp than its header claims, after the batch was
+    written as it came: the write is undone and made again with the corrected header."""
+
+
+def _check_large_batch(view: memoryview, position: int, header: BatchHeader, from_client: bool) -> RecordsCheck:
+    """On the worker: the CRC, then (for a producer's batch) every record. crc32c, the decompressors and numpy's
+    larger operations release the GIL, so this overlaps with the write."""
+    check_crc(header, compute_crc(view, position, header.size_in_bytes), position)
+    if not from_client:
+        return RecordsCheck(header.max_timestamp, 0)
+    return check_batch_records(view, position, header)
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -446,107 +468,112 @@ class PartitionLog(Partition):
 
     def _append(self, data: bytes | bytearray | memoryview, from_client: bool) -> AppendResult:
         view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
-        headers, pending_crcs = self._validate(view, from_client)
+        batches = self._validate(view, from_client)
         log_append_time = self.config.message_timestamp_type == "LogAppendTime"
         with self._lock:
             self._check_open()
             now = self.clock()
-            if from_client and headers[0][1].producer_id >= 0:
-                duplicate = self.producer_state.check(headers[0][1])
+            first = batches[0].header
+            if from_client and first.producer_id >= 0:
+                duplicate = self.producer_state.check(first)
                 if duplicate is not None:  # a retry of a batch already in the log: answer with its offsets
+                    self._finish_checks(batches, log_append_time)  # once it proved as valid as the first time
                     return AppendResult(
-                        duplicate.first_offset,
-                        duplicate.last_offset,
-                        headers[0][1].records_count,
-                        -1,
-                        self.log_start_offset,
-                        0,
+                        duplicate.first_offset, duplicate.last_offset, first.records_count, -1, self.log_start_offset, 0
                     )
-            base_offset = self.log_end_offset
-            total_size = sum(h.size_in_bytes for _, h in headers)
-            count = sum(h.last_offset_delta + 1 for _, h in headers)
-            last_offset = base_offset + count - 1
-            if log_append_time:
-                max_timestamp, offset_of_max = now, last_offset
-            else:
-                max_timestamp, offset_of_max = -1, base_offset
-                next_offset = base_offset
-                for _, header in headers:
-                    if header.max_timestamp > max_timestamp:
-                        max_timestamp, offset_of_max = header.max_timestamp, next_offset + header.last_offset_delta
-                    next_offset += header.last_offset_delta + 1
-            first_batch_timestamp = now if log_append_time else headers[0][1].max_timestamp
+            try:
+                return self._write(view, batches, now, log_append_time)
+            except _MaxTimestampDiffers:  # nothing was kept; the batches now carry their records' true maxima
+                return self._write(view, batches, now, log_append_time)
 
-            if self.active_segment.should_roll(total_size, max_timestamp, last_offset, now):
-                self.roll(base_offset)
-
-            chunks: list[bytes | memoryview] = []
+    def _write(self, view: memoryview, batches: list[_AppendedBatch], now: int, log_append_time: bool) -> AppendResult:
+        base_offset = self.log_end_offset
+        total_size = sum(b.header.size_in_bytes for b in batches)
+        count = sum(b.header.last_offset_delta + 1 for b in batches)
+        last_offset = base_offset + count - 1
+        if log_append_time:
+            max_timestamp, offset_of_max = now, last_offset
+        else:
+            max_timestamp, offset_of_max = -1, base_offset
             next_offset = base_offset
-            for position, header in headers:
-                size = header.size_in_bytes
+            for batch in batches:
+                if batch.max_timestamp > max_timestamp:
+                    max_timestamp, offset_of_max = batch.max_timestamp, next_offset + batch.header.last_offset_delta
+                next_offset += batch.header.last_offset_delta + 1
+        first_batch_timestamp = now if log_append_time else batches[0].max_timestamp
+
+        if self.active_segment.should_roll(total_size, max_timestamp, last_offset, now):
+            self.roll(base_offset)
+
+        chunks: list[bytes | memoryview] = []
+        next_offset = base_offset
+        for batch in batches:
+            position, header = batch.position, batch.header
+            size = header.size_in_bytes
+            if log_append_time or batch.max_timestamp != header.max_timestamp:
+                rewritten = bytearray(view[position : position + size])
+                _INT64.pack_into(rewritten, 0, next_offset)
+                _INT32.pack_into(rewritten, 12, self.leader_epoch)
                 if log_append_time:
-                    batch = bytearray(view[position : position + size])
-                    _INT64.pack_into(batch, 0, next_offset)
-                    _INT32.pack_into(batch, 12, self.leader_epoch)
-                    set_log_append_time(batch, 0, size, now)
-                    chunks.append(bytes(batch))
+                    set_log_append_time(rewritten, 0, size, now)
                 else:
-                    chunks += (
-                        _INT64.pack(next_offset),
-                        view[position + 8 : position + 12],
-                        _INT32.pack(self.leader_epoch),
-                        view[position + 16 : position + size],
-                    )
-                next_offset += header.last_offset_delta + 1
+                    set_max_timestamp(rewritten, 0, size, batch.max_timestamp)
+                chunks.append(bytes(rewritten))
+            else:
+                chunks += (
+                    _INT64.pack(next_offset),
+                    view[position + 8 : position + 12],
+                    _INT32.pack(self.leader_epoch),
+                    view[position + 16 : position + size],
+                )
+            next_offset += header.last_offset_delta + 1
 
-            self.active_segment.append(
-                chunks,
-                total_size,
-                last_offset,
-                max_timestamp,
-                offset_of_max,
-                first_batch_timestamp,
-                verify=(lambda: _check_pending(pending_crcs)) if pending_crcs else None,
-            )
-            self.log_end_offset = last_offset + 1
-            self.high_watermark = self.log_end_offset
-            next_offset = base_offset
-            for _, header in headers:
-                self.producer_state.update(header, next_offset, now if log_append_time else header.max_timestamp)
-                next_offset += header.last_offset_delta + 1
-            if not self.leader_epochs or self.leader_epochs[-1][0] < self.leader_epoch:
-                self.leader_epochs.append((self.leader_epoch, base_offset))
-                self._write_leader_epochs()
-            result = AppendResult(
-                base_offset=base_offset,
-                last_offset=last_offset,
-                record_count=sum(h.records_count for _, h in headers),
-                log_append_time_ms=now if log_append_time else -1,
-                log_start_offset=self.log_start_offset,
-                size_in_bytes=total_size,
-            )
-        return result
+        def verify() -> None:
+            if self._finish_checks(batches, log_append_time):
+                raise _MaxTimestampDiffers
+
+        self.active_segment.append(
+            chunks,
+            total_size,
+            last_offset,
+            max_timestamp,
+            offset_of_max,
+            first_batch_timestamp,
+            verify=verify if any(b.pending is not None for b in batches) else None,
+        )
+        self.log_end_offset = last_offset + 1
+        self.high_watermark = self.log_end_offset
+        next_offset = base_offset
+        for batch in batches:
+            self.producer_state.update(batch.header, next_offset, now if log_append_time else batch.max_timestamp)
+            next_offset += batch.header.last_offset_delta + 1
+        if not self.leader_epochs or self.leader_epochs[-1][0] < self.leader_epoch:
+            self.leader_epochs.append((self.leader_epoch, base_offset))
+            self._write_leader_epochs()
+        return AppendResult(
+            base_offset=base_offset,
+            last_offset=last_offset,
+            record_count=sum(b.header.records_count for b in batches),
+            log_append_time_ms=now if log_append_time else -1,
+            log_start_offset=self.log_start_offset,
+            size_in_bytes=total_size,
+        )
 
     def flush_due(self) -> bool:
         """Has `flush.messages` worth of records been appended since the last flush? (The caller flushes.)"""
         return self.log_end_offset - self.recovery_point >= self.config.flush_messages
 
-    def _validate(self, view: memoryview, from_client: bool) -> tuple[list[tuple[int, BatchHeader]], list[_PendingCrc]]:
-        """Headers of the batches in `view`, checked; CRCs of large batches are computed on a worker thread
-        while the batch is written (crc32c releases the GIL), and must match before the append counts."""
-        headers: list[tuple[int, BatchHeader]] = []
-        pending: list[_PendingCrc] = []
+    def _validate(self, view: memoryview, from_client: bool) -> list[_AppendedBatch]:
+        """The batches in `view`, checked: header, CRC, and for a producer's batch every record (Kafka's
+        LogValidator; CorruptRecordError when one does not decode). Large batches are checked on the worker
+        thread while they are written (`_finish_checks`); the others here."""
+        batches: list[_AppendedBatch] = []
         position = 0
         while position < len(view):
             header = read_header(view, position)
-            if header.size_in_bytes >= CRC_IN_PARALLEL_BYTES:
-                check_header_fields(header, position)
-                pending.append(
-                    (position, header, _crc_pool().submit(compute_crc, view, position, header.size_in_bytes))
-                )
-            else:
+            if header.size_in_bytes < CRC_IN_PARALLEL_BYTES:
                 check_crc(header, compute_crc(view, position, header.size_in_bytes), position)
-                check_header_fields(header, position)
+            check_header_fields(header, position)
             if from_client:
                 check_producer_batch(header)
             if header.size_in_bytes > self.config.max_message_bytes:
@@ -554,26 +581,43 @@ class PartitionLog(Partition):
                     f"batch of {header.size_in_bytes} bytes exceeds max.message.bytes "
                     f"({self.config.max_message_bytes}) of {self.name}"
                 )
-            headers.append((position, header))
+            batches.append(_AppendedBatch(position, header, header.max_timestamp))
             position += header.size_in_bytes
-        if not headers:
+        if not batches:
             raise InvalidRecordError("an append needs at least one record batch")
-        if from_client and len(headers) > 1:
-            raise InvalidRecordError(f"a producer must send exactly one batch per partition, got {len(headers)}")
-        if from_client and self.config.compact:
-            self._check_keys(view)
-        return headers, pending
+        if from_client and len(batches) > 1:
+            raise InvalidRecordError(f"a producer must send exactly one batch per partition, got {len(batches)}")
+        for batch in batches:
+            if batch.header.size_in_bytes >= CRC_IN_PARALLEL_BYTES:
+                check = _check_pool().submit(_check_large_batch, view, batch.position, batch.header, from_client)
+                batch.pending = check
+            elif from_client:
+                self._take_check(batch, check_batch_records(view, batch.position, batch.header))
+        return batches
 
-    def _check_keys(self, view: memoryview) -> None:
+    def _take_check(self, batch: _AppendedBatch, check: RecordsCheck) -> None:
         """A compacted topic keeps the latest record per key: a record without a key is refused (as Kafka's
-        LogValidator). The keys are found for all records at once (columnar decoding), only for compacted topics."""
-        table = scan_batches(view)
-        keyless = record_layout(view, table.take(np.nonzero(~table.is_control)[0])).key_length < 0
-        if keyless.any():
+        LogValidator). Otherwise the batch is stored with its records' largest timestamp."""
+        if check.keyless and self.config.compact:
             raise InvalidRecordError(
                 f"Compacted topic cannot accept message without key in topic partition {self.name} "
-                f"({int(keyless.sum())} of {len(keyless)} records have no key)"
+                f"({check.keyless} of {batch.header.records_count} records have no key)"
             )
+        batch.max_timestamp = check.max_timestamp
+
+    def _finish_checks(self, batches: list[_AppendedBatch], log_append_time: bool) -> bool:
+        """Wait for the large batches' checks (raising what they found); True when one found a largest record
+        timestamp other than the header's (CreateTime), now recorded in its _AppendedBatch."""
+        differs = False
+        for batch in batches:
+            if batch.pending is None:
+                continue
+            check = batch.pending.result()
+            batch.pending = None
+            claimed = batch.max_timestamp
+            self._take_check(batch, check)
+            differs |= not log_append_time and batch.max_timestamp != claimed
+        return differs
 
     # --- reads ------------------------------------------------------------------------------------------------
 
