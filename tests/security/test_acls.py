@@ -4,8 +4,10 @@ against a real `tidelog serve` (authorizer.class.name set, super.users=User:admi
 A user without an ACL cannot produce, fetch, describe, commit or join a group, and gets TOPIC_ or
 GROUP_AUTHORIZATION_FAILED; the same user can once the super user grants ACLs through CreateAcls
 (confluent-kafka's AdminClient) or `tidelog acls --add` (a running broker picks the file change up); DescribeAcls
-lists them, DeleteAcls or `tidelog acls --remove` takes the access away again. DENY beats ALLOW; only a principal
-with ALTER on the cluster may change ACLs; `allow.everyone.if.no.acl.found=true` opens resources without ACLs.
+lists them, DeleteAcls or `tidelog acls --remove` takes the access away again. CreateTopics, DeleteTopics,
+CreatePartitions, DeleteRecords, DescribeConfigs and DeleteGroups each need their own ACL (CREATE, DELETE, ALTER,
+DESCRIBE_CONFIGS). DENY beats ALLOW; only a principal with ALTER on the cluster may change ACLs;
+`allow.everyone.if.no.acl.found=true` opens resources without ACLs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from confluent_kafka.admin import (
     AclOperation,
     AclPermissionType,
     AdminClient,
+    ConfigResource,
+    NewPartitions,
     NewTopic,
     ResourcePatternType,
     ResourceType,
@@ -43,6 +47,8 @@ from broker_process import BrokerProcess, StartBroker
 
 LISTENER = "SASL_SSL"
 MECHANISM = "SCRAM-SHA-256"
+BROKER_NODE_ID = 1  # node.id of a broker started without one
+CLUSTER = "kafka-cluster"  # the CLUSTER resource (confluent-kafka calls its type BROKER: 4, as Kafka's CLUSTER)
 ACL_PROPAGATION_S = 0.3  # the broker re-reads tidelog-acls.json when it changes (checked every 0.1 s)
 
 
@@ -305,6 +311,175 @@ def test_deny_beats_allow_and_super_users_bypass_acls(secure_broker: BrokerProce
     error = _produce_error(_config(secure_broker, certificates, "alice"), topic)
     assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert _produce_error(_config(secure_broker, certificates, "admin"), topic) is None  # super.users
+
+
+def _grant(admin: AdminClient, principal: str, *grants: tuple[ResourceType, str, AclOperation]) -> None:
+    """As the super user: ALLOW `principal` each (resource type, literal name, operation)."""
+    bindings = [
+        AclBinding(kind, name, ResourcePatternType.LITERAL, principal, "*", operation, AclPermissionType.ALLOW)
+        for kind, name, operation in grants
+    ]
+    for future in admin.create_acls(bindings).values():
+        future.result(30)
+    time.sleep(ACL_PROPAGATION_S)
+
+
+def _admin_error(future: Any) -> int:
+    """The error code an AdminClient future fails with, 0 if it succeeds."""
+    try:
+        future.result(30)
+    except KafkaException as exc:
+        return exc.args[0].code()
+    return 0
+
+
+def test_create_delete_alter_and_describe_configs_need_their_acls(
+    secure_broker: BrokerProcess, certificates: Certificates
+) -> None:
+    """CreateTopics (CREATE on the topic or the cluster), DeleteTopics and DeleteRecords (DELETE on the topic),
+    CreatePartitions (ALTER on the topic), DescribeConfigs (DESCRIBE_CONFIGS on the topic, or on the cluster for
+    a broker) and DeleteGroups (DELETE on the group), with librdkafka and kafka-python: refused with TOPIC_,
+    CLUSTER_ or GROUP_AUTHORIZATION_FAILED by the request itself (the user may DESCRIBE the topic and the group,
+    so the clients get as far as sending it), and done once the one ACL each needs is granted."""
+    suffix = uuid.uuid4().hex[:8]
+    user, password = f"dana-{suffix}", "dana-secret"  # a user of this test alone: it gets CREATE on the cluster
+    principal = f"User:{user}"
+    topic, group = f"ops-{suffix}", f"ops-{suffix}-group"
+    new_topic, new_topic_by_cluster_acl = f"ops-{suffix}-new", f"ops-{suffix}-new-by-cluster-acl"
+    tidelog("users", "--log-dir", str(secure_broker.log_dir), "--add", user, "--password", password)
+    _create_topic(secure_broker, certificates, topic, records=3)
+    committer = Consumer({**_config(secure_broker, certificates, "admin"), "group.id": group})
+    committer.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)  # the group exists, empty
+    committer.close()
+    admin = _admin(secure_broker, certificates)
+    _grant(admin, principal, (ResourceType.TOPIC, topic, AclOperation.DESCRIBE),
+           (ResourceType.GROUP, group, AclOperation.DESCRIBE))  # fmt: skip
+
+    dana = AdminClient(confluent_config(secure_broker, LISTENER, certificates, MECHANISM, user, password))
+    first_record = TopicPartition(topic, 0, 1)
+    topic_configs = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    broker_configs = ConfigResource(ConfigResource.Type.BROKER, str(BROKER_NODE_ID))
+    refused = {
+        "CreateTopics": _admin_error(dana.create_topics([NewTopic(new_topic, 1)])[new_topic]),
+        "DeleteTopics": _admin_error(dana.delete_topics([topic])[topic]),
+        "CreatePartitions": _admin_error(dana.create_partitions([NewPartitions(topic, 2)])[topic]),
+        "DeleteRecords": _admin_error(dana.delete_records([first_record])[first_record]),
+        "DescribeConfigs(topic)": _admin_error(dana.describe_configs([topic_configs])[topic_configs]),
+        "DescribeConfigs(broker)": _admin_error(dana.describe_configs([broker_configs])[broker_configs]),
+        "DeleteGroups": _admin_error(dana.delete_consumer_groups([group])[group]),
+    }
+    topic_denied, cluster_denied = KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    assert refused == {
+        "CreateTopics": topic_denied,
+        "DeleteTopics": topic_denied,
+        "CreatePartitions": topic_denied,
+        "DeleteRecords": topic_denied,
+        "DescribeConfigs(topic)": topic_denied,
+        "DescribeConfigs(broker)": cluster_denied,
+        "DeleteGroups": KafkaError.GROUP_AUTHORIZATION_FAILED,
+    }
+    log = secure_broker.stderr_text()
+    for operation, resource in [
+        ("CREATE", f"TOPIC:{new_topic}"),
+        ("DELETE", f"TOPIC:{topic}"),
+        ("ALTER", f"TOPIC:{topic}"),
+        ("DESCRIBE_CONFIGS", f"TOPIC:{topic}"),
+        ("DESCRIBE_CONFIGS", f"CLUSTER:{CLUSTER}"),
+        ("DELETE", f"GROUP:{group}"),
+    ]:
+        assert f"{principal} is Denied operation = {operation} from host = 127.0.0.1 on resource = {resource}" in log
+
+    kafka_admin = kafka.KafkaAdminClient(
+        **kafka_python_config(secure_broker, LISTENER, certificates, MECHANISM, user, password)
+    )
+    try:
+        with pytest.raises(kafka.errors.TopicAuthorizationFailedError):
+            kafka_admin.create_topics([kafka.admin.NewTopic(new_topic, 1, 1)])
+        with pytest.raises(kafka.errors.TopicAuthorizationFailedError):
+            kafka_admin.delete_topics([topic])
+        with pytest.raises(kafka.errors.TopicAuthorizationFailedError):
+            kafka_admin.create_partitions({topic: kafka.admin.NewPartitions(2)})
+        with pytest.raises(kafka.errors.TopicAuthorizationFailedError):
+            kafka_admin.delete_records({kafka.TopicPartition(topic, 0): 1})
+        assert kafka_admin.delete_groups([group]) == {group: kafka.errors.GroupAuthorizationFailedError.__name__}
+
+        _grant(admin, principal, (ResourceType.TOPIC, new_topic, AclOperation.CREATE),
+               (ResourceType.TOPIC, topic, AclOperation.ALTER), (ResourceType.TOPIC, topic, AclOperation.DELETE),
+               (ResourceType.TOPIC, topic, AclOperation.DESCRIBE_CONFIGS),
+               (ResourceType.BROKER, CLUSTER, AclOperation.DESCRIBE_CONFIGS),
+               (ResourceType.GROUP, group, AclOperation.DELETE))  # fmt: skip
+        assert _admin_error(dana.create_topics([NewTopic(new_topic, 1)])[new_topic]) == 0
+        assert _admin_error(dana.create_topics([NewTopic(new_topic_by_cluster_acl, 1)])[new_topic_by_cluster_acl]) == (
+            topic_denied
+        )  # CREATE on one topic is not CREATE on another
+        _grant(admin, principal, (ResourceType.BROKER, CLUSTER, AclOperation.CREATE))
+        assert _admin_error(dana.create_topics([NewTopic(new_topic_by_cluster_acl, 1)])[new_topic_by_cluster_acl]) == 0
+
+        dana.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
+        assert len(admin.list_topics(topic, timeout=15).topics[topic].partitions) == 2
+        assert dana.delete_records([first_record])[first_record].result(30).low_watermark == 1
+        described = dana.describe_configs([topic_configs])[topic_configs].result(30)
+        assert described["cleanup.policy"].value == "delete"
+        assert dana.describe_configs([broker_configs])[broker_configs].result(30)
+        assert kafka_admin.delete_groups([group]) == {group: "OK"}
+        assert kafka_admin.delete_groups([group]) == {group: kafka.errors.GroupIdNotFoundError.__name__}
+        dana.delete_topics([topic])[topic].result(30)
+        assert topic not in admin.list_topics(timeout=15).topics
+    finally:
+        kafka_admin.close()
+
+
+def test_kafka_python_without_acls_cannot_describe_or_commit(
+    secure_broker: BrokerProcess, certificates: Certificates
+) -> None:
+    """kafka-python as a user without ACLs: Metadata answers TOPIC_AUTHORIZATION_FAILED for the topic (a listing
+    leaves it out), and an OffsetCommit is refused step by step as Kafka does: FindCoordinator without DESCRIBE
+    on the group, then OffsetCommit without READ on the group (GROUP_AUTHORIZATION_FAILED), then without READ on
+    the topic (TOPIC_AUTHORIZATION_FAILED); with both the commit is stored."""
+    suffix = uuid.uuid4().hex[:8]
+    user, password = f"erin-{suffix}", "erin-secret"
+    principal = f"User:{user}"
+    topic, group = f"kp-locked-{suffix}", f"kp-locked-{suffix}-group"
+    tidelog("users", "--log-dir", str(secure_broker.log_dir), "--add", user, "--password", password)
+    _create_topic(secure_broker, certificates, topic)
+    erin = kafka_python_config(secure_broker, LISTENER, certificates, MECHANISM, user, password)
+
+    kafka_admin = kafka.KafkaAdminClient(**erin)
+    try:
+        (described,) = kafka_admin.describe_topics([topic])
+        assert described["error_code"] == kafka.errors.TopicAuthorizationFailedError.errno
+        assert described["partitions"] == []
+        assert topic not in kafka_admin.list_topics()
+    finally:
+        kafka_admin.close()
+
+    partition = kafka.TopicPartition(topic, 0)
+
+    def commit() -> None:
+        consumer = kafka.KafkaConsumer(**erin, group_id=group, enable_auto_commit=False)
+        try:
+            consumer.assign([partition])
+            consumer.commit({partition: kafka.OffsetAndMetadata(1, "", -1)})
+        finally:
+            consumer.close()
+
+    admin = _admin(secure_broker, certificates)
+    denied = f"{principal} is Denied operation = %s from host = 127.0.0.1 on resource = %s"
+    for grant, error, operation, resource in [
+        (None, kafka.errors.GroupAuthorizationFailedError, "DESCRIBE", f"GROUP:{group}"),  # FindCoordinator
+        (AclOperation.DESCRIBE, kafka.errors.GroupAuthorizationFailedError, "READ", f"GROUP:{group}"),
+        (AclOperation.READ, kafka.errors.TopicAuthorizationFailedError, "READ", f"TOPIC:{topic}"),
+    ]:
+        if grant is not None:
+            _grant(admin, principal, (ResourceType.GROUP, group, grant))
+        with pytest.raises(error):
+            commit()
+        assert denied % (operation, resource) in secure_broker.stderr_text()
+    _grant(admin, principal, (ResourceType.TOPIC, topic, AclOperation.READ))
+    commit()
+    consumer = kafka.KafkaConsumer(**erin, group_id=group, enable_auto_commit=False)
+    assert consumer.committed(partition) == 1
+    consumer.close()
 
 
 def test_allow_everyone_if_no_acl_found(start_module_broker: StartBroker, certificates: Certificates) -> None:

@@ -2,9 +2,10 @@
 librdkafka (confluent-kafka) and kafka-python against a real `tidelog serve`.
 
 The right password authenticates (the super user then produces, fetches and commits); a wrong password or an
-unknown user gets SASL_AUTHENTICATION_FAILED; a client that sends no credentials to a SASL listener has its
-connection closed at its first request after ApiVersions, as Kafka does; a client that does not trust the
-server's CA fails the TLS handshake. `tidelog users --add/--remove` take effect on the running broker.
+unknown user gets SASL_AUTHENTICATION_FAILED; a client (librdkafka or kafka-python) that sends no credentials to
+a SASL listener has its connection closed at its first request after ApiVersions, as Kafka does; a client that
+does not trust the server's CA fails the TLS handshake. `tidelog users --add/--remove` take effect on the running
+broker.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import kafka
@@ -32,6 +34,7 @@ from broker_process import BrokerProcess
 
 SASL_LISTENERS = ("SASL_PLAINTEXT", "SASL_SSL")
 AUTH_TIMEOUT_S = 20.0
+KAFKA_PYTHON_BOOTSTRAP_MS = 1000  # each kafka-python client gives up bootstrapping after this
 
 
 def _errors_until(config: dict[str, Any], wanted: int, timeout_s: float = AUTH_TIMEOUT_S) -> list[KafkaError]:
@@ -121,6 +124,29 @@ def test_no_credentials_on_a_sasl_listener_closes_the_connection(
     assert secure_broker.stderr_text().count("metadata request before SASL authentication") > before
 
 
+@pytest.mark.parametrize("listener", SASL_LISTENERS)
+def test_kafka_python_without_credentials_cannot_produce_consume_describe_or_commit(
+    secure_broker: BrokerProcess, certificates: Certificates, listener: str
+) -> None:
+    """kafka-python speaking PLAINTEXT/SSL to a SASL listener: the broker answers ApiVersions and closes the
+    connection at the bootstrap Metadata request, so no producer, consumer (group member or committer) or admin
+    client ever starts; each raises KafkaTimeoutError('Unable to bootstrap ...') and nothing is served."""
+    config = kafka_python_config(secure_broker, listener, certificates)
+    config.update(security_protocol=listener.removeprefix("SASL_"), bootstrap_timeout_ms=KAFKA_PYTHON_BOOTSTRAP_MS)
+    refusals_before = secure_broker.stderr_text().count("metadata request before SASL authentication")
+    clients: dict[str, Callable[[], object]] = {
+        "produce": lambda: kafka.KafkaProducer(**config),
+        "consume and commit": lambda: kafka.KafkaConsumer(f"kp-no-credentials-{listener}", **config, group_id="g"),
+        "describe": lambda: kafka.KafkaAdminClient(**config),
+    }
+    for purpose, start_client in clients.items():
+        with pytest.raises(kafka.errors.KafkaTimeoutError, match="Unable to bootstrap"):
+            start_client()
+            pytest.fail(f"a client without credentials started ({purpose})")
+    refusals = secure_broker.stderr_text().count("metadata request before SASL authentication") - refusals_before
+    assert refusals >= len(clients)
+
+
 def test_kafka_python_authenticates_with_each_mechanism(
     secure_broker: BrokerProcess, certificates: Certificates
 ) -> None:
@@ -143,17 +169,25 @@ def test_kafka_python_authenticates_with_each_mechanism(
         consumer.close()
 
 
-@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize(
+    ("listener", "mechanism"),
+    [("SASL_SSL", mechanism) for mechanism in MECHANISMS]
+    + [("SASL_PLAINTEXT", "PLAIN"), ("SASL_PLAINTEXT", "SCRAM-SHA-512")],
+)
 def test_kafka_python_wrong_password_fails_authentication(
-    secure_broker: BrokerProcess, certificates: Certificates, mechanism: str, caplog: pytest.LogCaptureFixture
+    secure_broker: BrokerProcess,
+    certificates: Certificates,
+    listener: str,
+    mechanism: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    config = kafka_python_config(secure_broker, "SASL_SSL", certificates, mechanism, "bob", password="guess")
+    config = kafka_python_config(secure_broker, listener, certificates, mechanism, "bob", password="guess")
     caplog.set_level(logging.ERROR, logger="kafka")
     failures: list[str] = []
     deadline = time.monotonic() + AUTH_TIMEOUT_S
     while not failures and time.monotonic() < deadline:  # kafka-python retries until its bootstrap timeout
         with pytest.raises(kafka.errors.KafkaTimeoutError):
-            kafka.KafkaProducer(**config, bootstrap_timeout_ms=2000)
+            kafka.KafkaProducer(**config, bootstrap_timeout_ms=KAFKA_PYTHON_BOOTSTRAP_MS)
         failures = [r.getMessage() for r in caplog.records if "SaslAuthenticationFailedError" in r.getMessage()]
     assert failures, [r.getMessage() for r in caplog.records]
     assert "Authentication failed" in failures[0]
