@@ -463,6 +463,90 @@ def test_roll_when_offset_index_is_full(data_dir: Path) -> None:
         assert read_time_index(rolled.with_suffix(".timeindex")) == [(TS, 7)]
 
 
+def test_roll_on_relative_offset_overflow(data_dir: Path) -> None:
+    """Index entries hold offsets relative to the segment's base as int32: an append whose last offset lies more than
+    2^31-1 past the base rolls first. Offsets jump that far only through a batch standing for a range larger than
+    its records (a compacted copy: empty, lastOffsetDelta 2^31-1), which only the broker itself appends."""
+    int_max = 2**31 - 1
+    with open_engine(data_dir) as engine:
+        engine.create_topic("t", 1)
+        engine.produce("t", 0, [Record(b"first", timestamp_ms=TS)])
+        partition_log = engine.partition_log("t", 0)
+        gap = build_batch([], last_offset_delta=int_max)
+        result = partition_log.append(gap, from_client=False)
+        assert (result.base_offset, result.last_offset) == (1, 2**31)  # 2^31 past base 0: rolled at 1 first
+        assert engine.produce("t", 0, [Record(b"after", timestamp_ms=TS)]) == 2**31 + 1  # 2^31 past 1: rolled
+        assert [s.base_offset for s in partition_log.segments] == [0, 1, 2**31 + 1]
+        assert [(r.offset, r.value) for r in engine.consume("t", 0)] == [(0, b"first"), (2**31 + 1, b"after")]
+    assert sorted(p.name for p in (data_dir / "t-0").glob("*.log")) == [
+        f"{0:020d}.log",
+        f"{1:020d}.log",
+        f"{2**31 + 1:020d}.log",
+    ]
+    with open_engine(data_dir) as engine:  # and the indexes of each segment load and sanity-check
+        assert [r.offset for r in engine.consume("t", 0, 2**31 + 1)] == [2**31 + 1]
+
+
+def dirty_page_count(path: Path) -> int:
+    """Pages of `path` the page cache holds but has not written to the disk (KPF_DIRTY in /proc/kpageflags for each
+    page of a read-only mapping): what an fsync leaves at 0. Skips the test where the kernel does not tell."""
+    import mmap
+
+    import numpy as np
+
+    try:
+        pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+        page_flags = os.open("/proc/kpageflags", os.O_RDONLY)
+    except OSError as exc:
+        pytest.skip(f"page flags are not readable here: {exc}")
+    try:
+        with open(path, "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ)
+        pages = np.frombuffer(mapped, dtype=np.uint8)
+        first_page = pages.ctypes.data // mmap.PAGESIZE
+        dirty = 0
+        for page in range(-(-len(pages) // mmap.PAGESIZE)):
+            int(pages[page * mmap.PAGESIZE])  # map it in
+            entry = int.from_bytes(os.pread(pagemap, 8, (first_page + page) * 8), "little")
+            frame = entry & ((1 << 55) - 1)
+            if not frame:
+                pytest.skip("page frame numbers are hidden (no CAP_SYS_ADMIN)")
+            dirty += (int.from_bytes(os.pread(page_flags, 8, frame * 8), "little") >> 4) & 1
+        del pages
+        mapped.close()
+        return dirty
+    finally:
+        os.close(pagemap)
+        os.close(page_flags)
+
+
+def test_a_roll_fsyncs_the_old_segment(data_dir: Path) -> None:
+    """Kafka flushes a segment when it rolls (in the background): its pages in the page cache are written out, and
+    the recovery point, then its checkpoint, move to the new segment's base."""
+    config = {"log.segment.bytes": 4000, "log.flush.offset.checkpoint.interval.ms": 50}
+    with open_engine(data_dir, background=True, **config) as engine:
+        engine.create_topic("t", 1)
+        partition_log = engine.partition_log("t", 0)
+        engine.produce("t", 0, values(20))
+        first = partition_log.active_segment.log_path
+        assert dirty_page_count(first) > 0  # appends alone leave the pages to the OS
+        assert partition_log.recovery_point == 0
+        while len(partition_log.segments) == 1:
+            engine.produce("t", 0, values(20))
+        rolled_at = partition_log.segments[1].base_offset
+        deadline = time.monotonic() + 10
+        while read_checkpoint_or_none(data_dir / "recovery-point-offset-checkpoint") != {("t", 0): rolled_at}:
+            assert time.monotonic() < deadline, "the rolled segment was not flushed"
+            time.sleep(0.02)
+        assert partition_log.recovery_point == rolled_at
+        assert dirty_page_count(first) == 0
+        assert dirty_page_count(partition_log.active_segment.log_path) > 0  # the new segment is left to the OS
+
+
+def read_checkpoint_or_none(path: Path) -> dict[tuple[str, int], int] | None:
+    return read_checkpoint(path) if path.exists() else None
+
+
 def test_rolled_segment_indexes_trimmed_and_named_by_base_offset(data_dir: Path) -> None:
     with open_engine(data_dir, **{"log.segment.bytes": 600, "log.index.interval.bytes": 100}) as engine:
         engine.create_topic("t", 1)
@@ -1229,6 +1313,43 @@ def test_default_flush_waits_for_roll_or_close(data_dir: Path) -> None:
         assert partition_log.recovery_point == end
         engine.produce("t", 0, values(1))
     assert read_checkpoint(data_dir / "recovery-point-offset-checkpoint") == {("t", 0): end + 1}
+
+
+@pytest.mark.parametrize("where", ["broker", "topic", "altered topic"])
+def test_time_based_flush(data_dir: Path, where: str) -> None:
+    """`log.flush.interval.ms` (broker) or `flush.ms` (topic, also set after the engine opened): the background
+    check flushes a log whose last flush is that old, and the recovery point (then its checkpoint) follows."""
+    config: dict[str, object] = {"log.flush.offset.checkpoint.interval.ms": 50}
+    if where == "broker":
+        config["log.flush.interval.ms"] = 100
+    with open_engine(data_dir, background=True, **config) as engine:
+        engine.create_topic("t", 1, configs={"flush.ms": 100} if where == "topic" else None)
+        engine.create_topic("other", 1)  # with no flush.ms of its own, except under the broker key
+        if where == "altered topic":
+            engine.alter_topic_configs("t", {"flush.ms": 100})
+        engine.produce("t", 0, values(3))
+        engine.produce("other", 0, values(2))
+        deadline = time.monotonic() + 10
+        while read_checkpoint_or_none(data_dir / "recovery-point-offset-checkpoint") in (None, {}) or (
+            read_checkpoint(data_dir / "recovery-point-offset-checkpoint")[("t", 0)] < 3
+        ):
+            assert time.monotonic() < deadline, "no time-based flush"
+            time.sleep(0.02)
+        assert engine.partition_log("t", 0).flushed_offset == 3
+        time.sleep(0.3)  # three flush intervals: a log without flush.ms is still left to the OS
+        assert engine.partition_log("other", 0).flushed_offset == (2 if where == "broker" else 0)
+
+
+def test_time_based_flush_follows_a_shorter_topic_flush_ms(data_dir: Path) -> None:
+    """A broker-level interval of an hour schedules hourly checks; a topic created later with flush.ms 100 is
+    checked every 100 ms all the same."""
+    with open_engine(data_dir, background=True, **{"log.flush.interval.ms": 3_600_000}) as engine:
+        engine.create_topic("t", 1, configs={"flush.ms": 100})
+        engine.produce("t", 0, values(3))
+        deadline = time.monotonic() + 10
+        while engine.partition_log("t", 0).flushed_offset < 3:
+            assert time.monotonic() < deadline, "no time-based flush"
+            time.sleep(0.02)
 
 
 # =================================================================================================================

@@ -126,6 +126,8 @@ class KafkaEngine(StorageEngine):
         self.key_indexes: dict[tuple[str, int], PartitionKeyIndex] = {}  # tidelog.index.keys=true
         self._log_dir_of: dict[tuple[str, int], Path] = {}
         self.topic_meta: dict[str, dict[str, Any]] = {}
+        self._flush_check_ms = LONG_MAX  # the interval of the running chain of time-based flush checks
+        self._flush_check_chain = 0
         try:
             for log_dir in self.log_dirs:
                 log_dir.mkdir(parents=True, exist_ok=True)
@@ -374,15 +376,7 @@ class KafkaEngine(StorageEngine):
             config.log_start_offset_checkpoint_interval_ms,
             config.log_start_offset_checkpoint_interval_ms,
         )
-        flush_check = min(
-            [
-                config.flush_scheduler_interval_ms,
-                *(lg.config.flush_ms for lg in self.logs.values()),
-                config.log_defaults.flush_ms,
-            ]
-        )
-        if flush_check < LONG_MAX:
-            self.scheduler.schedule("time-based flush", self._flush_due_logs, flush_check, flush_check)
+        self._schedule_flush_check()
         if self.cleaner_scheduler is not None:
             self.cleaner_scheduler.schedule(
                 "log cleaner", self.clean_logs, config.cleaner.backoff_ms, max(config.cleaner.backoff_ms, 1)
@@ -425,6 +419,38 @@ class KafkaEngine(StorageEngine):
                 keys = [k for k, d in self._log_dir_of.items() if d == log_dir]
             if log_dir is not None:
                 self.cleaner.write_checkpoint(log_dir, keys)
+
+    def _schedule_flush_check(self) -> None:
+        """Run the time-based flush check as often as the shortest `flush.ms` (broker default or topic override)
+        or `log.flush.scheduler.interval.ms` asks; called at open and whenever a topic's configs appear or change.
+        A new interval starts a new chain of checks, and the previous chain ends at its next run."""
+        if self.scheduler is None:
+            return
+        with self._lock:
+            interval = min(
+                [
+                    self.config.flush_scheduler_interval_ms,
+                    *(lg.config.flush_ms for lg in self.logs.values()),
+                    self.config.log_defaults.flush_ms,
+                ]
+            )
+            if interval == self._flush_check_ms:
+                return
+            self._flush_check_ms = interval
+            self._flush_check_chain += 1
+            chain = self._flush_check_chain
+        scheduler = self.scheduler
+
+        def check() -> None:
+            if chain != self._flush_check_chain or self._closed:  # replaced, or the engine is closing
+                return
+            try:
+                self._flush_due_logs()
+            finally:
+                scheduler.schedule("time-based flush", check, interval)
+
+        if interval < LONG_MAX:
+            scheduler.schedule("time-based flush", check, interval)
 
     def _flush_due_logs(self) -> None:
         now = self.clock()
@@ -477,6 +503,7 @@ class KafkaEngine(StorageEngine):
             for partition in range(count):
                 self._open_partition(self._least_loaded_dir(), name, partition)
             self._save_topics_file()
+            self._schedule_flush_check()
             return self._describe(name)
 
     def _check_open_file_budget(self, topic: str, new_partitions: int) -> None:
@@ -538,6 +565,7 @@ class KafkaEngine(StorageEngine):
             for partition in range(meta["partitions"]):
                 self.logs[(name, partition)].config = new_config
             self._save_topics_file()
+            self._schedule_flush_check()
 
     def topics(self) -> dict[str, TopicDescription]:
         with self._lock:
