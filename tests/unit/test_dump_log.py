@@ -154,6 +154,41 @@ def test_index_sanity_check(tmp_path: Path) -> None:
     assert "is corrupt, found" in lines[1] and "neither positive nor a multiple of 8" in lines[1]
 
 
+def test_time_index_sanity_check(tmp_path: Path) -> None:
+    """Kafka's TimeIndex.sanityCheck: the last timestamp below the first entry's (what a zero-filled preallocated
+    tail looks like), the last offset below the base, then a partial entry."""
+    directory = make_indexed_segment(tmp_path)
+    time_index = directory / "00000000000000000000.timeindex"
+    entries = list(struct.iter_unpack(">qi", time_index.read_bytes()))
+    assert len(entries) >= 2
+    lines, _ = dump([time_index], index_sanity_check=True)
+    assert lines[1] == f"{time_index} passed sanity check."
+
+    with open(time_index, "ab") as handle:  # the file as the active segment has it: preallocated with zeros
+        handle.write(bytes(12 * 3))
+    lines, _ = dump([time_index], index_sanity_check=True)
+    assert lines[1] == (
+        f"Corrupt time index found, time index file ({time_index.resolve()}) has non-zero size but the last "
+        f"timestamp is 0 which is less than the first entry {entries[0][0]}"
+    )
+
+    time_index.write_bytes(b"".join(struct.pack(">qi", ts, rel) for ts, rel in entries[:-1]))
+    with open(time_index, "ab") as handle:
+        handle.write(struct.pack(">qi", entries[-1][0], -5))
+    lines, _ = dump([time_index], index_sanity_check=True)
+    assert lines[1] == (
+        f"Corrupt time index found, time index file ({time_index.resolve()}) has non-zero size but the last "
+        "offset is -5 which is less than the first offset 0"
+    )
+
+    time_index.write_bytes(b"".join(struct.pack(">qi", ts, rel) for ts, rel in entries) + b"\x00" * 5)
+    lines, _ = dump([time_index], index_sanity_check=True)
+    assert lines[1] == (
+        f"Time index file {time_index.resolve()} is corrupt, found {12 * len(entries) + 5} bytes which is neither "
+        "positive nor a multiple of 12."
+    )
+
+
 def test_control_batches_show_the_transaction_marker(tmp_path: Path) -> None:
     segment = tmp_path / "00000000000000000000.log"
     segment.write_bytes(

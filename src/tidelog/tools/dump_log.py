@@ -287,19 +287,42 @@ def _first_batch_at(log_path: Path, position: int, limit: int) -> BatchInfo | No
         return None
 
 
-def _index_sanity(path: Path, last_relative_offset: int | None, entry_size: int, base: int) -> str | None:
-    """Kafka's sanityCheck, reported as text instead of an exception."""
+def _offset_index_sanity(path: Path, last_relative_offset: int, base: int) -> str | None:
+    """Kafka's OffsetIndex.sanityCheck, reported as text instead of an exception."""
     size = path.stat().st_size
     absolute = path.resolve()
-    if last_relative_offset is not None and last_relative_offset < 0:
+    if last_relative_offset < 0:
         return (
             f"Corrupt index found, index file ({absolute}) has non-zero size but the last offset is "
             f"{base + last_relative_offset} which is less than the base offset {base}."
         )
-    if size % entry_size:
+    if size % _OFFSET_ENTRY.size:
         return (
             f"Index file {absolute} is corrupt, found {size} bytes which is neither positive nor a multiple of "
-            f"{entry_size}."
+            f"{_OFFSET_ENTRY.size}."
+        )
+    return None
+
+
+def _time_index_sanity(path: Path, entries: list[tuple[int, ...]], base: int) -> str | None:
+    """Kafka's TimeIndex.sanityCheck, in its order, reported as text: the last entry's timestamp below the first's
+    (a zero-filled preallocated tail reads as entries of timestamp 0), its offset below the base, a partial entry."""
+    absolute = path.resolve()
+    if entries and entries[-1][0] < entries[0][0]:
+        return (
+            f"Corrupt time index found, time index file ({absolute}) has non-zero size but the last timestamp is "
+            f"{entries[-1][0]} which is less than the first entry {entries[0][0]}"
+        )
+    if entries and entries[-1][1] < 0:
+        return (
+            f"Corrupt time index found, time index file ({absolute}) has non-zero size but the last offset is "
+            f"{base + entries[-1][1]} which is less than the first offset {base}"
+        )
+    size = path.stat().st_size
+    if size % _TIME_ENTRY.size:
+        return (
+            f"Time index file {absolute} is corrupt, found {size} bytes which is neither positive nor a multiple of "
+            f"{_TIME_ENTRY.size}."
         )
     return None
 
@@ -312,7 +335,7 @@ def _dump_index(path: Path, options: DumpOptions, problems: _Problems, out: Text
         print(f"{path} is empty.", file=out)
         return
     if options.index_sanity_check:
-        failure = _index_sanity(path, entries[-1][0], _OFFSET_ENTRY.size, base)
+        failure = _offset_index_sanity(path, entries[-1][0], base)
         print(failure or f"{path} passed sanity check.", file=out)
         return
     for slot, (relative, position) in enumerate(entries):
@@ -332,8 +355,7 @@ def _dump_time_index(path: Path, options: DumpOptions, problems: _Problems, out:
     log_path = path.with_suffix(".log")
     entries = _read_entries(path, _TIME_ENTRY)
     if options.index_sanity_check:
-        failure = _index_sanity(path, entries[-1][1] if entries else None, _TIME_ENTRY.size, base)
-        print(failure or f"{path} passed sanity check.", file=out)
+        print(_time_index_sanity(path, entries, base) or f"{path} passed sanity check.", file=out)
         return
     index_path = path.with_suffix(".index")
     offset_entries = _read_entries(index_path, _OFFSET_ENTRY) if index_path.exists() else []
