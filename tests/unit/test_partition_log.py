@@ -1568,6 +1568,20 @@ def test_stray_files_are_reported_and_left_alone(data_dir: Path, caplog: pytest.
     (stray_dir / "inner.bin").write_bytes(b"\x00\x01")
     stray_top_file = data_dir / "README"
     stray_top_file.write_text("hello")
+    foreign_temps = [data_dir / "t-0" / "notes.tmp", data_dir / "t-0" / "00000000000000000000.log.tmp"]
+    for path in foreign_temps:
+        path.write_bytes(b"not ours")
+    foreign_top_temp = data_dir / "notes.tmp"
+    foreign_top_temp.write_bytes(b"not ours either")
+    own_temps = [  # interrupted writes of ours (tmp, then rename): removed
+        data_dir / "t-0" / "leader-epoch-checkpoint.tmp",
+        data_dir / "t-0" / "partition.metadata.tmp",
+        data_dir / "t-0" / f"{3:020d}.snapshot.tmp",
+    ]
+    for path in own_temps:
+        path.write_bytes(b"half")
+    own_top_temp = data_dir / "recovery-point-offset-checkpoint.tmp"
+    own_top_temp.write_bytes(b"half")
 
     caplog.set_level(logging.WARNING, logger="tidelog.storage")
     with open_engine(data_dir) as engine:
@@ -1578,6 +1592,11 @@ def test_stray_files_are_reported_and_left_alone(data_dir: Path, caplog: pytest.
     assert "notes.txt" in warnings
     assert "backup" in warnings
     assert "README" in warnings
+    for path in [*foreign_temps, foreign_top_temp]:
+        assert path.name in warnings
+        assert path.read_bytes().startswith(b"not ours")
+    assert not [path for path in own_temps if path.exists()]
+    assert own_top_temp.name not in warnings  # ours: an interrupted checkpoint write, overwritten by the next one
     assert stray_file.read_bytes() == b"mine"
     assert (stray_dir / "inner.bin").read_bytes() == b"\x00\x01"
     assert stray_top_file.read_text() == "hello"

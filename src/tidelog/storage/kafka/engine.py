@@ -258,7 +258,7 @@ class KafkaEngine(StorageEngine):
                 continue
             match = PARTITION_DIR.match(name) if path.is_dir() else None
             if match is None or name in FOREIGN_PARTITION_DIRS:
-                if name not in KNOWN_LOG_DIR_FILES and not name.endswith(".tmp"):
+                if name not in KNOWN_LOG_DIR_FILES and name.removesuffix(".tmp") not in KNOWN_LOG_DIR_FILES:
                     log.warning("%s: %s is not a partition of ours; leaving it alone", log_dir, name)
                 continue
             topic, partition = match["topic"], int(match["partition"])

@@ -79,6 +79,9 @@ log = logging.getLogger("tidelog.storage")
 
 PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 SEGMENT_FILE = re.compile(r"^\d{20}\.(log|index|timeindex|txnindex|snapshot)$")
+# Files this log writes to `<name>.tmp` first and renames: a leftover is an interrupted write of ours. Any other
+# `.tmp` file is someone else's, reported and left alone.
+OWN_TEMP_FILE = re.compile(r"^(partition\.metadata|leader-epoch-checkpoint|\d{20}\.snapshot)\.tmp$")
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 DEFAULT_LEADER_EPOCH = 0
@@ -274,16 +277,17 @@ class PartitionLog(Partition):
     def _clean_up_files(self) -> set[int]:
         """Finish or undo interrupted file operations; report stray files. Returns segments needing recovery.
 
-        As Kafka's LogLoader: `.deleted` and `.tmp` files go; every `.cleaned` file goes, and so does every
-        `.swap` at or above the lowest `.cleaned` offset (an unfinished replacement); an index `.swap` goes (it is
-        rebuilt); a `.log.swap` replaces the normal segments within its offset range and takes its final name."""
+        As Kafka's LogLoader: `.deleted` files and our own interrupted writes (OWN_TEMP_FILE) go; every `.cleaned`
+        file goes, and so does every `.swap` at or above the lowest `.cleaned` offset (an unfinished replacement);
+        an index `.swap` goes (it is rebuilt); a `.log.swap` replaces the normal segments within its offset range
+        and takes its final name."""
         names = sorted(p.name for p in self.directory.iterdir())
         cleaned_bases = [offset_from_file_name(n) for n in names if n.endswith(CLEANED_SUFFIX) and n[:20].isdigit()]
         min_cleaned = min(cleaned_bases, default=None)
         swaps: list[str] = []
         for name in names:
             path = self.directory / name
-            if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX, ".tmp")):
+            if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX)) or OWN_TEMP_FILE.match(name):
                 log.info("%s: removing leftover %s", self.name, name)
                 path.unlink(missing_ok=True)
             elif name.endswith(SWAP_SUFFIX):
