@@ -1,10 +1,12 @@
-"""kill -9 of `tidelog serve` at random moments while real clients keep working.
+"""kill -9 of `tidelog serve` at random moments while real clients keep working, on either storage engine.
 
 Two librdkafka (confluent-kafka) producers produce with acks=all and enable.idempotence=true to a 3-partition topic
-on a broker with `log.flush.interval.messages=1`, so an acknowledgement means the batch was fsynced (the broker's
-group-commit Flusher answers acks=all only once `flush()` has passed the batch's offset). A confluent-kafka group
-member consumes and commits synchronously. Each trial lets them run for a random time, SIGKILLs the broker,
-restarts it on the same port (the clients reconnect and retry by themselves) and lets them run a little longer.
+on a broker with a durable flush policy, so an acknowledgement means the batch was fsynced: the Kafka engine runs
+with `log.flush.interval.messages=1` (the broker's group-commit Flusher answers acks=all only once `flush()` has
+passed the batch's offset), the RocketMQ engine with `tidelog.rocketmq.flushDiskType=SYNC_FLUSH` (an append returns
+only once a group commit has forced the CommitLog past it). A confluent-kafka group member consumes and commits
+synchronously. Each trial lets them run for a random time, SIGKILLs the broker, restarts it on the same port (the
+clients reconnect and retry by themselves) and lets them run a little longer.
 
 Checked after every restart: the group's committed offsets are at least the last commit acknowledged before the
 kill, and no larger than the log end. Checked at the end, after a clean stop, by reading the log directory
@@ -14,7 +16,8 @@ from the producer state the broker rebuilt from its log); no record is in the lo
 are in order in each partition; no delivery failed. Finally a new member of the group resumes exactly at the
 committed offsets.
 
-`make test` runs TRIALS kills; the `slow` variant (`make crash-long`) runs LONG_TRIALS. Figures are printed.
+`make test` runs TRIALS[engine] kills per engine; the `slow` variant (`make crash-long`) runs LONG_TRIALS per engine.
+Figures are printed.
 """
 
 from __future__ import annotations
@@ -33,19 +36,19 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from crc32c import crc32c
 
 import tidelog
-from broker_process import BrokerStartError
+from broker_process import ENGINES, BrokerStartError
 
-TRIALS = 10
+TRIALS = {"kafka": 10, "rocketmq": 6}  # per engine; the short variant of the RocketMQ engine adds ~15 s
 LONG_TRIALS = 100
 TOPIC = "kill9"
 PARTITIONS = 3
 GROUP = "kill9-group"
 TIMEOUT_S = 60.0
-BROKER_CONFIG = {
-    "log.flush.interval.messages": 1,  # acks=all means fsynced
-    "log.segment.bytes": 256 * 1024,  # segments roll (and producer snapshots are written) during the trials
-    "group.initial.rebalance.delay.ms": 0,
-    "offsets.topic.num.partitions": 4,
+BROKER_CONFIG = {"group.initial.rebalance.delay.ms": 0, "offsets.topic.num.partitions": 4}
+# files roll during the trials: Kafka's segments (and producer snapshots are written), RocketMQ's CommitLog files
+ENGINE_CONFIG: dict[str, dict[str, int]] = {
+    "kafka": {"log.segment.bytes": 256 * 1024},
+    "rocketmq": {"tidelog.rocketmq.mapedFileSizeCommitLog": 1 << 20},
 }
 # quick reconnects after each restart; librdkafka's own log lines about the refused connections are left out
 CLIENT_BACKOFF = {"reconnect.backoff.ms": 20, "reconnect.backoff.max.ms": 250, "retry.backoff.ms": 20, "log_level": 2}
@@ -219,9 +222,9 @@ def restart_on_the_same_port(broker: Any) -> None:
 # --- reading the log back ---------------------------------------------------------------------------------------
 
 
-def read_partition(data_dir: Any, partition: int) -> list[tuple[int, bytes]]:
+def read_partition(data_dir: Any, engine_name: str, partition: int) -> list[tuple[int, bytes]]:
     """(offset, value) of every record, after an independent CRC-32C check of every stored batch."""
-    with tidelog.open(data_dir, background=False) as engine:
+    with tidelog.open(data_dir, engine_name, ENGINE_CONFIG[engine_name], background=False) as engine:
         end = engine.log_end_offset(TOPIC, partition)
         raw = engine.read(TOPIC, partition, 0, 1 << 30).read_bytes() if end else b""
         position = 0
@@ -246,9 +249,9 @@ class Figures:
     in_flight_at_kill: list[int] = field(default_factory=list)  # produced but not yet acknowledged
 
 
-def run_kill9_trials(start_broker: Any, trials: int, seed: int) -> None:
+def run_kill9_trials(start_broker: Any, engine: str, trials: int, seed: int) -> None:
     rng = random.Random(seed)
-    broker = start_broker(BROKER_CONFIG)
+    broker = start_broker({**BROKER_CONFIG, **ENGINE_CONFIG[engine]}, engine=engine, sync_flush=True)
     admin = AdminClient({"bootstrap.servers": broker.bootstrap, **CLIENT_BACKOFF})
     admin.create_topics([NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)])[TOPIC].result(TIMEOUT_S)
     producers = [ProducerThread(f"p{i}", broker.bootstrap, seed + i) for i in range(2)]
@@ -267,7 +270,7 @@ def run_kill9_trials(start_broker: Any, trials: int, seed: int) -> None:
             t0 = time.monotonic()
             restart_on_the_same_port(broker)
             figures.recovery_s.append(time.monotonic() - t0)
-            context = f"trial {trial} (seed {seed})"
+            context = f"{engine} engine, trial {trial} (seed {seed})"
             committed = fetch_committed(broker.bootstrap)
             watermarks = high_watermarks(broker.bootstrap)
             for partition, offset in committed_before.items():
@@ -318,7 +321,7 @@ def run_kill9_trials(start_broker: Any, trials: int, seed: int) -> None:
     assert first_seen == {p: max(committed[p], 0) for p in range(PARTITIONS)}, "the group did not resume"
 
     broker.stop()  # a clean stop after all those crashes
-    logs = {p: read_partition(broker.log_dir, p) for p in range(PARTITIONS)}
+    logs = {p: read_partition(broker.log_dir, engine, p) for p in range(PARTITIONS)}
     values_in_log = [v for records in logs.values() for _, v in records if v != b"resume"]
     assert len(values_in_log) == len(set(values_in_log)), "a record is in the log twice"
     acked_total = 0
@@ -334,20 +337,23 @@ def run_kill9_trials(start_broker: Any, trials: int, seed: int) -> None:
     recovery = sorted(figures.recovery_s)
     in_flight = sorted(figures.in_flight_at_kill)
     assert in_flight[-1] > 0, "no kill landed while records were in flight: the trials prove less than they should"
+    stored = sum(len(r) for r in logs.values()) - PARTITIONS
     print(
-        f"\nkill -9: {figures.kills} kills in {elapsed:.0f} s; {acked_total} records acknowledged (acks=all, "
-        f"idempotent, fsync per batch), {sum(len(r) for r in logs.values()) - PARTITIONS} in the log, all present "
-        f"exactly once; records in flight at a kill: median {in_flight[len(in_flight) // 2]}, max {in_flight[-1]}; "
+        f"\nkill -9 ({engine} engine): {figures.kills} kills in {elapsed:.0f} s; {acked_total} records acknowledged "
+        f"(acks=all, idempotent, fsync per batch), {stored} in the log, all present exactly once; "
+        f"records in flight at a kill: median {in_flight[len(in_flight) // 2]}, max {in_flight[-1]}; "
         f"restart to ready: median {recovery[len(recovery) // 2]:.2f} s, max {recovery[-1]:.2f} s; "
         f"{member.consumed} records consumed by the group, {member.failed_commits} commits refused during outages"
     )
 
 
-def test_kill_minus_nine_of_the_broker(start_broker: Any) -> None:
-    run_kill9_trials(start_broker, TRIALS, seed=9)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_kill_minus_nine_of_the_broker(start_broker: Any, engine: str) -> None:
+    run_kill9_trials(start_broker, engine, TRIALS[engine], seed=9)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_kill_minus_nine_of_the_broker_long(start_broker: Any) -> None:
-    run_kill9_trials(start_broker, LONG_TRIALS, seed=99)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_kill_minus_nine_of_the_broker_long(start_broker: Any, engine: str) -> None:
+    run_kill9_trials(start_broker, engine, LONG_TRIALS, seed=99)
