@@ -983,6 +983,24 @@ def test_read_out_of_range(data_dir: Path, background: bool) -> None:
         assert first.base_offset <= 9 <= first.last_offset
 
 
+def test_consume_out_of_range_raises_as_read_does(data_dir: Path) -> None:
+    with open_engine(data_dir, **{"log.segment.bytes": 300}) as engine:
+        engine.create_topic("t", 1)
+        produce_batches(engine, "t", 10, 2)
+        engine.delete_records("t", 0, 9)
+        with pytest.raises(OffsetOutOfRangeError, match=r"offset 8 is outside t-0's range \[9, 20\]"):
+            engine.consume("t", 0, 8)  # raised by the call, before any iteration
+        with pytest.raises(OffsetOutOfRangeError):
+            engine.consume("t", 0, 21)
+        with pytest.raises(OffsetOutOfRangeError):
+            engine.consume("t", 0, -1)
+        assert list(engine.consume("t", 0, 20)) == []  # the log end: nothing yet, not an error
+        assert [r.offset for r in engine.consume("t", 0)] == list(range(9, 20))  # default: from the log start
+        assert [r.offset for r in engine.consume("t", 0, 9, max_records=2)] == [9, 10]
+        engine.produce("t", 0, values(1))
+        assert [r.offset for r in engine.consume("t", 0, 20)] == [20]
+
+
 def test_consume_returns_exactly_what_was_produced(data_dir: Path) -> None:
     rng = random.Random(3)
     produced: list[Record] = []
@@ -1568,7 +1586,7 @@ def test_stray_files_are_reported_and_left_alone(data_dir: Path, caplog: pytest.
     (stray_dir / "inner.bin").write_bytes(b"\x00\x01")
     stray_top_file = data_dir / "README"
     stray_top_file.write_text("hello")
-    foreign_temps = [data_dir / "t-0" / "notes.tmp", data_dir / "t-0" / "00000000000000000000.log.tmp"]
+    foreign_temps = [data_dir / "t-0" / "notes.tmp", data_dir / "t-0" / "t-0.tar.tmp"]
     for path in foreign_temps:
         path.write_bytes(b"not ours")
     foreign_top_temp = data_dir / "notes.tmp"
@@ -1577,6 +1595,7 @@ def test_stray_files_are_reported_and_left_alone(data_dir: Path, caplog: pytest.
         data_dir / "t-0" / "leader-epoch-checkpoint.tmp",
         data_dir / "t-0" / "partition.metadata.tmp",
         data_dir / "t-0" / f"{3:020d}.snapshot.tmp",
+        data_dir / "t-0" / f"{0:020d}.index.tmp",
     ]
     for path in own_temps:
         path.write_bytes(b"half")

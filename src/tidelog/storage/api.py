@@ -23,6 +23,7 @@ from typing import Any, BinaryIO, NamedTuple
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.codec.record_set import decode_batch, iter_batches
+from tidelog.errors import OffsetOutOfRangeError
 
 EARLIEST_TIMESTAMP = -2  # ListOffsets special targets, as Kafka defines them
 LATEST_TIMESTAMP = -1
@@ -222,10 +223,22 @@ class StorageEngine(ABC):
         return self.append(topic, partition, build_batch(records, compression=compression)).base_offset
 
     def consume(
-        self, topic: str, partition: int, offset: int = 0, *, max_records: int | None = None
+        self, topic: str, partition: int, offset: int | None = None, *, max_records: int | None = None
     ) -> Iterator[Record]:
-        """Records from `offset` up to the high watermark at the time each chunk is read; control records skipped."""
-        offset = max(offset, self.log_start_offset(topic, partition))
+        """Records from `offset` (default: the log start offset) up to the high watermark at the time each chunk is
+        read; control records skipped. An offset below the log start or beyond the log end raises
+        OffsetOutOfRangeError here, as `read` does (the log end itself is fine: nothing has been written there yet)."""
+        log_start = self.log_start_offset(topic, partition)
+        if offset is None:
+            offset = log_start
+        elif not log_start <= offset <= self.log_end_offset(topic, partition):
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is outside {topic}-{partition}'s range "
+                f"[{log_start}, {self.log_end_offset(topic, partition)}]"
+            )
+        return self._records_from(topic, partition, offset, max_records)
+
+    def _records_from(self, topic: str, partition: int, offset: int, max_records: int | None) -> Iterator[Record]:
         delivered = 0
         while offset < self.high_watermark(topic, partition):
             data = self.read(topic, partition, offset, CONSUME_CHUNK_BYTES).read_bytes()

@@ -79,9 +79,11 @@ log = logging.getLogger("tidelog.storage")
 
 PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 SEGMENT_FILE = re.compile(r"^\d{20}\.(log|index|timeindex|txnindex|snapshot)$")
-# Files this log writes to `<name>.tmp` first and renames: a leftover is an interrupted write of ours. Any other
-# `.tmp` file is someone else's, reported and left alone.
-OWN_TEMP_FILE = re.compile(r"^(partition\.metadata|leader-epoch-checkpoint|\d{20}\.snapshot)\.tmp$")
+# `<name>.tmp` of a file this log owns (written there first, then renamed): a leftover is an interrupted write of
+# ours. Any other `.tmp` file is someone else's, reported and left alone.
+OWN_TEMP_FILE = re.compile(
+    r"^(partition\.metadata|leader-epoch-checkpoint|\d{20}\.(log|index|timeindex|txnindex|snapshot))\.tmp$"
+)
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 DEFAULT_LEADER_EPOCH = 0
