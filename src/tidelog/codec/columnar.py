@@ -1015,13 +1015,14 @@ def _check_records_columnar(section: bytes | memoryview, count: int, base_timest
     refuse(value_length < -1, "declares a value length below -1")
     p = p + size + np.maximum(value_length, 0)
     refuse(p >= record_end, "has a value running past its end")
-    header_count, size = _varints(arr, p, in_bounds=True)
-    p = p + size
-    if header_count.any():
+    if not ((arr[p] == 0) & (p + 1 == record_end)).all():  # else: every record ends with a header count of 0
+        header_count, size = _varints(arr, p, in_bounds=True)
+        p = p + size
         refuse(header_count < 0, "declares a negative header count")
         refuse(header_count * 2 > record_end - p, "declares more headers than it has bytes for")
-        p = _decode_headers(arr, p, header_count, record_end, positions, np.zeros(count, dtype=np.int64))[0]
-    refuse(p != record_end, "has fields that do not add up to its declared length")
+        if header_count.any():
+            p = _decode_headers(arr, p, header_count, record_end, positions, np.zeros(count, dtype=np.int64))[0]
+        refuse(p != record_end, "has fields that do not add up to its declared length")
     max_timestamp = _as_int64(base_timestamp + int(timestamp_delta.max()))
     return RecordsCheck(max(max_timestamp, NO_TIMESTAMP), int(np.count_nonzero(key_length == -1)))
 
