@@ -6,6 +6,7 @@ message may be served, and no Kafka batch may come back in part.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
@@ -213,3 +214,55 @@ def test_damage_in_an_early_file_drops_the_later_files_when_recovery_starts_befo
         f.write(b"\x00\x00\x00\x00")  # a broken magic code
     expect_cut_at(template, path, victim)
     assert sorted(p.name for p in (path / "commitlog").iterdir())[-1] <= f"{FILE_SIZE * 2:020d}"
+
+
+def test_a_short_commitlog_file_is_extended_and_cut_like_a_torn_tail(
+    template: Template, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CommitLog file shorter than the file size (a crash while it was made, a copy cut short), after a clean
+    shutdown and with a checkpoint saying all is flushed: open extends it with zeros (a WARNING names it), recovers
+    as after a crash from that file, cuts in it at the first invalid message and removes the later files."""
+    path = copy_store(template, tmp_path, crashed=False)
+    victim = next(i for i, (offset, _size) in enumerate(template.units) if offset >= FILE_SIZE)  # in file 2
+    physical_offset, size = template.units[victim]
+    file, position = commitlog_file(path, physical_offset)
+    os.truncate(file, position + size // 2)
+    expect_cut_at(template, path, victim)
+    assert f"{file} is {position + size // 2} bytes long" in caplog.text
+    assert file.stat().st_size == FILE_SIZE
+    assert sorted(p.name for p in (path / "commitlog").iterdir())[-1] == file.name
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_short_consume_queue_file_is_rebuilt_from_the_commitlog(
+    template: Template, tmp_path: Path, which: str
+) -> None:
+    """ConsumeQueues are derived: a file of one cut short after a clean shutdown - the first of several (its later
+    files go too) or the last - is extended, and every unit comes back from the CommitLog."""
+    path = copy_store(template, tmp_path, crashed=False)
+    files = sorted((path / "consumequeue" / "t" / "0").iterdir())
+    assert len(files) > 2
+    os.truncate(files[0] if which == "first" else files[-1], 147)  # in the middle of the 8th unit
+    with open_store(path) as engine:
+        assert [r.value for r in engine.consume("t", 0)] == template.values
+        assert [r.value for r in engine.consume("t", 1)] == [b"other %d" % b for b in range(120)]
+        assert [(o, s) for _, o, s in engine.partition("t", 0).units(0, len(template.values))] == template.units
+    assert sorted((path / "consumequeue" / "t" / "0").iterdir()) == files
+    assert all(f.stat().st_size == 400 for f in files)
+
+
+def test_a_short_index_file_is_rebuilt_from_the_commitlog(tmp_path: Path) -> None:
+    """IndexFiles are derived: one cut short is dropped with the files after it and rebuilt; every key is found."""
+    small_index = {"tidelog.rocketmq.maxHashSlotNum": 8, "tidelog.rocketmq.maxIndexNum": 16}
+    path = tmp_path / "store"
+    with open_store(path, **small_index) as engine:
+        engine.create_topic("t", 1)
+        for i in range(40):
+            engine.produce("t", 0, [Record(b"v%d" % i, key=b"key-%d" % i, timestamp_ms=TS + i)])
+    files = sorted((path / "index").iterdir())
+    assert len(files) >= 5
+    os.truncate(files[1], 100)
+    with open_store(path, **small_index) as engine:
+        for i in range(40):
+            assert [(k.offset, k.timestamp) for k in engine.lookup_key("t", b"key-%d" % i)] == [(i, TS + i)]
+    assert len(list((path / "index").iterdir())) == len(files)

@@ -1,7 +1,10 @@
 """Torn writes and corruption, at random: every file of a closed log directory in turn - segment `.log`,
 `.index`, `.timeindex`, producer `.snapshot`, `recovery-point-offset-checkpoint`, `log-start-offset-checkpoint`,
 `leader-epoch-checkpoint`, `partition.metadata`, `tidelog-topics.json`, `meta.properties` - is cut at a random
-byte and/or has random bytes of its tail flipped, then the log is opened in-process.
+byte and/or has random bytes of its tail flipped, then the log is opened in-process. The RocketMQ engine's store
+likewise: CommitLog, ConsumeQueue and IndexFile files, `checkpoint` and `tidelog-log-start-offsets`; its
+preallocated files are zeroed from a random byte (a torn write keeps their length) or really cut short (see
+damage_rocketmq).
 
 Every trial must: open without an error; serve exactly the longest valid prefix of what was written (checked
 against a model kept while writing: offsets, keys, values, timestamps, headers), nothing beyond it and no batch
@@ -39,7 +42,7 @@ from tidelog import Compression, Record
 from tidelog.codec import rocketmq_message as rm
 from tidelog.codec.record_batch import build_batch
 from tidelog.errors import CorruptCheckpointError
-from tidelog.storage.api import StorageEngine
+from tidelog.storage.api import KeyLocation, StorageEngine
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.engine import KafkaEngine
 
@@ -49,7 +52,12 @@ SEED = int(os.environ.get("TIDELOG_TORN_SEED", "20261122"))
 TS = 1_700_000_000_000
 CONFIGS = {
     "kafka": {"log.segment.bytes": 3000, "log.index.interval.bytes": 150},
-    "rocketmq": {"tidelog.rocketmq.mapedFileSizeCommitLog": 4096, "tidelog.rocketmq.mapedFileSizeConsumeQueue": 400},
+    "rocketmq": {
+        "tidelog.rocketmq.mapedFileSizeCommitLog": 4096,
+        "tidelog.rocketmq.mapedFileSizeConsumeQueue": 400,
+        "tidelog.rocketmq.maxHashSlotNum": 64,  # IndexFiles of 5,416 bytes, so the template has several
+        "tidelog.rocketmq.maxIndexNum": 256,
+    },
 }
 ENGINES = tuple(CONFIGS)
 LOG_START_FILES = {"kafka": checkpoints.LOG_START_OFFSET_CHECKPOINT, "rocketmq": "tidelog-log-start-offsets"}
@@ -148,6 +156,7 @@ def _write_template(path: Path, engine_name: str) -> Template:
             assert segment_files(path / f"{topic}-{partition}", ".snapshot")
         return Template(engine_name, path, model, topic_ids)
     assert len(list((path / "commitlog").iterdir())) >= 10
+    assert len(list((path / "index").iterdir())) >= 4
     messages = {}
     for topic, queue in model:
         units = b"".join(p.read_bytes() for p in sorted((path / "consumequeue" / topic / str(queue)).iterdir()))
@@ -249,7 +258,9 @@ class Expectation:
         """Kafka's checkpoint format has no checksum: a damaged log-start-offset-checkpoint that still parses names
         other log starts, and they are taken (each moved up to its partition's first segment); one that does not
         parse is ignored (every log starts at its first segment). Either way no record is lost or altered.
-        (The RocketMQ engine keeps DeleteRecords in the same format, and its queues all start at 0 here.)"""
+        (The RocketMQ engine keeps DeleteRecords in the same format, and its queues all start at 0 here; a log start
+        named past a queue's end starts it again there, empty - what it does when a crash cut the CommitLog below a
+        DeleteRecords floor, and Kafka's LogLoader when the log end is below the checkpointed log start.)"""
         try:
             named = checkpoints.read_offset_checkpoint(log_dir / LOG_START_FILES[engine])
         except CorruptCheckpointError:
@@ -260,7 +271,7 @@ class Expectation:
         }
         for key, (_start, end) in self.ranges.items():
             start = max(named.get(key, 0), first_bases[key])
-            self.ranges[key] = (min(start, end), end)
+            self.ranges[key] = (start, start) if engine == "rocketmq" and start > end else (min(start, end), end)
 
 
 def set_recovery_point(log_dir: Path, key: tuple[str, int], offset: int) -> None:
@@ -343,19 +354,23 @@ def damage_rocketmq(
     template: Template, target: Path, rng: random.Random, expected: Expectation
 ) -> tuple[Damage, Expectation]:
     """RocketMQ's files are preallocated: a torn write leaves zeros (never written) or wrong bytes, the length stays.
-    So a "cut" here zeroes the file from a random byte on; flips hit the written part's last FLIP_TAIL_BYTES. In the
-    CommitLog both start at bytes recovery can check (checked_message_bytes): zeros or flips confined to a
-    message's unchecked fields go unnoticed in RocketMQ's format (docs/reliability.md)."""
-    kind = rng.choice(["commitlog", "commitlog", "commitlog", "consumequeue", "checkpoint", "log-dir-file"])
-    mode = rng.choice(["truncate", "flip", "both"])
+    So a "truncate" here zeroes the file from a random byte on; flips hit the written part's last FLIP_TAIL_BYTES.
+    "shorten" really cuts the file (a crash while it was made, a copy cut short): the engine extends it with zeros
+    and recovers as after a crash, whether or not the last run ended cleanly. In the CommitLog cuts and flips start
+    at bytes recovery can check (checked_message_bytes): zeros or flips confined to a message's unchecked fields go
+    unnoticed in RocketMQ's format (docs/reliability.md). ConsumeQueues and IndexFiles are derived: every record
+    must come back, and every key be found."""
+    kind = rng.choice(["commitlog", "commitlog", "commitlog", "consumequeue", "index", "checkpoint", "log-dir-file"])
+    mode = rng.choice(["truncate", "flip", "both", "shorten"])
     abort = target / "abort"
     if kind == "commitlog":
         files = sorted((target / "commitlog").iterdir())
         victim = rng.choice(files)
         file_base, data = int(victim.name), bytearray(victim.read_bytes())
-        # a crash, and nothing known flushed: recovery checks every file from the first
-        abort.write_text("0")
-        (target / "checkpoint").write_bytes(bytes(4096))
+        if mode != "shorten" or rng.random() < 0.5:
+            # a crash, and nothing known flushed: recovery checks every file from the first
+            abort.write_text("0")
+            (target / "checkpoint").write_bytes(bytes(4096))
         units = sorted(
             (phy - file_base, size)
             for queue_units in template.messages.values()
@@ -370,9 +385,9 @@ def damage_rocketmq(
             checked += range(end_of_messages, end_of_messages + 8)
         written = units[-1][0] + units[-1][1]
         cut, flipped = None, []
-        if mode in ("truncate", "both"):  # from a checked byte on: see checked_message_bytes
+        if mode in ("truncate", "both", "shorten"):  # from a checked byte on: see checked_message_bytes
             cut = rng.choice(checked)
-            data[cut:] = bytes(len(data) - cut)
+            data[cut:] = b"" if mode == "shorten" else bytes(len(data) - cut)
         if mode in ("flip", "both"):
             tail = [p for p in checked if max(0, written - FLIP_TAIL_BYTES) <= p < (written if cut is None else cut)]
             for position in rng.sample(tail, min(len(tail), rng.randint(1, 3))):
@@ -384,7 +399,8 @@ def damage_rocketmq(
             for position, size in units
             if (cut is not None and position + size > cut) or any(position <= p < position + size for p in flipped)
         ]
-        damage = Damage(victim, mode, f"commitlog/{victim.name}: {mode} zeroed from {cut} flipped {flipped}")
+        verb = "cut" if mode == "shorten" else "zeroed from"
+        damage = Damage(victim, mode, f"commitlog/{victim.name}: {mode} {verb} {cut} flipped {flipped}", cut=cut)
         if lost:
             first_lost = file_base + min(lost)
             for key, queue_units in template.messages.items():
@@ -398,38 +414,47 @@ def damage_rocketmq(
         # the crash model: only the active (last) file of a queue holds units that may not be flushed, and the
         # abort file says so. (After a clean shutdown the engine trusts its ConsumeQueues, as RocketMQ does.)
         # Only cuts (zeros from a byte on, as a torn write leaves them): a flipped unit that still looks valid is
-        # trusted by the engine as by RocketMQ - see docs/reliability.md.
-        abort.write_text("0")
-        mode = "truncate"
+        # trusted by the engine as by RocketMQ - see docs/reliability.md. A shortened file, any of the queue's,
+        # is found at load, after a clean shutdown too.
+        mode = "shorten" if mode == "shorten" else "truncate"
         topic, queue = rng.choice(sorted(template.messages))
-        victim = sorted((target / "consumequeue" / topic / str(queue)).iterdir())[-1]
+        files = sorted((target / "consumequeue" / topic / str(queue)).iterdir())
+        victim = rng.choice(files) if mode == "shorten" else files[-1]
         data = bytearray(victim.read_bytes())
-        written = len(data.rstrip(b"\0"))
-        cut, flipped = None, []
-        if mode in ("truncate", "both") and written:
-            cut = rng.randrange(0, written)
-            data[cut:] = bytes(len(data) - cut)
-        if mode in ("flip", "both"):
-            tail = range(max(0, written - FLIP_TAIL_BYTES), written if cut is None else cut)
-            for position in rng.sample(tail, min(len(tail), rng.randint(1, 3))):
-                data[position] ^= rng.randrange(1, 256)
-                flipped.append(position)
+        if mode == "shorten":
+            if rng.random() < 0.5:
+                abort.write_text("0")
+            cut = rng.randrange(0, len(data))
+            del data[cut:]
+        else:
+            abort.write_text("0")
+            written = len(data.rstrip(b"\0"))
+            cut = rng.randrange(0, written) if written else None
+            if cut is not None:
+                data[cut:] = bytes(len(data) - cut)
         victim.write_bytes(bytes(data))
         name = "/".join(victim.parts[-3:])
-        return Damage(victim, mode, f"consumequeue/{name}: {mode} zeroed from {cut} flipped {flipped}"), expected
+        verb = "cut" if mode == "shorten" else "zeroed from"
+        return Damage(victim, mode, f"consumequeue/{name}: {mode} {verb} {cut}", cut=cut), expected
     if rng.random() < 0.5:
         abort.write_text("0")  # a crash
+    if kind == "index":  # only cut short: an IndexFile keeps no checksum, so nothing can tell a flipped entry
+        victim = rng.choice(sorted((target / "index").iterdir()))
+        data = victim.read_bytes()
+        cut = rng.randrange(0, len(data))
+        victim.write_bytes(data[:cut])
+        return Damage(victim, "shorten", f"index/{victim.name}: shorten cut {cut}", cut=cut), expected
     if kind == "checkpoint":
         victim = target / "checkpoint"
         data = bytearray(victim.read_bytes()[:40])  # the fields; the rest of the page is zeros
         victim.write_bytes(bytes(data) + bytes(4096 - 40))
-        return damage_file(victim, rng, mode, list(range(40))), expected
+        return damage_file(victim, rng, "truncate" if mode == "shorten" else mode, list(range(40))), expected
     # Not tidelog-topics.json: the RocketMQ engine refuses to start without a readable one, with an error naming
     # it (the store cannot tell its topics' ids, configs and creation points from anything else); it is written
     # atomically, so a crash cannot tear it.
     victim = target / LOG_START_FILES["rocketmq"]
     expected.log_start_checkpoint_damaged = True
-    return damage_file(victim, rng, mode), expected
+    return damage_file(victim, rng, "truncate" if mode == "shorten" else mode), expected
 
 
 # --- verification ---------------------------------------------------------------------------------------------
@@ -492,6 +517,23 @@ def check_partition(
         assert found.offset == offset
 
 
+def check_key_lookups(
+    engine: StorageEngine, template: Template, key: tuple[str, int], start: int, end: int, lost: range
+) -> None:
+    """RocketMQ engine: the IndexFiles (kept, cut back or rebuilt) find every surviving record by its key (each
+    record of the template has a key of its own), and none that is gone."""
+    if template.engine != "rocketmq":
+        return
+    topic, partition = key
+    records = template.model[key].records
+    for offset in range(start, end, 11):
+        if offset not in lost:
+            record = records[offset]
+            assert engine.lookup_key(topic, record.key) == [KeyLocation(partition, offset, record.timestamp_ms)]
+    if end in records:
+        assert engine.lookup_key(topic, records[end].key) == []
+
+
 def check_producer_state(
     engine: StorageEngine, template: Template, key: tuple[str, int], start: int, end: int, lost: range
 ) -> None:
@@ -529,6 +571,7 @@ def run_trial(template: Template, work: Path, trial: int, rng: random.Random) ->
             for key, (start, end) in sorted(expected.ranges.items()):
                 lost = expected.lost.get(key, range(0))
                 check_partition(engine, template, key, start, end, lost)
+                check_key_lookups(engine, template, key, start, end, lost)
                 check_producer_state(engine, template, key, start, end, lost)
             topic, partition = rng.choice(sorted(expected.ranges))
             next_offset = engine.log_end_offset(topic, partition)
@@ -543,9 +586,9 @@ def run_trial(template: Template, work: Path, trial: int, rng: random.Random) ->
     except Exception as exc:
         raise AssertionError(f"{context}: {exc!r}") from exc
     shutil.rmtree(target)
-    for store_dir in ("commitlog", "consumequeue"):  # RocketMQ's
+    for store_dir in ("commitlog", "consumequeue", "index"):  # RocketMQ's
         if store_dir in damage.path.relative_to(target).parts:
-            return store_dir
+            return store_dir + (" shortened" if damage.mode == "shorten" else "")
     name = damage.path.name
     return name[20:] if name[:20].isdigit() else name  # ".log", ".index", ... or the state file's name
 

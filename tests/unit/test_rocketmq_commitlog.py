@@ -103,12 +103,29 @@ def test_the_next_file_is_preallocated(tmp_path: Path) -> None:
     log.close()
 
 
-def test_load_refuses_a_file_of_the_wrong_size(tmp_path: Path) -> None:
-    (tmp_path / "commitlog").mkdir()
-    (tmp_path / "commitlog" / "00000000000000000000").write_bytes(b"\0" * 100)
+def test_load_extends_a_short_file_and_refuses_other_sizes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A short file was cut (torn): it is extended with zeros, with a WARNING naming it, for recovery to check. A
+    longer file, or one at an offset the file size does not divide, was written with another file size: refused
+    before any file is touched."""
+    directory = tmp_path / "commitlog"
+    directory.mkdir()
+    (directory / "00000000000000000000").write_bytes(b"\1" * FILE_SIZE)
+    (directory / "00000000000000004096").write_bytes(b"\2" * 100)
     log = CommitLog(tmp_path, FILE_SIZE, allocator=None)
-    with pytest.raises(KafkaStorageError, match="100 bytes long"):
-        log.load()
+    log.load()
+    assert [(f.path.name, f.extended_from) for f in log.queue.extended] == [("00000000000000004096", 100)]
+    assert (directory / "00000000000000004096").read_bytes() == b"\2" * 100 + bytes(FILE_SIZE - 100)
+    assert any("00000000000000004096 is 100 bytes long" in r.getMessage() for r in caplog.records)
+    log.close()
+    (directory / "00000000000000008192").write_bytes(b"\3" * (FILE_SIZE + 1))
+    with pytest.raises(KafkaStorageError, match=f"{FILE_SIZE + 1} bytes long"):
+        CommitLog(tmp_path, FILE_SIZE, allocator=None).load()
+    (directory / "00000000000000008192").unlink()
+    (directory / "00000000000000002048").write_bytes(b"\4" * 100)
+    (directory / "00000000000000004096").write_bytes(b"\2" * 100)
+    with pytest.raises(KafkaStorageError, match="does not start at a multiple"):
+        CommitLog(tmp_path, FILE_SIZE, allocator=None).load()
+    assert (directory / "00000000000000004096").stat().st_size == 100  # untouched
 
 
 def reopen(tmp_path: Path) -> CommitLog:

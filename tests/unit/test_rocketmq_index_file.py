@@ -200,13 +200,29 @@ def test_keys_of_a_message_and_skipped_messages(tmp_path: Path) -> None:
     index.close()
 
 
-def test_wrong_size_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_short_file_is_rebuilt_a_long_one_refused(tmp_path: Path) -> None:
+    """A file shorter than its sizes make was cut (or written with smaller sizes): it and the files after it are
+    dropped, to be rebuilt from the CommitLog; read-only (the offline tools) it is skipped and nothing is deleted.
+    A longer file was written with larger sizes: a clear error."""
     index = service(tmp_path)
-    index.build_index([(0, dispatch(0, "t", "KEYS\x01k\x02", TS))])
+    for n in range(3 * (ENTRIES - 1)):  # three full files
+        index.build_index([(100 * n, dispatch(100 * n, "t", f"KEYS\x01k{n}\x02", TS + 1000 * n))])
     index.close()
-    other = IndexService(tmp_path / INDEX_DIR, SLOTS * 2, ENTRIES)
+    names = sorted(p.name for p in (tmp_path / INDEX_DIR).iterdir())
+    assert len(names) == 3
     with pytest.raises(KafkaStorageError, match="maxHashSlotNum"):
-        other.load(clean_shutdown=True, index_checkpoint_timestamp=0)
+        IndexService(tmp_path / INDEX_DIR, SLOTS // 2, ENTRIES).load(clean_shutdown=True, index_checkpoint_timestamp=0)
+    os.truncate(tmp_path / INDEX_DIR / names[1], 77)
+    reader = service(tmp_path, read_only=True)
+    reader.load(clean_shutdown=True, index_checkpoint_timestamp=0)
+    assert [f.path.name for f in reader.files] == [names[0], *names[2:]]
+    reader.close()
+    index = service(tmp_path)
+    index.load(clean_shutdown=True, index_checkpoint_timestamp=0)
+    assert [f.path.name for f in index.files] == names[:1]
+    assert sorted(p.name for p in (tmp_path / INDEX_DIR).iterdir()) == names[:1]
+    assert index.rebuild_from == 100 * (ENTRIES - 2) + 1  # re-indexing starts after the first file's last message
+    index.close()
 
 
 def test_default_size_file_is_sparse(tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ class ConsumeQueue:
         self.max_physic_offset = -1  # CommitLog end (offset + size) of the last unit
         self.min_logic_offset = 0  # in bytes, as RocketMQ keeps it
         self.dirty = False
+        self.torn = False  # a file was found short at load: the units after its cut are dispatched again
 
     # --- loading and recovery ---------------------------------------------------------------------------------
 
@@ -60,8 +61,28 @@ class ConsumeQueue:
         self.recover()
 
     def recover(self) -> None:
-        """Find the last valid unit: files before the last are full; the last is read up to its first hole."""
+        """Find the last valid unit: files before the last are full; the last is read up to its first hole. A file
+        found short (and extended with zeros) before the last ends the queue where its units end: the later files
+        go, and the dispatcher writes their units again from the CommitLog."""
         files = self.queue.files
+        self.torn = bool(self.queue.extended)
+        for index, mapped_file in enumerate(files[:-1]):
+            if mapped_file.extended_from is None:
+                continue
+            valid_units = self._valid_units(mapped_file)
+            if valid_units * CQ_STORE_UNIT_SIZE < self.file_size:
+                log.warning(
+                    "%s: %s was cut short: the queue ends after its %d units; %d later file(s) dropped",
+                    self.directory,
+                    mapped_file.path.name,
+                    valid_units,
+                    len(files) - index - 1,
+                )
+                for doomed in files[index + 1 :]:
+                    doomed.close()
+                    doomed.destroy()
+                del files[index + 1 :]
+                break
         while files:
             last = files[-1]
             valid_units = self._valid_units(last)
@@ -262,6 +283,12 @@ class ConsumeQueue:
             last.wrote_position = min(last.wrote_position, position)
             last.flushed_position = min(last.flushed_position, position)
         self.queue.flushed_where = min(self.queue.flushed_where, byte_offset)
+
+    def cut_to(self, queue_offset: int) -> None:
+        """Drop the units from `queue_offset` on."""
+        self._cut_at(max(queue_offset, self.min_offset) * CQ_STORE_UNIT_SIZE)
+        last_unit = self.unit_at(self.max_offset - 1) if self.max_offset > self.min_offset else None
+        self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
 
     def restart_at(self, queue_offset: int) -> None:
         """Drop every file (they hold only units below `queue_offset`); the next unit written creates the file

@@ -13,8 +13,14 @@ recovery at the last file whose first message is older than the checkpoint's min
 message (body CRC with `checkCRCOnRecover`), cut the CommitLog at the first invalid one, cut the ConsumeQueues
 beyond it, then re-dispatch what is not in the queues. The IndexFiles follow RocketMQ's rule (after a crash, files
 that end past the checkpoint's indexMsgTimestamp are dropped), files indexing offsets past the new CommitLog end go
-too, and what the remaining files miss is indexed again from the CommitLog before dispatching resumes. A clean
+too, and what the remaining files miss is indexed again from the CommitLog before dispatching resumes. A CommitLog
+or ConsumeQueue file found shorter than its size (a crash while it was made, a copy cut short; RocketMQ refuses to
+start) is extended with zeros and recovery takes the abnormal path, scanning from the first such CommitLog file and
+dispatching again what the ConsumeQueues lost; a short IndexFile is dropped with those after it and rebuilt. A clean
 close flushes, dispatches everything, writes the checkpoint and removes `abort`.
+
+The key index is derived data built after a message is stored: when it cannot be written (a full disk) the message
+is still stored - its produce succeeded - and the index catches up from the CommitLog later.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import threading
 import time
 import uuid
@@ -80,6 +87,7 @@ _NOT_DISPATCHED = rm.SYSFLAG_TRANSACTION_PREPARED, rm.SYSFLAG_TRANSACTION_ROLLBA
 REINDEX_BATCH = 2048  # messages per IndexFile batch when recovery re-indexes from the CommitLog
 INDEX_RETRY_SECONDS = 1.0  # an index that could not be written is tried again after this long
 LONG_MAX = (1 << 63) - 1
+_UNIT_CHECK = struct.Struct(">i8xi4xq")  # a message's TOTALSIZE, QUEUEID and QUEUEOFFSET
 
 
 def _parse_topics_file(text: str) -> dict[str, Any]:
@@ -142,6 +150,12 @@ class RocketMQEngine(StorageEngine):
             for queue_id in range(meta["partitions"]):
                 self._open_queue(topic, queue_id, start_floor=start_offsets.get((topic, queue_id), 0))
         self._report_foreign_queues()
+        if not self.clean_start:
+            log.warning("%s: the abort file is present - the last run did not shut down cleanly", self.root)
+        torn = len(self.commitlog.queue.extended) + sum(q.consume_queue.torn for q in self.queues.values())
+        if torn:
+            log.warning("%s: %d store file(s) were found short; recovering as after a crash", self.root, torn)
+            self.clean_start = False
         self.index: IndexService | None = None
         self._index_behind_from: int | None = None  # re-index from this CommitLog offset before the next batch
         self._index_error: BaseException | None = None  # why the index could not be written, while it cannot
@@ -268,17 +282,23 @@ class RocketMQEngine(StorageEngine):
         if self.clean_start:
             start = commitlog.start_for_normal_recovery(max(dispatched_end, 0))
         else:
-            log.warning("%s: the abort file is present - the last run did not shut down cleanly", self.root)
             start = commitlog.start_for_abnormal_recovery(self.checkpoint.min_timestamp())
+            # a CommitLog file found short is scanned whatever the checkpoint says
+            start = min([start] + [f.file_from_offset for f in commitlog.queue.extended])
         result = commitlog.recover(start, check_crc=self.store_config.check_crc_on_recover)
+        redispatch_from = result.end
         for queue in self.queues.values():
-            queue.consume_queue.truncate_dirty_logic_files(result.end)
-            queue.consume_queue.correct_min_offset(commitlog.min_offset)
+            consume_queue = queue.consume_queue
+            consume_queue.truncate_dirty_logic_files(result.end)
+            consume_queue.correct_min_offset(commitlog.min_offset)
+            if not self.clean_start and (self._drop_units_not_in_commitlog(queue) or consume_queue.torn):
+                # units were lost: dispatch again from the end of the last one kept
+                redispatch_from = min(redispatch_from, max(consume_queue.max_physic_offset, commitlog.min_offset))
         if self.clean_start:
             dispatched_end = max((q.consume_queue.max_physic_offset for q in self.queues.values()), default=-1)
             reput_from = min(max(dispatched_end, start), result.end)
         else:
-            reput_from = start
+            reput_from = min(start, redispatch_from)
         self.dispatcher.reput_from_offset = max(reput_from, commitlog.min_offset)
         if self.index is not None:
             self.index.drop_beyond(result.end)
@@ -304,6 +324,29 @@ class RocketMQEngine(StorageEngine):
             f"; cut {result.truncated_bytes} bytes: {result.reason}" if result.truncated_bytes else "",
         )
         return result
+
+    def _drop_units_not_in_commitlog(self, queue: MessageQueue) -> bool:
+        """After a crash: drop the queue's last units while they do not name the message at their CommitLog offset
+        (size, queue id and queue offset) - a unit torn in its size field still looks valid. Returns whether any
+        went."""
+        consume_queue = queue.consume_queue
+        dropped = 0
+        while consume_queue.max_offset > consume_queue.min_offset:
+            queue_offset = consume_queue.max_offset - 1
+            unit = consume_queue.unit_at(queue_offset)
+            if unit is not None:
+                head = self.commitlog.read(unit[0], _UNIT_CHECK.size)
+                if len(head) == _UNIT_CHECK.size:
+                    total_size, queue_id, message_queue_offset = _UNIT_CHECK.unpack(head)
+                    if (total_size, queue_id, message_queue_offset) == (unit[1], queue.queue_id, queue_offset):
+                        break
+            consume_queue.cut_to(queue_offset)
+            dropped += 1
+        if dropped:
+            log.warning(
+                "%s: dropped %d unit(s) at the end of %s that do not name their message", self.root, dropped, queue.name
+            )
+        return dropped > 0
 
     def _reindex(self, start: int, end: int) -> None:
         """Index the messages in [start, end) that dispatching will not see again (IndexFiles dropped at load)."""

@@ -20,7 +20,8 @@ A file is named after the local time of its creation; a new file starts when the
 end timestamp and offset as its begin. Files are sparse: header and slots are allocated and written through the
 mapping, entries are appended with one pwrite per dispatched batch (a full disk reports ENOSPC, not SIGBUS).
 Derived data: after a crash, files whose end is past the checkpoint's indexMsgTimestamp are dropped and rebuilt
-from the CommitLog (IndexService#load); `rebuild_from` says where re-indexing starts.
+from the CommitLog (IndexService#load), and so is a file found shorter than its size (torn) with those after it;
+`rebuild_from` says where re-indexing starts.
 """
 
 from __future__ import annotations
@@ -395,16 +396,38 @@ class IndexService:
         self.lock = threading.RLock()
         self._on_file_full = on_file_full  # gets the end timestamp of a full file once it is on disk
         self._clock = clock
+        # after newer files were dropped: (offset of the last message the kept files index, how many of its keys
+        # they hold) - a message's keys may have been split between the last kept file and a dropped one
+        self._resume: tuple[int, int] | None = None
 
     def load(self, *, clean_shutdown: bool, index_checkpoint_timestamp: int) -> None:
-        """Open the files; after a crash, drop those that end past the checkpoint (IndexService#load)."""
+        """Open the files; after a crash, drop those that end past the checkpoint (IndexService#load). A file
+        shorter than the configured size was cut: it and the files after it are dropped and rebuilt (a longer one
+        was written with other sizes: refused). Read-only, a short file is skipped."""
         if not self.directory.is_dir():
             return
+        file_size = index_file_size(self.hash_slot_num, self.index_num)
         with self.lock:
-            for path in sorted(self.directory.iterdir()):
+            paths = sorted(self.directory.iterdir())
+            for position, path in enumerate(paths):
                 if not FILE_NAME.match(path.name):
                     log.warning("%s: stray file %s is not an index file; leaving it alone", self.directory, path.name)
                     continue
+                actual = path.stat().st_size
+                if actual < file_size:
+                    if self.read_only:
+                        log.warning("index: %s is %d bytes long, not %d: skipped", path.name, actual, file_size)
+                        continue
+                    later = [p for p in paths[position:] if FILE_NAME.match(p.name)]
+                    log.warning(
+                        "index: %s is %d bytes long, not %d (cut short, or written with smaller sizes): dropping it "
+                        "and the %d file(s) after it; they are rebuilt from the CommitLog",
+                        path.name, actual, file_size, len(later) - 1,
+                    )  # fmt: skip
+                    for doomed in later:
+                        doomed.unlink()
+                    self._files_dropped_after_last()
+                    break
                 index_file = IndexFile(path, self.hash_slot_num, self.index_num, read_only=self.read_only)
                 if (
                     not clean_shutdown
@@ -413,6 +436,7 @@ class IndexService:
                 ):
                     log.info("index: dropping %s (it ends after the checkpoint); it is rebuilt", path.name)
                     index_file.destroy()
+                    self._files_dropped_after_last()
                     continue
                 self.files.append(index_file)
 
@@ -423,6 +447,18 @@ class IndexService:
                 doomed = self.files.pop()
                 log.info("index: dropping %s, written when the last run stopped; it is rebuilt", doomed.path.name)
                 doomed.destroy()
+                self._files_dropped_after_last()
+
+    def _files_dropped_after_last(self) -> None:
+        """Newer files than the last one were dropped: note how many keys of its last message it holds."""
+        self._resume = None
+        last = self.files[-1] if self.files else None
+        if last is None or last.header.index_count <= 1:
+            return
+        held, number = 0, last.header.index_count - 1
+        while number > INVALID_INDEX and last.entry(number).phy_offset == last.header.end_phy_offset:
+            held, number = held + 1, number - 1
+        self._resume = (last.header.end_phy_offset, held)
 
     @property
     def last_indexed_offset(self) -> int:
@@ -446,6 +482,7 @@ class IndexService:
                 doomed = self.files.pop()
                 log.info("index: dropping %s (it indexes CommitLog offsets past %d)", doomed.path.name, physical_end)
                 doomed.destroy()
+                self._files_dropped_after_last()
 
     # --- building ---------------------------------------------------------------------------------------------
 
@@ -455,16 +492,23 @@ class IndexService:
         number of entries written."""
         with self.lock:
             indexed_until = self.rebuild_from
+            resume = self._resume
             hash_key = self.hasher.hash
             keys: list[tuple[int, int, int]] = []
             for offset, info in batch:
-                if offset < indexed_until:
+                if offset < indexed_until and (resume is None or offset != resume[0]):
                     continue
                 if info.sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_ROLLBACK:
                     continue
+                message_keys = message_index_keys(info.properties)
+                if offset < indexed_until:  # the message whose first keys the kept files hold: the others
+                    message_keys = message_keys[resume[1] :] if resume is not None else []
                 topic, timestamp = info.topic, info.store_timestamp
-                keys.extend((hash_key(topic, key), offset, timestamp) for key in message_index_keys(info.properties))
-            return self.put_keys(keys)
+                keys.extend((hash_key(topic, key), offset, timestamp) for key in message_keys)
+            written = self.put_keys(keys)
+            if resume is not None and batch and batch[-1][0] >= resume[0]:
+                self._resume = None
+            return written
 
     def put_keys(self, keys: Sequence[tuple[int, int, int]]) -> int:
         """Add (keyHash, offset, timestamp) entries in order, starting new files as they fill up."""

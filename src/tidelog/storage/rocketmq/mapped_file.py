@@ -2,8 +2,11 @@
 MappedFileQueue and AllocateMappedFileService).
 
 A file is created at its full size and never grows: `<dir>/00000000000000000000`, `<dir>/00000000001073741824`, ...
-Loading refuses a file whose length is not the configured size. Positions, as in RocketMQ: `wrote_position`
-(appended, readable) >= `flushed_position` (known on disk). Offsets are global: file start + position.
+Loading refuses a file longer than the configured size, or named at an offset the size does not divide (written
+with another size); a shorter one was cut (a torn write, a crash while it was made) and is extended with zeros, with
+a WARNING, for recovery to check as a torn tail (RocketMQ refuses to start instead).
+Positions, as in RocketMQ: `wrote_position` (appended, readable) >= `flushed_position` (known on disk). Offsets are
+global: file start + position.
 
 Writes: CommitLog files are preallocated (posix_fallocate, so a write through the mapping never meets a full disk
 with SIGBUS) and memory-mapped; appends under PWRITE_MIN_BYTES are copied into the mapping, larger ones go through
@@ -49,6 +52,7 @@ class MappedFile:
         self.file_size = file_size
         self.file_from_offset = int(path.name)
         self.mapped = mapped
+        extended_from: int | None = None
         if create:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -69,17 +73,43 @@ class MappedFile:
             fd = os.open(path, os.O_RDWR)
             actual = os.fstat(fd).st_size
             if actual != file_size:
-                os.close(fd)
-                raise KafkaStorageError(
-                    f"{path} is {actual} bytes long, but store files here are {file_size} bytes "
-                    "(was the file size setting changed?)"
-                )
+                try:
+                    self._extend_short_file(fd, actual)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                extended_from = actual
         self.fd = fd
         self.map: mmap.mmap | None = mmap.mmap(fd, file_size) if mapped else None
         self.wrote_position = 0
         self.flushed_position = 0
         self.last_store_timestamp = 0  # of the last message appended (CommitLog), for the checkpoint
+        self.extended_from = extended_from  # the length it had when it was found short (a torn file), else None
         self._closed = False
+
+    def _extend_short_file(self, fd: int, actual: int) -> None:
+        """A file shorter than the store's size, at a start that fits that size, was cut (a torn write, a crash
+        while it was being made): it is extended with zeros, so recovery checks it like any torn tail. A longer
+        file, or one at a start the size does not divide, was written with another size: refused."""
+        if actual > self.file_size or self.file_from_offset % self.file_size:
+            raise KafkaStorageError(
+                f"{self.path} is {actual} bytes long, but store files here are {self.file_size} bytes "
+                "(was the file size setting changed?)"
+            )
+        log.warning(
+            "%s is %d bytes long, %d short of the store's file size: extended with zeros (a torn file); recovery "
+            "checks it",
+            self.path,
+            actual,
+            self.file_size - actual,
+        )
+        try:
+            if self.mapped:
+                _preallocate(fd, self.file_size)
+            else:
+                os.ftruncate(fd, self.file_size)
+        except OSError as exc:
+            raise KafkaStorageError(f"cannot extend {self.path} to {self.file_size} bytes: {exc}") from exc
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path.name}, wrote={self.wrote_position}, flushed={self.flushed_position})"
@@ -286,13 +316,25 @@ class MappedFileQueue:
         self.flushed_where = 0
         self.lock = threading.RLock()  # the list of files
 
+    @property
+    def extended(self) -> list[MappedFile]:
+        """The files found short at load and extended with zeros."""
+        return [f for f in self.files if f.extended_from is not None]
+
     # --- loading ----------------------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Open every file; positions start at the full size (recovery moves the last ones back)."""
+        """Open every file; positions start at the full size (recovery moves the last ones back). A short file is
+        extended (MappedFile._extend_short_file) and listed in `extended`."""
         if not self.directory.is_dir():
             return
         names = sorted(p.name for p in self.directory.iterdir() if FILE_NAME.match(p.name))
+        misplaced = next((name for name in names if int(name) % self.file_size), None)
+        if misplaced is not None:  # checked before any file is touched
+            raise KafkaStorageError(
+                f"{self.directory / misplaced} does not start at a multiple of the store's file size {self.file_size} "
+                "(was the file size setting changed?)"
+            )
         for name in names:
             mapped_file = MappedFile(self.directory / name, self.file_size, mapped=self.mapped)
             mapped_file.wrote_position = mapped_file.flushed_position = self.file_size
