@@ -208,6 +208,7 @@ class RocketMQStoreConfig:
     message_index_enable: bool = True
     check_crc_on_recover: bool = True
     max_message_size: int = 1024 * 1024 * 4
+    store_host: str = "127.0.0.1:10911"  # STOREHOSTADDRESS of messages (BrokerConfig's brokerIP1:listenPort)
 
     @property
     def sync_flush(self) -> bool:
@@ -245,6 +246,7 @@ ROCKETMQ_KEYS: dict[str, Key] = {
         Key(ROCKETMQ_PREFIX + "messageIndexEnable", parse_bool),
         Key(ROCKETMQ_PREFIX + "checkCRCOnRecover", parse_bool),
         Key(ROCKETMQ_PREFIX + "maxMessageSize", parse_int, minimum=1, maximum=INT_MAX),
+        Key(ROCKETMQ_PREFIX + "storeHost", parse_str),
     ]
 }
 

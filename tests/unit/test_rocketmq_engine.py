@@ -318,3 +318,22 @@ def test_a_consume_queue_that_cannot_be_written_fails_no_append(
         assert [r.value for r in engine.consume("t", 1)] == [b"other 0", b"other 1"]
         assert engine.partition("t", 0).size_in_bytes == sum(size for _, size, _ in consume_queue_units(store, "t", 0))
     assert len(consume_queue_units(store, "t", 0)) == 8
+
+
+def test_store_host_from_config(tmp_path: Path) -> None:
+    """tidelog.rocketmq.storeHost is the STOREHOSTADDRESS of every message, so of its id (offsetMsgId), and the
+    address part of its UNIQ_KEY; the default is RocketMQ's 127.0.0.1:10911. Only IPv4 fits the layout."""
+    store = tmp_path / "store"
+    with open_store(store, **{"tidelog.rocketmq.storeHost": "10.1.2.3:9876"}) as engine:
+        engine.create_topic("t", 1)
+        engine.produce("t", 0, [Record(b"x", timestamp_ms=TS)])
+        [message] = engine.commitlog.iter_messages(0, engine.commitlog.max_offset)
+        assert message.msg_id() == "0A010203000026940000000000000000"
+    data = (store / "commitlog" / f"{0:020d}").read_bytes()
+    assert data[64:72] == bytes([10, 1, 2, 3]) + (9876).to_bytes(4, "big")
+    assert message_at(store, 0)["properties"]["UNIQ_KEY"].startswith("0A010203")
+    with open_store(tmp_path / "default") as engine:
+        assert str(engine.store_host) == "127.0.0.1:10911"
+    for bad in ("10.1.2.3", "host:10911", "[::1]:10911", "10.1.2.3:70000"):
+        with pytest.raises(ConfigError, match="storeHost"):
+            open_store(tmp_path / "bad", **{"tidelog.rocketmq.storeHost": bad})

@@ -110,6 +110,20 @@ def _parse_topics_file(text: str) -> dict[str, Any]:
     return data
 
 
+def _parse_store_host(text: str) -> rm.HostAddress:
+    """tidelog.rocketmq.storeHost: the IPv4 address and port written into every message (and so into its id)."""
+    try:
+        host = rm.HostAddress.parse(text)
+    except (OSError, ValueError):
+        host = None
+    if host is None or len(host.ip) != 4 or not 0 <= host.port <= 0xFFFF:
+        raise ConfigError(
+            f"config tidelog.rocketmq.storeHost: {text!r} is not an IPv4 address and port such as 10.0.0.5:10911 "
+            "(messages here keep IPv4 hosts)"
+        )
+    return host
+
+
 class RocketMQEngine(StorageEngine):
     def __init__(self, config: EngineConfig, *, background: bool = True, clock: Callable[[], int] = now_ms) -> None:
         if len(config.log_dirs) != 1:
@@ -121,8 +135,8 @@ class RocketMQEngine(StorageEngine):
         self.clock = clock
         self.root = Path(config.log_dirs[0]).resolve()
         self.log_dirs = [self.root]
-        self.store_host = rm.DEFAULT_STORE_HOST
-        self.unique_ids = rm.UniqueIdGenerator()
+        self.store_host = _parse_store_host(self.store_config.store_host)
+        self.unique_ids = rm.UniqueIdGenerator(self.store_host.ip)
         self._lock = threading.RLock()  # topics and queues
         self._closed = False
         self.root.mkdir(parents=True, exist_ok=True)
