@@ -337,3 +337,22 @@ def test_store_host_from_config(tmp_path: Path) -> None:
     for bad in ("10.1.2.3", "host:10911", "[::1]:10911", "10.1.2.3:70000"):
         with pytest.raises(ConfigError, match="storeHost"):
             open_store(tmp_path / "bad", **{"tidelog.rocketmq.storeHost": bad})
+
+
+def test_a_queue_flush_waits_for_its_own_messages_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A producer of one queue waits for the group commit covering its messages, not for what other queues put
+    into the CommitLog after them (a later round)."""
+    with open_store(tmp_path / "store", **{"tidelog.rocketmq.flushDiskType": "SYNC_FLUSH"}) as engine:
+        engine.create_topic("t", 2)
+        mine, other = engine.partition("t", 0), engine.partition("t", 1)
+        mine.append(build_batch([Record(b"a"), Record(b"b")]))  # the broker's path: the flush comes later
+        my_end = engine.commitlog.max_offset
+        other.append(build_batch([Record(b"c" * 500)]))
+        waited_for: list[int] = []
+        wait_flushed = engine.flusher.wait_flushed
+        monkeypatch.setattr(
+            engine.flusher, "wait_flushed", lambda offset: waited_for.append(offset) or wait_flushed(offset)
+        )
+        mine.flush(2)
+        assert waited_for == [my_end] and my_end < engine.commitlog.max_offset
+        assert mine.flushed_offset == 2

@@ -449,11 +449,14 @@ class MessageQueue(Partition):
         return self.engine.store_config.sync_flush and self.flushed_offset < self.next_offset
 
     def flush(self, up_to_offset: int | None = None) -> None:
-        """Flush the CommitLog (one sync covers every queue) until this queue is on disk up to `up_to_offset`."""
+        """Flush the CommitLog (one sync covers every queue) until this queue is on disk up to `up_to_offset`: wait
+        for the CommitLog end of this queue's messages below it, not for what other queues appended since."""
         target = self.next_offset if up_to_offset is None else min(up_to_offset, self.next_offset)
         if self.flushed_offset >= target:
             return
-        self.engine.flusher.wait_flushed(self.engine.commitlog.max_offset)
+        with self._lock:
+            needed = next((end for end, after in self._pending_flush if after >= target), None)
+        self.engine.flusher.wait_flushed(self.engine.commitlog.max_offset if needed is None else needed)
 
     def delete_records(self, before_offset: int) -> int:
         """DeleteRecords: raise the log start offset. The messages stay in the CommitLog until retention."""
