@@ -356,3 +356,26 @@ def test_a_queue_flush_waits_for_its_own_messages_only(tmp_path: Path, monkeypat
         mine.flush(2)
         assert waited_for == [my_end] and my_end < engine.commitlog.max_offset
         assert mine.flushed_offset == 2
+
+
+def test_a_record_whose_properties_exceed_rocketmqs_limit_is_refused(tmp_path: Path) -> None:
+    """PROPERTIES has an i16 length in RocketMQ's layout: a record whose key, headers and the engine's own properties
+    would take more than 32,767 bytes is refused with RecordTooLargeError saying so, and nothing of its batch is
+    stored. A key that is not plain text is kept base64-encoded, so about 24 KB of it fit; plain text about 32 KB."""
+    with open_store(tmp_path / "store", **{"tidelog.rocketmq.mapedFileSizeCommitLog": 1 << 20}) as engine:
+        engine.create_topic("t", 1)
+        fits = [Record(b"v", key=b"\xff" * 24_000), Record(b"w", key=b"k" * 32_000)]
+        assert engine.produce("t", 0, fits) == 0
+        assert [r.key for r in engine.consume("t", 0)] == [r.key for r in fits]
+        for too_large in (
+            Record(b"x", key=b"\xff" * 24_600),
+            Record(b"y", key=b"k" * 32_760),
+            Record(b"z", headers=[("h", b"\xff" * 25_000)]),
+        ):
+            with pytest.raises(RecordTooLargeError) as refused:
+                engine.produce("t", 0, [Record(b"first"), too_large])
+            message = str(refused.value)
+            assert "record 1 of a batch for t-0: its RocketMQ PROPERTIES" in message
+            assert "over RocketMQ's limit of 32,767 (Short.MAX_VALUE)" in message
+            assert engine.log_end_offset("t", 0) == 2 and engine.commitlog.max_offset > 0
+        assert [r.value for r in engine.consume("t", 0)] == [b"v", b"w"]

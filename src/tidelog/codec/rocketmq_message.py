@@ -298,6 +298,17 @@ class Message:
         return message_id(self.store_host, self.physical_offset)
 
 
+MAX_PROPERTIES_SIZE = 0x7FFF  # PROPERTIES carries an i16 length: Short.MAX_VALUE (PROPERTIES_SIZE_EXCEEDED)
+
+
+class PropertiesTooLargeError(ValueError):
+    """A message's PROPERTIES would not fit RocketMQ's i16 length field."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"PROPERTIES of {size} bytes exceed RocketMQ's limit of {MAX_PROPERTIES_SIZE}")
+        self.size = size
+
+
 def encode_message(
     *,
     topic: str,
@@ -318,8 +329,8 @@ def encode_message(
     """One message in RocketMQ's layout (v1 for topics up to 127 bytes, else v2). IPv4 hosts only."""
     topic_bytes = topic.encode()
     properties_bytes = properties.encode("utf-8", "surrogateescape") if isinstance(properties, str) else properties
-    if len(properties_bytes) > 32767:
-        raise ValueError(f"properties of {len(properties_bytes)} bytes exceed RocketMQ's limit of 32767")
+    if len(properties_bytes) > MAX_PROPERTIES_SIZE:
+        raise PropertiesTooLargeError(len(properties_bytes))
     v2 = len(topic_bytes) > 127
     topic_field = struct.pack(">h", len(topic_bytes)) if v2 else bytes([len(topic_bytes)])
     total = FIXED_SIZE + len(body) + len(topic_field) + len(topic_bytes) + 2 + len(properties_bytes)

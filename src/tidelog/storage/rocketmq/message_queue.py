@@ -314,8 +314,13 @@ class MessageQueue(Partition):
                     born_timestamp=now if log_append_time or record.timestamp_ms is None else record.timestamp_ms,
                     store_host=engine.store_host,
                 )
-            except ValueError as exc:  # properties over 32767 bytes
-                raise RecordTooLargeError(f"record {index} of a batch for {self.name}: {exc}") from None
+            except rm.PropertiesTooLargeError as exc:
+                raise RecordTooLargeError(
+                    f"record {index} of a batch for {self.name}: its RocketMQ PROPERTIES (its key, headers and the "
+                    f"engine's own properties) would be {exc.size:,} bytes, over RocketMQ's limit of "
+                    f"{rm.MAX_PROPERTIES_SIZE:,} (Short.MAX_VALUE); a key that is not plain text is stored base64-"
+                    "encoded, so it may have about 24 KB"
+                ) from None
             starts.append(at)
             parts.append(message)
             at += len(message)
