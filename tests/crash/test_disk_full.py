@@ -273,6 +273,7 @@ def test_embedded_api_on_a_full_disk(
     with open_log() as engine:
         engine.create_topic(TOPIC, 1)
         error = fill(engine, rng, stored)
+        first_full_at = len(stored)
         assert "No space left on device" in str(error) and f"{TOPIC}-0" in str(error)
         check_log(engine, stored)
         with pytest.raises(KafkaStorageError):  # still full
@@ -299,3 +300,7 @@ def test_embedded_api_on_a_full_disk(
         assert index_errors and all(r.levelname == "ERROR" for r in index_errors)
         assert "No space left on device" in index_errors[0].getMessage()
     shutil.rmtree(data)
+    print(
+        f"\ndisk full (embedded, {engine_name}{'' if background else ', no threads'}): {first_full_at} records of "
+        f"{VALUE_BYTES} B stored before the first KafkaStorageError; {len(stored)} stored and read back in all"
+    )
