@@ -3,7 +3,8 @@
 Every round trip checks the whole log a consumer sees: each record's key, value and headers, that it sits in
 the partition Kafka's murmur2 partitioner picks for its key (`tidelog.partitioner.partition_for_key` must agree
 with the clients), that per-partition order is the production order and that offsets are dense from 0.
-Consumers use `assign()` (manual assignment, no consumer group, no commits).
+Most consumers use `assign()` (manual assignment, no consumer group, no commits); `test_group_consume_and_commit`
+has each client (kcat as `-G`) consume every codec as a group member and commit, and checks the committed offsets.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import shutil
 import string
 import subprocess
@@ -23,7 +25,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
 
 from tidelog.partitioner import partition_for_key
 
@@ -278,6 +280,11 @@ def kcat_produce(bootstrap: str, topic: str, records: Sequence[Rec], codec: str 
 
 def kcat_consume(bootstrap: str, topic: str, expected: int, partitions: int = PARTITIONS) -> list[Got]:
     output = kcat("-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-f", "%p\t%o\t%k\t%s\t%h\n")
+    return parse_kcat_lines(output)
+
+
+def parse_kcat_lines(output: str) -> list[Got]:
+    """kcat's `-f '%p\\t%o\\t%k\\t%s\\t%h\\n'` lines."""
     got = []
     for line in output.splitlines():
         partition, offset, key, value, headers = line.split("\t")
@@ -399,6 +406,126 @@ def test_kcat_metadata_lists_topics(broker) -> None:
     assert all(f"partition {p}, leader 1, replicas: 1, isrs: 1" in one for p in range(4))
 
 
+# --- each client in a consumer group, every codec: subscribe, consume, commit ----------------------------------
+
+GROUP_RECORDS = 60  # a small log per case: 20 cases share one broker, each joins its own group
+
+
+def ck_group_consume(bootstrap: str, topic: str, group: str, expected: int) -> list[Got]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    got: list[Got] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(got) < expected and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=expected - len(got), timeout=0.5):
+                assert msg.error() is None, msg.error()
+                got.append(Got(msg.partition(), msg.offset(), msg.key(), msg.value(), tuple(msg.headers() or ())))
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return got
+
+
+def kp_group_consume(bootstrap: str, topic: str, group: str, expected: int) -> list[Got]:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    got: list[Got] = []
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(got) < expected and time.monotonic() < deadline:
+            for messages in consumer.poll(timeout_ms=500).values():
+                got += [Got(m.partition, m.offset, m.key, m.value, tuple(m.headers)) for m in messages]
+        consumer.commit()
+    finally:
+        consumer.close()
+    return got
+
+
+def aio_group_consume(bootstrap: str, topic: str, group: str, expected: int) -> list[Got]:
+    from aiokafka import AIOKafkaConsumer
+
+    async def run() -> list[Got]:
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        got: list[Got] = []
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while len(got) < expected and time.monotonic() < deadline:
+                for messages in (await consumer.getmany(timeout_ms=500)).values():
+                    got += [Got(m.partition, m.offset, m.key, m.value, tuple(m.headers)) for m in messages]
+            await consumer.commit()
+        finally:
+            await consumer.stop()
+        return got
+
+    return asyncio.run(run())
+
+
+def kcat_group_consume(bootstrap: str, topic: str, group: str, expected: int) -> list[Got]:
+    """kcat -G: librdkafka's balanced consumer; -e exits once every assigned partition is at its end, and the
+    close commits the offsets consumed (auto commit, librdkafka's default)."""
+    output = kcat(
+        "-b", bootstrap, "-G", group, "-X", "auto.offset.reset=earliest", "-e", "-f", "%p\t%o\t%k\t%s\t%h\n", topic
+    )
+    return parse_kcat_lines(output)
+
+
+GROUP_CONSUMERS: dict[str, Callable[[str, str, str, int], list[Got]]] = {
+    "confluent": ck_group_consume,
+    "kafka-python": kp_group_consume,
+    "aiokafka": aio_group_consume,
+    "kcat": kcat_group_consume,
+}
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int = PARTITIONS) -> list[int]:
+    """The group's committed offset per partition, as the broker answers OffsetFetch (-1001: none)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=TIMEOUT_S)
+    finally:
+        consumer.close()
+    return [tp.offset for tp in sorted(found, key=lambda tp: tp.partition)]
+
+
+@pytest.fixture(scope="module")
+def group_broker(start_module_broker):
+    """A broker whose new groups rebalance at once (group.initial.rebalance.delay.ms=0: 20 groups join here)."""
+    return start_module_broker(group_initial_rebalance_delay_ms=0)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("client", list(GROUP_CONSUMERS))
+def test_group_consume_and_commit(group_broker, client: str, codec: str) -> None:
+    """Each client produces with the codec, then consumes the topic as a member of a consumer group (subscribe, not
+    assign) and commits: the group sees the whole log, and the committed offsets are the partitions' ends."""
+    if client == "kcat" and KCAT is None:
+        pytest.skip("kcat is not installed (apt-get install -y kcat)")
+    topic, group = f"group-{client}-{codec}", f"group-{client}-{codec}-members"
+    create_topic(group_broker.bootstrap, topic)
+    records = make_records(topic, GROUP_RECORDS)
+    if client == "kcat":
+        records = [Rec(r.key, r.value, (("via", b"kcat"),)) for r in records]
+    PRODUCERS[client](group_broker.bootstrap, topic, records, codec)
+    assert_log_matches(records, GROUP_CONSUMERS[client](group_broker.bootstrap, topic, group, len(records)))
+    ends = [high for _, high in watermarks(group_broker.bootstrap, topic)]
+    assert sum(ends) == len(records)
+    assert committed_offsets(group_broker.bootstrap, group, topic) == ends
+
+
 # --- cross-client: each producer, every other consumer ------------------------------------------------------
 
 
@@ -482,6 +609,34 @@ def test_offsets_for_times_and_watermarks(engine_broker) -> None:
     finally:
         kp.close()
 
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import TopicPartition as AioTopicPartition
+
+    async def aio_lookups() -> tuple[dict[int, Any], Any, Any]:
+        aio_tp = AioTopicPartition(topic, 0)
+        aio = AIOKafkaConsumer(bootstrap_servers=engine_broker.bootstrap, group_id=None, enable_auto_commit=False)
+        await aio.start()
+        try:
+            answers = {ts: (await aio.offsets_for_times({aio_tp: ts}))[aio_tp] for ts in cases}
+            return answers, await aio.beginning_offsets([aio_tp]), await aio.end_offsets([aio_tp])
+        finally:
+            await aio.stop()
+
+    answers, beginning, end = asyncio.run(aio_lookups())
+    for ts, offset in cases.items():
+        if offset < 0:
+            assert answers[ts] is None, f"aiokafka, timestamp {ts}"
+        else:
+            assert (answers[ts].offset, answers[ts].timestamp) == (offset, TS + offset * 1000), f"aiokafka, {ts}"
+    assert list(beginning.values()) == [0] and list(end.values()) == [10]
+
+    if KCAT is not None:  # kcat -Q: "<topic> [<partition>]  offset <offset>" per topic:partition:timestamp
+        for ts, offset in cases.items():
+            answer = kcat("-Q", "-b", engine_broker.bootstrap, "-t", f"{topic}:0:{ts}")
+            assert re.search(rf"^{topic} \[0\]\s+offset (-?\d+)$", answer, re.MULTILINE) is not None, answer
+            found = int(re.search(r"offset (-?\d+)", answer)[1])
+            assert found == offset, f"kcat -Q, timestamp {ts}: {answer}"
+
 
 # --- admin ---------------------------------------------------------------------------------------------------
 
@@ -499,7 +654,14 @@ def test_admin_create_topic_with_configs(broker) -> None:
     create_topic(broker.bootstrap, "admin-configs", partitions=5, config=config)
     metadata = admin(broker.bootstrap).list_topics(timeout=10)
     assert len(metadata.topics["admin-configs"].partitions) == 5
-    # No DescribeConfigs yet: the stored topic record is where the overrides must show
+    # DescribeConfigs: the overrides as the topic's own, the rest as defaults; and the stored topic record
+    resource = ConfigResource(ConfigResource.Type.TOPIC, "admin-configs")
+    client = admin(broker.bootstrap)  # kept referenced until the future is done
+    described = client.describe_configs([resource], request_timeout=15)[resource].result(timeout=TIMEOUT_S)
+    for name, value in config.items():
+        assert (described[name].value, described[name].source) == (value, ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    assert described["cleanup.policy"].value == "delete"
+    assert described["cleanup.policy"].source == ConfigSource.DEFAULT_CONFIG.value
     stored = json.loads((Path(broker.log_dir) / "tidelog-topics.json").read_text())["topics"]["admin-configs"]
     assert {k: str(v) for k, v in stored["configs"].items()} == config
     assert sorted(p.name for p in Path(broker.log_dir).glob("admin-configs-*")) == [
