@@ -6,6 +6,11 @@ too large, too small or does not decode closes that connection and is logged; a 
 closes that connection too. Nothing a client sends stops the broker or touches stored data.
 Shutdown (SIGTERM/SIGINT or `stop()`): stop accepting, let in-flight requests finish, wake long
 polls, then flush and close the engine, which writes the clean-shutdown marker.
+Zero-copy: a Fetch response's record bytes are file slices; on plain TCP each slice of at least SENDFILE_MIN_BYTES
+(64 KiB) goes out with `loop.sendfile` (os.sendfile) straight from the segment file, a smaller one with one pread and
+a buffered write. sendfile first drains the transport and costs a loop round trip, ~45-70 us per slice whatever its
+size here; pread+write costs 4 us at 1 KiB and 42 us at 64 KiB; the two cross between 64 and 128 KiB (2 cores,
+loopback, one connection). So small fetches (a consumer at the tail) skip the round trip, large ones copy nothing.
 Security: SSL and SASL_SSL listeners wrap connections in TLS; each connection carries its principal, set by
 sasl.py (SASL listeners start unauthenticated and may only authenticate) or from the client certificate, and
 handlers check it with `broker.authorizer.authorize(...)` (authorizer.py).
@@ -58,7 +63,7 @@ Handler = Callable[[Request, "Connection"], Awaitable[Response]]
 _Pending = bytes | RawResponse | None | asyncio.Task[bytes | RawResponse | None]
 _END_OF_REQUESTS: Any = object()
 MAX_PIPELINED_RESPONSES = 128
-SENDFILE_MIN_BYTES = 64 * 1024
+SENDFILE_MIN_BYTES = 64 * 1024  # slices below this go by pread + write (see the module header for the figures)
 TLS_WRITE_CHUNK_BYTES = 1024 * 1024  # over TLS (no sendfile) slices are pread and written in chunks of this size
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 

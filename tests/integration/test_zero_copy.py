@@ -1,0 +1,103 @@
+"""Fetch sends record data zero-copy: `loop.sendfile` straight from the segment file, observed in-process.
+
+A Broker runs in the test's own event loop, whose `sendfile` is wrapped to record each call (then does the real
+one). A Fetch over a raw socket for a batch above SENDFILE_MIN_BYTES must go out through exactly one sendfile of
+that batch's bytes from its `.log` segment, and the bytes the client receives must be the segment's own; a batch
+below the threshold goes by pread + write (one syscall pair beats a drain and a sendfile for small slices).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.server import SENDFILE_MIN_BYTES, Broker
+from tidelog.codec.record_batch import Record, build_batch
+
+TOPIC = "zero-copy"
+FETCH = 1
+
+
+def fetch_v4(correlation_id: int, offset: int, max_bytes: int = 4 << 20) -> bytes:
+    """A framed Fetch v4 for partition 0 of TOPIC (request header v1), answered at once (min_bytes 1)."""
+    name = TOPIC.encode()
+    header = struct.pack(">hhih", FETCH, 4, correlation_id, 4) + b"test"
+    body = struct.pack(">iiiib", -1, 500, 1, max_bytes, 0)  # replica, max wait, min bytes, max bytes, isolation
+    body += struct.pack(">ih", 1, len(name)) + name + struct.pack(">iiqi", 1, 0, offset, max_bytes)
+    payload = header + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def records_of_fetch_v4(payload: bytes, correlation_id: int) -> bytes:
+    cid, _throttle, topics, name_length = struct.unpack_from(">iiih", payload, 0)
+    assert (cid, topics) == (correlation_id, 1)
+    pos = 14 + name_length
+    count, _partition, error, _hw, _lso, aborted = struct.unpack_from(">iihqqi", payload, pos)
+    assert (count, error, aborted) == (1, 0, -1 if aborted < 0 else 0)
+    pos += 30
+    (size,) = struct.unpack_from(">i", payload, pos)
+    records = payload[pos + 4 : pos + 4 + size]
+    assert len(records) == size and pos + 4 + size == len(payload)
+    return records
+
+
+async def fetch(port: int, correlation_id: int, offset: int) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(fetch_v4(correlation_id, offset))
+        (size,) = struct.unpack(">i", await reader.readexactly(4))
+        return records_of_fetch_v4(await reader.readexactly(size), correlation_id)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def serve_fetches(log_dir: Path) -> tuple[list[tuple[int, int, int, bool]], dict[str, Any]]:
+    settings = {"listeners": "PLAINTEXT://127.0.0.1:0", "log.dirs": str(log_dir), "offsets.topic.num.partitions": "1"}
+    broker = Broker(BrokerConfig.from_mapping(settings))
+    await broker.start()
+    loop = asyncio.get_running_loop()
+    calls: list[tuple[int, int, int, bool]] = []  # (inode of the file, offset, count, fallback allowed)
+    real_sendfile = loop.sendfile
+
+    async def recording_sendfile(transport: Any, file: Any, offset: int = 0, count: int | None = None, **kw: Any):
+        calls.append((os.fstat(file.fileno()).st_ino, offset, count or 0, kw.get("fallback", True)))
+        return await real_sendfile(transport, file, offset, count, **kw)
+
+    loop.sendfile = recording_sendfile  # type: ignore[method-assign]
+    try:
+        broker.engine.create_topic(TOPIC, 1)
+        partition = broker.engine.partition(TOPIC, 0)
+        large = build_batch([Record(value=os.urandom(40_000), key=b"k%d" % i) for i in range(8)])
+        small = build_batch([Record(value=b"small", key=b"s")], base_offset=8)
+        partition.append(large)
+        partition.append(small)
+        segment = log_dir / f"{TOPIC}-0" / "00000000000000000000.log"
+        port = broker.bound_ports[0]
+        got = {
+            "segment": segment.read_bytes(),
+            "segment_inode": segment.stat().st_ino,
+            "large_size": len(large),
+            "large": await fetch(port, 1, 0),
+            "calls_after_large": list(calls),
+            "small": await fetch(port, 2, 8),
+        }
+        return calls, got
+    finally:
+        loop.sendfile = real_sendfile  # type: ignore[method-assign]
+        await broker.stop()
+
+
+def test_a_large_fetch_is_sent_with_sendfile_and_a_small_one_is_not(tmp_path: Path) -> None:
+    calls, got = asyncio.run(serve_fetches(tmp_path))
+    large_size = got["large_size"]
+    assert large_size >= SENDFILE_MIN_BYTES
+    assert got["segment"][:large_size] == got["large"][:large_size], "the client got other bytes than the segment's"
+    assert got["calls_after_large"] == [(got["segment_inode"], 0, len(got["large"]), False)], "not one sendfile"
+    assert len(got["large"]) >= large_size
+    assert got["small"] == got["segment"][large_size:], "the small batch came back changed"
+    assert calls == got["calls_after_large"], "a slice under SENDFILE_MIN_BYTES went by sendfile"
