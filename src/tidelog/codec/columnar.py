@@ -903,6 +903,7 @@ def from_records(records: Sequence[Record], timestamp_types: Sequence[int] | int
 # fixed cost (measured: about 40 µs for the numpy path, 1 µs per record for the loop).
 FEW_RECORDS = 80
 FRAME_WALK_MAX = 48
+TAIL_BYTES = 24
 _PADDING_BYTES = bytes(PADDING)
 _INT64_SPAN = 1 << 64
 
@@ -946,18 +947,21 @@ def _as_int64(value: int) -> int:
     return (value + (1 << 63)) % _INT64_SPAN - (1 << 63)
 
 
-def _walk_records(section: bytes | memoryview, count: int, base_timestamp: int, pos: int) -> RecordsCheck:
-    """check_batch_records for a batch of few records: a plain loop, one step per record. Varints of one byte (most
-    lengths, deltas and counts) are decoded inline; a read past the section is an IndexError, turned into
-    CorruptRecordError like the others."""
+def _walk_records(
+    section: bytes | memoryview, count: int, base_timestamp: int, pos: int, first_index: int = 0
+) -> RecordsCheck:
+    """check_batch_records for the `count` records filling `section`, the first being record `first_index` of its
+    batch: a plain loop, one step per record. Varints of one byte (most lengths, deltas and counts) are decoded
+    inline; a read past the section is an IndexError, turned into CorruptRecordError like the others."""
     data = section
     end = len(data)
-    at = index = 0
+    at = 0
+    index = first_index
     largest_delta: int | None = None
     keyless = 0
     varint = decode_varint
     try:
-        for index in range(count):
+        for index in range(first_index, first_index + count):
             b = data[at]
             length, at = ((b >> 1) ^ -(b & 1), at + 1) if b < 0x80 else varint(data, at)
             record_end = at + length
@@ -1014,19 +1018,28 @@ def _walk_records(section: bytes | memoryview, count: int, base_timestamp: int, 
 
 def _check_records_columnar(section: bytes | memoryview, count: int, base_timestamp: int, pos: int) -> RecordsCheck:
     """check_batch_records for a batch of many records: the records framed (_frame_batch), then every field of all
-    records at once. Records without headers whose fields are all in order pass one combined test; otherwise
-    each condition is tested in field order (naming the first record that fails it) and headers are decoded."""
-    data = b"".join((section, _PADDING_BYTES))  # room for the vectorised reads past the last record
-    arr = np.frombuffer(data, dtype=np.uint8)
-    body, length = _frame_batch(data, arr, len(section), count, pos)
+    records at once, in place (no copy of the section). Records without headers whose fields are all in order
+    pass one combined test; otherwise each condition is tested in field order (naming the first record that fails
+    it) and headers are decoded. The vectorised reads look up to TAIL_BYTES past a record's start, so the last
+    record and any starting that close to the end of the section are walked instead."""
+    arr = np.frombuffer(section, dtype=np.uint8)
+    end = len(section)
+    body, length = _frame_batch(section, arr, end, count, pos)
     record_end = body + length
+    inner = min(int(np.searchsorted(body, end - TAIL_BYTES, side="right")), count - 1)
+    tail = _walk_records(
+        section[int(record_end[inner - 1]) if inner else 0 :], count - inner, base_timestamp, pos, inner
+    )
+    if inner == 0:
+        return tail
+    body, record_end = body[:inner], record_end[:inner]
     timestamp_delta, offset_delta, key_length, key_start = _record_prefix(arr, body)
     key_end = key_start + np.maximum(key_length, 0)
-    value_at = np.minimum(key_end, record_end)  # inside the records even where a length lies
+    value_at = np.minimum(key_end, record_end - 1)  # inside the records even where a length lies
     value_length, size = _varints(arr, value_at, in_bounds=True)
     value_end = np.minimum(value_at + size + np.maximum(value_length, 0), record_end)
     plain = (
-        (offset_delta == np.arange(count))
+        (offset_delta == np.arange(inner))
         & (key_length >= -1)
         & (key_end < record_end)
         & (value_length >= -1)
@@ -1034,9 +1047,11 @@ def _check_records_columnar(section: bytes | memoryview, count: int, base_timest
         & (arr[value_end] == 0)  # the record ends with its header count, 0
     )
     if not plain.all():
-        _check_fields_in_order(arr, pos, count, record_end, offset_delta, key_length, key_end)
+        _check_fields_in_order(arr, pos, inner, record_end, offset_delta, key_length, key_end)
     max_timestamp = _as_int64(base_timestamp + int(timestamp_delta.max()))
-    return RecordsCheck(max(max_timestamp, NO_TIMESTAMP), int(np.count_nonzero(key_length == -1)))
+    return RecordsCheck(
+        max(max_timestamp, tail.max_timestamp, NO_TIMESTAMP), int(np.count_nonzero(key_length == -1)) + tail.keyless
+    )
 
 
 def _check_fields_in_order(
