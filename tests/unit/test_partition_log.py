@@ -799,7 +799,7 @@ def _damaged_records(n: int) -> dict[str, bytes]:
     }
 
 
-@pytest.mark.parametrize("n", [3, 100])  # a plain loop walks small batches, numpy the others
+@pytest.mark.parametrize("n", [3, 200])  # a plain loop walks small batches, numpy the others
 @pytest.mark.parametrize("case", sorted(_damaged_records(3)))
 def test_records_that_do_not_decode_are_refused_and_the_log_stays_readable(data_dir: Path, case: str, n: int) -> None:
     data = _damaged_records(n)[case]
@@ -876,7 +876,7 @@ def test_whatever_append_accepts_every_reader_decodes(data_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("codec", [Compression.NONE, Compression.GZIP])
-@pytest.mark.parametrize("n", [3, 100, 400])  # loop, numpy, and on the worker thread while written (>= 256 KiB)
+@pytest.mark.parametrize("n", [3, 200, 400])  # loop, numpy, and on the worker thread while written (>= 256 KiB)
 def test_create_time_max_timestamp_is_the_records_largest(data_dir: Path, n: int, codec: Compression) -> None:
     """A producer's maxTimestamp is not trusted: Kafka's validator stores the records' largest timestamp (and a
     CRC to match), which the time index, roll by time and retention then use."""
