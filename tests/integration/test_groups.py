@@ -19,6 +19,7 @@ group names.
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import struct
 import subprocess
@@ -48,7 +49,7 @@ SESSION_MS = 6000  # group.min.session.timeout.ms's default: the shortest sessio
 HEARTBEAT_MS = 500
 REBALANCE_S = 20.0  # the longest a rebalance may take before a test gives up waiting for it
 
-NONE, UNKNOWN_TOPIC_OR_PARTITION, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 3, 22, 25
+NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 3, 15, 22, 25
 INVALID_SESSION_TIMEOUT, REBALANCE_IN_PROGRESS, MEMBER_ID_REQUIRED = 26, 27, 79
 JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH = 11, 14, 12, 13, 8, 9
 
@@ -1439,6 +1440,36 @@ def test_member_that_does_not_rejoin_within_the_rebalance_timeout_is_dropped(gbr
     assert other["error"] == NONE and other["generation"] == generation + 1
     assert list(other["members"]) == [other["member_id"]] and other["leader"] == other["member_id"]
     assert b.leave(group, other["member_id"]) == NONE
+
+
+def test_sigterm_answers_a_join_waiting_for_a_rebalance(start_broker) -> None:
+    """A member parked in a JoinGroup when SIGTERM arrives (the rebalance waits up to 60 s for the other member to
+    rejoin): its join is answered at once with COORDINATOR_NOT_AVAILABLE (the client looks for the coordinator
+    again), and the broker exits within seconds, not after tidelog.shutdown.timeout.ms (30 s)."""
+    broker = start_broker(group_initial_rebalance_delay_ms=0)
+    group, topic = "shutdown-join", "shutdown-join"
+    create_topic(broker.bootstrap, topic, 1)
+    a, b = Wire(broker), Wire(broker)
+    try:
+        joined = a.join(group, topic=topic, rebalance_ms=60_000)
+        me, generation = joined["member_id"], joined["generation"]
+        assert a.sync(group, generation, me, {me: b""})[0] == NONE
+        b.join_send(group, topic=topic, rebalance_ms=60_000)
+        wait_for(lambda: a.heartbeat(group, generation, me) == REBALANCE_IN_PROGRESS, "the rebalance to start")
+        assert broker.proc is not None
+        started = time.monotonic()
+        broker.proc.send_signal(signal.SIGTERM)
+        answer = b.join_receive()
+        answered = time.monotonic() - started
+        code = broker.proc.wait(timeout=TIMEOUT_S)
+        exited = time.monotonic() - started
+    finally:
+        a.close()
+        b.close()
+    assert answer["error"] == COORDINATOR_NOT_AVAILABLE
+    assert code == 0
+    assert answered < 3 and exited < 5, f"join answered after {answered:.1f} s, broker exited after {exited:.1f} s"
+    assert broker.shut_down_cleanly_on_disk()
 
 
 def test_commit_to_a_partition_that_does_not_exist(gbroker, wires) -> None:

@@ -63,6 +63,7 @@ SERVER_KEYS: dict[str, Key] = {
         Key("group.max.session.timeout.ms", parse_int, minimum=0),
         Key("group.initial.rebalance.delay.ms", parse_int, minimum=0),
         Key("offsets.topic.num.partitions", parse_int, minimum=1),
+        Key("offsets.topic.segment.bytes", parse_int, minimum=14, maximum=INT_MAX),  # as segment.bytes allows
         Key("offsets.retention.minutes", parse_int, minimum=1, maximum=INT_MAX),  # Kafka: type INT
         Key("offsets.retention.check.interval.ms", parse_int, minimum=1),
         Key("producer.id.expiration.ms", parse_int, minimum=1),
@@ -220,6 +221,7 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = 1_800_000
     group_initial_rebalance_delay_ms: int = 3_000
     offsets_topic_num_partitions: int = 50
+    offsets_topic_segment_bytes: int = 104_857_600
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     offsets_retention_check_interval_ms: int = 600_000
     producer_id_expiration_ms: int = 86_400_000
@@ -272,6 +274,7 @@ class BrokerConfig:
             offsets_topic_num_partitions=server.get(
                 "offsets.topic.num.partitions", defaults.offsets_topic_num_partitions
             ),
+            offsets_topic_segment_bytes=server.get("offsets.topic.segment.bytes", defaults.offsets_topic_segment_bytes),
             offsets_retention_ms=server.get("offsets.retention.minutes", defaults.offsets_retention_ms // 60_000)
             * 60_000,
             offsets_retention_check_interval_ms=server.get(

@@ -174,6 +174,8 @@ class GroupCoordinator:
         self._offsets_task = asyncio.create_task(self._expire_offsets_periodically())
 
     async def stop(self) -> None:
+        """Shutdown: stop the timers and answer every member waiting in a JoinGroup or SyncGroup (new waits are
+        refused from now on), so no request of a client is held until its rebalance timeout."""
         for task in (self._expiry_task, self._offsets_task):
             if task is not None:
                 task.cancel()
@@ -294,6 +296,8 @@ class GroupCoordinator:
             return self._join_response(group, member)  # nothing to rebalance: the current generation stands
         if member.join_future is not None and not member.join_future.done():
             member.join_future.set_result(self._join_error(UNKNOWN_MEMBER_ID, member_id))  # superseded
+        if self.broker.stopping:  # nobody would complete the rebalance
+            return self._join_error(COORDINATOR_NOT_AVAILABLE, member_id)
         future = member.join_future = asyncio.get_running_loop().create_future()
         if group.state is not GroupState.PREPARING_REBALANCE:
             self._prepare_rebalance(group, f"member {member_id} joined")
@@ -437,6 +441,8 @@ class GroupCoordinator:
         if group.state is GroupState.STABLE:
             return self._sync_response(NONE, group, member.assignment)
         member.last_heartbeat = time.monotonic()
+        if self.broker.stopping:  # the group's waiters were answered already; this one would wait for nothing
+            return self._sync_response(COORDINATOR_NOT_AVAILABLE)
         member.sync_future = asyncio.get_running_loop().create_future()
         future = member.sync_future
         if member.member_id == group.leader:

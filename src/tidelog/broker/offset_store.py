@@ -5,13 +5,19 @@ Records use Kafka's key/value formats (codec/group_records.py); each group lives
 value per key wins, a null value deletes). Writes are appended like produced batches and, when the
 flush policy asks for it, wait for the group commit before the client is answered.
 
-Kafka compacts this topic; tidelog has no log cleaner yet, so the store compacts itself: when a
-partition has grown past `COMPACT_AFTER_BYTES`, the live entries of its groups are written again
-and the log start offset is moved past the old copies, which retention then deletes.
+The topic is created as Kafka creates it: `cleanup.policy=compact`, `segment.bytes=offsets.topic.segment.bytes`
+(and `retention.ms=-1`: nothing goes by age). On the Kafka engine with `log.cleaner.enable=true` (the default) the
+log cleaner compacts it, as Kafka's does: the latest value per key stays, tombstones go after
+`delete.retention.ms`. Where no cleaner runs (the RocketMQ engine, or the cleaner turned off) the store compacts
+itself: when a partition has grown past one segment's worth, the live entries of its groups are written again and
+the log start offset is moved past the old copies (DeleteRecords), which retention then deletes. Either way a
+restart replays at most about a segment of history per partition beyond the live entries.
+A topic made by an older tidelog (cleanup.policy=delete) is switched to compact at start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -29,8 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidelog.broker")
 
 OFFSETS_TOPIC = "__consumer_offsets"
-OFFSETS_TOPIC_CONFIGS = {"retention.ms": "-1", "segment.bytes": str(100 * 1024 * 1024)}
-COMPACT_AFTER_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -42,18 +46,33 @@ class StoredGroup:
 
 
 class OffsetStore:
-    def __init__(self, engine: StorageEngine, partitions: int, flusher: Flusher) -> None:
+    def __init__(
+        self, engine: StorageEngine, partitions: int, segment_bytes: int, flusher: Flusher, *, engine_compacts: bool
+    ) -> None:
+        """`engine_compacts`: the engine's log cleaner compacts the topic; otherwise the store does (see above)."""
         self.engine = engine
         self.partitions = partitions
+        self.segment_bytes = segment_bytes
         self.flusher = flusher
+        self.engine_compacts = engine_compacts
         self.groups: dict[str, StoredGroup] = {}
+        # a partition is compacted by the store above this size: one segment, or twice what its last compaction
+        # left (so live entries larger than a segment are not rewritten on every commit)
+        self._compact_above: dict[int, int] = {}
+
+    @property
+    def topic_configs(self) -> dict[str, str]:
+        return {"cleanup.policy": "compact", "retention.ms": "-1", "segment.bytes": str(self.segment_bytes)}
 
     def open(self) -> None:
         """Create the topic on first start, then replay it."""
         description = self.engine.topics().get(OFFSETS_TOPIC)
         if description is None:
-            self.engine.create_topic(OFFSETS_TOPIC, self.partitions, OFFSETS_TOPIC_CONFIGS)
-        elif description.partitions != self.partitions:
+            self.engine.create_topic(OFFSETS_TOPIC, self.partitions, self.topic_configs)
+        elif description.configs.get("cleanup.policy") != "compact":
+            log.info("%s: cleanup.policy is now compact, as in Kafka", OFFSETS_TOPIC)
+            self.engine.alter_topic_configs(OFFSETS_TOPIC, {**description.configs, "cleanup.policy": "compact"})
+        if description is not None and description.partitions != self.partitions:
             log.warning(
                 "%s has %d partitions but offsets.topic.num.partitions is %d; keeping %d",
                 OFFSETS_TOPIC,
@@ -113,10 +132,13 @@ class OffsetStore:
             await self.flusher.wait_durable(partition_log, partition_log.log_end_offset)
         for key, value in encoded:
             self._apply(key, value)
-        if partition_log.size_in_bytes > COMPACT_AFTER_BYTES:
+        if not self.engine_compacts and partition_log.size_in_bytes > self._compact_above.get(
+            partition, self.segment_bytes
+        ):
             await self._compact(partition)
 
     async def _compact(self, partition: int) -> None:
+        """Write the partition's live entries again and move its log start past everything before them."""
         partition_log = self.engine.partition(OFFSETS_TOPIC, partition)
         live: list[Record] = []
         for group_id, group in self.groups.items():
@@ -131,8 +153,11 @@ class OffsetStore:
         first_live = partition_log.log_end_offset
         for start in range(0, len(live), 500):
             partition_log.append(build_batch(live[start : start + 500]), from_client=False)
-        await self.flusher.wait_durable(partition_log, partition_log.log_end_offset)
+        # On disk before the old copies go. A forced flush of the engine: a partition's own flush waits for the
+        # RocketMQ engine's flush service, which under ASYNC_FLUSH may not run for seconds (FLUSH_DISK_TIMEOUT).
+        await asyncio.to_thread(self.engine.flush, OFFSETS_TOPIC, partition)
         partition_log.delete_records(first_live)
+        self._compact_above[partition] = max(self.segment_bytes, 2 * partition_log.size_in_bytes)
         log.info(
             "compacted %s-%d: %d live entries rewritten, log start now %d",
             OFFSETS_TOPIC,

@@ -4,8 +4,9 @@ Each connection reads frames one at a time and answers them in order (as Kafka d
 next request waits for the current response; clients pipeline across connections). A frame that is
 too large, too small or does not decode closes that connection and is logged; a handler failure
 closes that connection too. Nothing a client sends stops the broker or touches stored data.
-Shutdown (SIGTERM/SIGINT or `stop()`): stop accepting, let in-flight requests finish, wake long
-polls, then flush and close the engine, which writes the clean-shutdown marker.
+Shutdown (SIGTERM/SIGINT or `stop()`): stop accepting, wake long polls, answer JoinGroup/SyncGroup requests
+waiting for a rebalance (COORDINATOR_NOT_AVAILABLE), let in-flight requests finish, then flush and close the
+engine, which writes the clean-shutdown marker.
 Zero-copy: a Fetch response's record bytes are file slices; on plain TCP each slice of at least SENDFILE_MIN_BYTES
 (64 KiB) goes out with `loop.sendfile` (os.sendfile) straight from the segment file, a smaller one with one pread and
 a buffered write. sendfile first drains the transport and costs a loop round trip, ~45-70 us per slice whatever its
@@ -112,7 +113,13 @@ class Broker:
         self.fetch = FetchApis(self)
         self.produce = ProduceApis(self)
         self.topics = TopicApis(self)
-        self.offset_store = OffsetStore(self.engine, config.offsets_topic_num_partitions, self.produce.flusher)
+        self.offset_store = OffsetStore(
+            self.engine,
+            config.offsets_topic_num_partitions,
+            config.offsets_topic_segment_bytes,
+            self.produce.flusher,
+            engine_compacts=config.engine.engine == "kafka" and config.engine.cleaner.enabled,
+        )
         self.groups = GroupCoordinator(self, self.offset_store)
         self.authorizer = Authorizer(config.security, Path(config.engine.log_dirs[0]).resolve())
         self.sasl = SaslApis(self)
@@ -171,6 +178,7 @@ class Broker:
         for _, server, _ in self._servers:
             server.close()
         self.fetch.wake_all()
+        await self.groups.stop()  # answers joins and syncs parked in a rebalance, which would hold their connection
         deadline = asyncio.get_running_loop().time() + self.config.shutdown_timeout_ms / 1000
         for connection in list(self._connections):
             if not connection.busy and connection.task is not None:
@@ -182,7 +190,6 @@ class Broker:
                 connection.task.cancel()
         for _, server, _ in self._servers:
             await server.wait_closed()
-        await self.groups.stop()
         self.metrics.close()
         await self.produce.flusher.drain()
         await asyncio.to_thread(self.engine.close)

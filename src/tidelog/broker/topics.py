@@ -384,6 +384,7 @@ class TopicApis:
             "auto.create.topics.enable": str(config.auto_create_topics_enable).lower(),
             "socket.request.max.bytes": config.socket_request_max_bytes,
             "offsets.topic.num.partitions": config.offsets_topic_num_partitions,
+            "offsets.topic.segment.bytes": config.offsets_topic_segment_bytes,
             "log.cleaner.enable": str(config.engine.cleaner.enabled).lower(),
             "log.cleaner.backoff.ms": config.engine.cleaner.backoff_ms,
             "log.cleaner.dedupe.buffer.size": config.engine.cleaner.dedupe_buffer_size,
