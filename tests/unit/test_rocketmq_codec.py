@@ -125,8 +125,11 @@ def test_message_ids() -> None:
     assert len(msg_id) == 32
     assert rm.decode_message_id(msg_id) == (host, 123456789)
     assert str(host) == "192.168.1.20:10911"
-    ids = rm.UniqueIdGenerator().next_ids(3, TS)
+    generator = rm.UniqueIdGenerator()
+    prefix, first = generator.next_block(3, TS)
+    ids = [rm.unique_id(prefix, first + i) for i in range(3)]
     assert len(set(ids)) == 3 and all(len(i) == 32 and bytes.fromhex(i) for i in ids)
+    assert generator.next_block(1, TS) == (prefix, (first + 3) & 0xFFFF)  # the counter goes on
 
 
 def _roundtrip(record: Record) -> Record:

@@ -61,13 +61,12 @@ def write_store(root: Path, messages: Sequence[tuple[str, int, bytes | None, byt
     queues: dict[tuple[str, int], ConsumeQueue] = {}
 
     def build_consume_queues(batch: DispatchBatch) -> None:
-        for offset, info in batch:
-            queue = queues.get((info.topic, info.queue_id))
+        for run in batch.runs:
+            queue = queues.get((run.topic, run.queue_id))
             if queue is None:
-                queue = queues[(info.topic, info.queue_id)] = ConsumeQueue(
-                    root, info.topic, info.queue_id, CQ_FILE_SIZE
-                )
-            queue.put([(offset, info.total_size, 0, info.queue_offset)])
+                queue = queues[(run.topic, run.queue_id)] = ConsumeQueue(root, run.topic, run.queue_id, CQ_FILE_SIZE)
+            rows = slice(run.start, run.stop)
+            queue.put(batch.offsets[rows], batch.sizes[rows], batch.tags_codes[rows], batch.queue_offsets[rows])
 
     index = IndexService(root / INDEX_DIR, 16, 64, clock=lambda: TS)
     reput = ReputMessageService(

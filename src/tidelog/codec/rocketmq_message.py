@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import base64
 import calendar
+import functools
+import itertools
 import os
 import socket
 import struct
@@ -45,6 +47,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
+from tidelog.codec.columnar import RecordColumns
 from tidelog.codec.record_batch import Record
 
 MAGIC_V1 = -626843481  # 0xDAA320A7
@@ -236,14 +241,21 @@ class UniqueIdGenerator:
         year, month = (now.tm_year + 1, 1) if now.tm_mon == 12 else (now.tm_year, now.tm_mon + 1)
         self._next_month_ms = int(_timegm(time.struct_time((year, month, 1, 0, 0, 0, 0, 0, 0))) * 1000)
 
-    def next_ids(self, count: int, now_ms: int) -> list[str]:
+    def next_block(self, count: int, now_ms: int) -> tuple[str, int]:
+        """`count` consecutive ids: their common 28 hex digits and the counter of the first; id i is the prefix
+        followed by `(first + i) & 0xFFFF` as 4 hex digits (unique_id)."""
         with self._lock:
             if not self._month_start_ms <= now_ms < self._next_month_ms:
                 self._roll_month(now_ms)
             prefix = f"{self._prefix}{(now_ms - self._month_start_ms) & 0xFFFFFFFF:08X}"
-            start = self._counter
-            self._counter = (start + count) & 0xFFFF
-        return [f"{prefix}{(start + i) & 0xFFFF:04X}" for i in range(count)]
+            first = self._counter
+            self._counter = (first + count) & 0xFFFF
+        return prefix, first
+
+
+def unique_id(prefix: str, counter: int) -> str:
+    """One id of a UniqueIdGenerator block."""
+    return f"{prefix}{counter & 0xFFFF:04X}"
 
 
 def _timegm(value: time.struct_time) -> float:
@@ -302,11 +314,12 @@ MAX_PROPERTIES_SIZE = 0x7FFF  # PROPERTIES carries an i16 length: Short.MAX_VALU
 
 
 class PropertiesTooLargeError(ValueError):
-    """A message's PROPERTIES would not fit RocketMQ's i16 length field."""
+    """A message's PROPERTIES would not fit RocketMQ's i16 length field (`record`: which of a batch, when known)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, record: int = 0) -> None:
         super().__init__(f"PROPERTIES of {size} bytes exceed RocketMQ's limit of {MAX_PROPERTIES_SIZE}")
         self.size = size
+        self.record = record
 
 
 def encode_message(
@@ -606,6 +619,263 @@ def record_properties(record: Record, uniq_key: str, extra: str = "") -> str:
     if extra:
         parts.append(extra)
     return "".join(parts)
+
+
+# --- a Kafka batch -> messages, column-wise -------------------------------------------------------------------
+
+MESSAGE_HEADER = np.dtype(
+    [
+        ("total_size", ">i4"), ("magic", ">i4"), ("body_crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
+        ("queue_offset", ">i8"), ("physical_offset", ">i8"), ("sys_flag", ">i4"), ("born_timestamp", ">i8"),
+        ("born_host", "V8"), ("store_timestamp", ">i8"), ("store_host", "V8"), ("reconsume_times", ">i4"),
+        ("prepared_transaction_offset", ">i8"), ("body_length", ">i4"),
+    ]
+)  # fmt: skip  # FIXED as a numpy record (IPv4 hosts): 88 bytes
+UNIQ_KEY_LENGTH = 32  # hex digits of a UniqueIdGenerator id
+HASH_MASK = np.uint64(0xFFFFFFFF)
+# 31^k mod 2^32 for k up to the longest string PROPERTIES can hold (uint32 products wrap mod 2^32)
+POW31 = np.concatenate(([1], np.cumprod(np.full(MAX_PROPERTIES_SIZE + 1, 31, dtype=np.uint32), dtype=np.uint32)))
+POW31 = POW31.astype(np.uint64)
+_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+_HEX_SHIFTS = np.array([12, 8, 4, 0])
+_HEX_WEIGHTS = POW31[3::-1].copy()  # 31^3 .. 31^0
+# String.hashCode of "%04X" % counter for every 16-bit counter: the last 4 digits of a UNIQ_KEY
+_HEX4_HASHES = _HEX_DIGITS[(np.arange(1 << 16)[:, None] >> _HEX_SHIFTS) & 15].astype(np.uint64) @ _HEX_WEIGHTS
+_PLAIN_KEY_BYTE = np.ones(256, dtype=bool)  # bytes index_key keeps as they are in the ASCII range
+_PLAIN_KEY_BYTE[[0, 1, 2, 0x20]] = False
+_PLAIN_KEY_BYTE[0x80:] = False
+_PLAIN_KEY_BYTES = bytes(np.flatnonzero(_PLAIN_KEY_BYTE).astype(np.uint8))  # for bytes.translate's delete
+_BASE64_PREFIX = int.from_bytes(b"base64:", "big")
+_NULL_VALUE_PROPERTY = b"KAFKA_NULL_VALUE\x011\x02"
+
+
+class BodyTooLargeError(ValueError):
+    """A record's value is longer than the `max_body` given to encode_records."""
+
+    def __init__(self, size: int, record: int) -> None:
+        super().__init__(f"a record value of {size} bytes is too large")
+        self.size = size
+        self.record = record
+
+
+class EncodedMessages(NamedTuple):
+    """Messages back to back, QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP left 0 (set by the put), and what the
+    IndexFile needs of them: the String.hashCode (mod 2^32) and the UTF-16 length of each message's index keys
+    (UNIQ_KEY, then the Kafka key as index_key spells it), `key_counts[i]` of them for message i."""
+
+    data: bytearray
+    starts: np.ndarray  # int64: where each message starts in `data`
+    key_hashes: np.ndarray  # uint64
+    key_units: np.ndarray  # int64
+    key_counts: np.ndarray  # int64
+
+
+def java_hashes(chars: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """String.hashCode mod 2^32 (uint64) of ASCII strings back to back in `chars` (uint8), `lengths[i]` bytes each,
+    all at once: the sum of byte * 31^(bytes after it in its string), wrapping mod 2^64, which keeps it exact mod
+    2^32."""
+    if not len(chars):
+        return np.zeros(len(lengths), dtype=np.uint64)
+    ends = np.cumsum(lengths)
+    sums = np.zeros(len(chars) + 1, dtype=np.uint64)
+    np.cumsum(chars * POW31[np.repeat(ends - 1, lengths) - np.arange(len(chars))], out=sums[1:])
+    return (sums[ends] - sums[ends - lengths]) & HASH_MASK
+
+
+def java_hash_and_units(text: str) -> tuple[int, int]:
+    """(String.hashCode mod 2^32, length in UTF-16 units) of one string."""
+    units = len(text) if text.isascii() else len(text.encode("utf-16-be", "surrogatepass")) // 2
+    return java_string_hash(text) & 0xFFFFFFFF, units
+
+
+def encode_records(
+    records: RecordColumns,
+    *,
+    topic: str,
+    queue_id: int,
+    born_timestamps: np.ndarray,
+    uniq_prefix: str,
+    uniq_first: int,
+    producer: str = "",
+    store_host: HostAddress = DEFAULT_STORE_HOST,
+    max_body: int = 1 << 31,
+    index_keys: bool = True,
+) -> EncodedMessages:
+    """The messages for the records of one Kafka batch (columnar.decode_batch), byte for byte what encode_message
+    makes of record_properties(record, uniq id, extra) for each, where extra is `KAFKA_BATCH` in a batch of several
+    records and `KAFKA_PRODUCER\\x01<producer>\\x02` on the last (when `producer` is given). Record i takes the id
+    unique_id(uniq_prefix, uniq_first + i).
+
+    A batch at a time, no Python bytecode per record: sizes, positions and the 88-byte headers (a MESSAGE_HEADER
+    array) of all messages are computed with numpy, and the per-record pieces are made by C functions that map()
+    applies over the columns - memoryview slices for keys, bodies and headers, zlib.crc32 for BODYCRC, one %-format
+    of a per-batch template for the properties, struct packing for their lengths - and written in place by one
+    bytearray.join (an index per byte, numpy's way to move bytes, costs more than these copies). The template covers
+    a record without headers whose key is plain ASCII (or absent) - checked for the whole batch on the joined keys
+    first - the common case; any other record's properties come from record_properties, a record at a time
+    (headers, keys kept base64 or not ASCII). Index keys are hashed with numpy (the ids from a table of their last 4
+    digits, plain keys on the joined keys) or exactly (the others). Raises BodyTooLargeError or
+    PropertiesTooLargeError for the first record whose value exceeds `max_body` or whose PROPERTIES exceed
+    MAX_PROPERTIES_SIZE."""
+    count = len(records)
+    if count == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return EncodedMessages(bytearray(), z, z.astype(np.uint64), z, z)
+    view = memoryview(records.data)
+    key_start, key_length, value_start, value_length = (
+        records.key_start, records.key_length, records.value_start, records.value_length
+    )  # fmt: skip
+    key_bytes = np.maximum(key_length, 0)
+    body_bytes = np.maximum(value_length, 0)
+    keys = list(map(view.__getitem__, map(slice, key_start.tolist(), (key_start + key_bytes).tolist())))
+    bodies = list(map(view.__getitem__, map(slice, value_start.tolist(), (value_start + body_bytes).tolist())))
+    variant = (key_length >= 0) * 2 + (value_length < 0)  # has a key, has a null value: 0..3
+    variants = variant.tolist()
+    joined = b"".join(keys)
+
+    # plain keys: 1..n bytes in _PLAIN_KEY_BYTE, not starting with "base64:" (index_key keeps them as they are)
+    if (
+        not np.count_nonzero(records.header_count)
+        and not joined.translate(None, _PLAIN_KEY_BYTES)
+        and b"base64:" not in joined
+        and not np.count_nonzero(key_length == 0)
+    ):
+        general_rows: list[int] = []  # the common case, seen on the joined keys at once
+    else:
+        key_ends = np.cumsum(key_bytes)
+        padded = joined + bytes(8)
+        odd = np.zeros(len(joined) + 1, dtype=np.int64)
+        np.cumsum(~_PLAIN_KEY_BYTE[np.frombuffer(joined, dtype=np.uint8)], out=odd[1:])
+        windows = np.ndarray((len(joined) + 1,), dtype=">u8", buffer=padded, strides=(1,))  # 8 bytes from each byte
+        key_firsts = key_ends - key_bytes
+        base64_prefixed = ((windows[key_firsts] >> np.uint64(8)) == _BASE64_PREFIX) & (key_length >= 7)
+        plain_key = (odd[key_ends] == odd[key_firsts]) & (key_length > 0) & ~base64_prefixed
+        general_rows = np.flatnonzero((records.header_count != 0) | (key_length >= 0) & ~plain_key).tolist()
+
+    # PROPERTIES: UNIQ_KEY | (KEYS) | (KAFKA_NULL_VALUE) | (KAFKA_BATCH) | (KAFKA_PRODUCER)
+    uniq_part = f"{PROPERTY_UNIQ_KEY}\x01{uniq_prefix}%04X\x02%b%b%b".encode()
+    counters = range(uniq_first, uniq_first + count)
+    if uniq_first + count > 0x10000:
+        counters = [counter & 0xFFFF for counter in counters]  # the counter wraps (rarely)
+    fields = [counters, map(_KEYS_NAMES.__getitem__, variants), keys, map(_KEY_ENDS.__getitem__, variants)]
+    if count > 1:
+        uniq_part += f"{PROPERTY_BATCH}\x01%d/{count}\x02".encode()
+        fields.append(range(count))
+    properties = list(map(uniq_part.__mod__, zip(*fields, strict=True)))
+    producer_part = f"{PROPERTY_PRODUCER}\x01{producer}\x02".encode() if producer else b""
+    properties[-1] += producer_part
+    general_keys: list[tuple[int, int]] = []
+    if general_rows:
+        header_first = np.cumsum(records.header_count) - records.header_count
+        for row in general_rows:
+            record = _record_at(records, view, row, int(header_first[row]))
+            extra = f"{PROPERTY_BATCH}\x01{row}/{count}\x02" if count > 1 else ""
+            if row == count - 1:
+                extra += producer_part.decode()
+            text = record_properties(record, unique_id(uniq_prefix, uniq_first + row), extra)
+            properties[row] = text.encode("utf-8", "surrogateescape")
+            if record.key is not None and index_keys:
+                general_keys.append(java_hash_and_units(index_key(record.key)))
+    lengths = list(map(len, properties))
+    properties_length = np.array(lengths)
+    too_large = (value_length > max_body) | (properties_length > MAX_PROPERTIES_SIZE)
+    if np.count_nonzero(too_large):
+        row = int(np.argmax(too_large))
+        if value_length[row] > max_body:
+            raise BodyTooLargeError(int(value_length[row]), row)
+        raise PropertiesTooLargeError(lengths[row], row)
+
+    topic_bytes = topic.encode()
+    topic_part = struct.pack(">h", len(topic_bytes)) if len(topic_bytes) > 127 else bytes([len(topic_bytes)])
+    topic_part += topic_bytes
+    total_size = body_bytes + properties_length + (FIXED_SIZE + len(topic_part) + 2)
+    header_rows = np.empty((count, FIXED_SIZE), dtype=np.uint8)
+    header_rows[:] = _header_template(queue_id, store_host, len(topic_bytes) > 127)
+    headers = header_rows.view(MESSAGE_HEADER).ravel()
+    headers["total_size"] = total_size
+    headers["body_crc"] = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=count) & 0x7FFFFFFF
+    headers["born_timestamp"] = born_timestamps
+    headers["body_length"] = body_bytes
+    header_view = memoryview(header_rows).cast("B")
+    header_slices = map(
+        slice, range(0, count * FIXED_SIZE, FIXED_SIZE), range(FIXED_SIZE, (count + 1) * FIXED_SIZE, FIXED_SIZE)
+    )
+    messages = bytearray().join(
+        itertools.chain.from_iterable(
+            zip(
+                map(header_view.__getitem__, header_slices), bodies, itertools.repeat(topic_part, count),
+                map(_I16.pack, lengths), properties, strict=True,
+            )
+        )
+    )  # fmt: skip
+    starts = np.cumsum(total_size) - total_size
+
+    if not index_keys:
+        z = np.zeros(0, dtype=np.int64)
+        return EncodedMessages(messages, starts, z.astype(np.uint64), z, z)
+    # message i's keys: its id, then its key when it has one
+    hex_hashes = (
+        _HEX4_HASHES[uniq_first : uniq_first + count] if isinstance(counters, range) else _HEX4_HASHES[counters]
+    )
+    uniq_hashes = (hex_hashes + _uniq_prefix_hash(uniq_prefix)) & HASH_MASK
+    keyed = np.count_nonzero(variant >= 2)
+    if not keyed:
+        return EncodedMessages(messages, starts, uniq_hashes, np.full(count, UNIQ_KEY_LENGTH), np.ones(count, np.int64))
+    key_hashes = np.empty((count, 2), dtype=np.uint64)
+    key_units = np.empty((count, 2), dtype=np.int64)
+    key_hashes[:, 0] = uniq_hashes
+    key_units[:, 0] = UNIQ_KEY_LENGTH
+    key_hashes[:, 1] = java_hashes(np.frombuffer(joined, dtype=np.uint8), key_bytes)
+    key_units[:, 1] = key_bytes
+    if general_keys:
+        rows = [row for row in general_rows if key_length[row] >= 0]
+        key_hashes[rows, 1], key_units[rows, 1] = zip(*general_keys, strict=True)
+    if keyed == count:
+        return EncodedMessages(messages, starts, key_hashes.ravel(), key_units.ravel(), np.full(count, 2))
+    chosen = np.empty((count, 2), dtype=bool)
+    chosen[:, 0] = True
+    chosen[:, 1] = variant >= 2
+    return EncodedMessages(messages, starts, key_hashes[chosen], key_units[chosen], 1 + chosen[:, 1])
+
+
+_I16 = struct.Struct(">h")
+# after the id, by has-a-key * 2 + has-a-null-value: the KEYS name (the key follows), then what ends the key
+_KEYS_NAMES = (b"", b"", f"{PROPERTY_KEYS}\x01".encode(), f"{PROPERTY_KEYS}\x01".encode())
+_KEY_ENDS = (b"", _NULL_VALUE_PROPERTY, b"\x02", b"\x02" + _NULL_VALUE_PROPERTY)
+
+
+@functools.lru_cache(maxsize=8)
+def _uniq_prefix_hash(prefix: str) -> int:
+    """String.hashCode of an id prefix (the same for every id of a millisecond) times 31^4, mod 2^32: added to the
+    hash of an id's last 4 digits, it gives the id's hash."""
+    return (java_string_hash(prefix) & 0xFFFFFFFF) * 31**4 & 0xFFFFFFFF
+
+
+@functools.lru_cache(maxsize=256)
+def _header_template(queue_id: int, store_host: HostAddress, v2: bool) -> np.ndarray:
+    """The header every message of a queue starts from (the fields it does not share 0), as 88 bytes."""
+    packed = FIXED.pack(
+        0, MAGIC_V2 if v2 else MAGIC_V1, 0, queue_id, 0, 0, 0, 0, 0, UNKNOWN_BORN_HOST.ip, UNKNOWN_BORN_HOST.port,
+        0, store_host.ip, store_host.port, 0, 0, 0,
+    )  # fmt: skip
+    return np.frombuffer(packed, dtype=np.uint8)
+
+
+def _record_at(records: RecordColumns, view: memoryview, row: int, header_first: int) -> Record:
+    """Record `row` of the columns as a Record (key, value, headers; the timestamp is not needed here)."""
+    key_length, value_length = int(records.key_length[row]), int(records.value_length[row])
+    key_at, value_at = int(records.key_start[row]), int(records.value_start[row])
+    headers: list[tuple[str, bytes | None]] = []
+    for h in range(header_first, header_first + int(records.header_count[row])):
+        name_at, name_length = int(records.header_key_start[h]), int(records.header_key_length[h])
+        at, size = int(records.header_value_start[h]), int(records.header_value_length[h])
+        name = bytes(view[name_at : name_at + name_length]).decode("utf-8", "surrogateescape")
+        headers.append((name, None if size < 0 else bytes(view[at : at + size])))
+    return Record(
+        value=None if value_length < 0 else bytes(view[value_at : value_at + value_length]),
+        key=None if key_length < 0 else bytes(view[key_at : key_at + key_length]),
+        headers=headers,
+    )
 
 
 def message_to_record(message: Message) -> Record:

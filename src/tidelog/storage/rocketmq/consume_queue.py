@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -135,19 +135,42 @@ class ConsumeQueue:
 
     # --- writing ----------------------------------------------------------------------------------------------
 
-    def put(self, units: Sequence[tuple[int, int, int, int]]) -> int:
-        """Write units (commitLogOffset, size, tagsCode, queueOffset) in queue order; returns the CommitLog bytes of
-        the new ones. Units the queue already covers (by CommitLog offset) are skipped; a gap is logged and filled
-        by position. A failed write leaves the queue ending at its last unit written, so dispatching the same units
-        again goes on from there."""
+    def put(self, offsets: np.ndarray, sizes: np.ndarray, tags_codes: np.ndarray, queue_offsets: np.ndarray) -> int:
+        """Write units (commitLogOffset, size, tagsCode for queueOffset; int64 arrays) in queue order; returns the
+        CommitLog bytes of the new ones. Units the queue already covers (by CommitLog offset) are skipped; a run
+        that goes on from the queue's end is written with one write, anything else (a gap, logged and filled by
+        position, or units behind the end) unit by unit. A failed write leaves the queue ending at its last unit
+        written, so dispatching the same units again goes on from there."""
+        ends = offsets + sizes
+        fresh = int(np.searchsorted(ends, self.max_physic_offset, side="right"))  # ends only grow
+        if fresh == len(offsets):
+            return 0
+        if fresh:
+            offsets, sizes, tags_codes, queue_offsets, ends = (
+                offsets[fresh:], sizes[fresh:], tags_codes[fresh:], queue_offsets[fresh:], ends[fresh:]
+            )  # fmt: skip
         try:
+            at = int(queue_offsets[0]) * CQ_STORE_UNIT_SIZE
+            in_order = int(queue_offsets[-1] - queue_offsets[0]) == len(queue_offsets) - 1 and (
+                len(queue_offsets) < 3 or not np.count_nonzero(np.diff(queue_offsets) != 1)
+            )
+            if in_order and (not self.queue.files or at == self.queue.max_offset):
+                units = np.empty(len(offsets), dtype=UNIT_DTYPE)
+                units["offset"] = offsets
+                units["size"] = sizes
+                units["tags"] = tags_codes
+                self._write(at, units.tobytes())
+                self.max_physic_offset = int(ends[-1])
+                return int(sizes.sum())
+            units = zip(offsets.tolist(), sizes.tolist(), tags_codes.tolist(), queue_offsets.tolist(), strict=True)
             return self._put(units)
         except (KafkaStorageError, OSError):
             last_unit = self.unit_at(self.max_offset - 1) if self.max_offset > self.min_offset else None
             self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
             raise
 
-    def _put(self, units: Sequence[tuple[int, int, int, int]]) -> int:
+    def _put(self, units: Iterable[tuple[int, int, int, int]]) -> int:
+        """put's unit by unit path."""
         written = 0
         pending = bytearray()
         pending_at = -1

@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tidelog.codec import rocketmq_message as rm
 from tidelog.config import EngineConfig, LogConfig
 from tidelog.errors import (
@@ -83,7 +85,6 @@ log = logging.getLogger("tidelog.storage.rocketmq")
 
 TOPICS_FILE = "tidelog-topics.json"
 START_OFFSETS_FILE = "tidelog-log-start-offsets"
-_NOT_DISPATCHED = rm.SYSFLAG_TRANSACTION_PREPARED, rm.SYSFLAG_TRANSACTION_ROLLBACK
 REINDEX_BATCH = 2048  # messages per IndexFile batch when recovery re-indexes from the CommitLog
 INDEX_RETRY_SECONDS = 1.0  # an index that could not be written is tried again after this long
 LONG_MAX = (1 << 63) - 1
@@ -319,7 +320,7 @@ class RocketMQEngine(StorageEngine):
             # from the last message the kept files index (a message boundary; it is skipped as already indexed)
             self._index_behind_from = self.index.last_indexed_offset
             with self.index.lock:
-                self._index_up_to(self.dispatcher.reput_from_offset, ())
+                self._index_up_to(self.dispatcher.reput_from_offset, None)
         redispatched = self.dispatcher.catch_up()
         for queue in self.queues.values():
             if queue.consume_queue.max_offset < queue.start_floor:
@@ -369,10 +370,10 @@ class RocketMQEngine(StorageEngine):
         for item in self.commitlog.iter_dispatch(max(start, self.commitlog.min_offset), end):
             batch.append(item)
             if len(batch) >= REINDEX_BATCH:
-                self.index.build_index(batch)
+                self.index.build_index(DispatchBatch.from_infos(batch))
                 batch = []
         if batch:
-            self.index.build_index(batch)
+            self.index.build_index(DispatchBatch.from_infos(batch))
 
     # --- the dispatch chain -------------------------------------------------------------------------------------
 
@@ -385,16 +386,16 @@ class RocketMQEngine(StorageEngine):
         with self.index.lock:
             if self._index_error is not None and time.monotonic() < self._index_retry_at:
                 return
-            self._index_up_to(batch[0][0], batch)
+            self._index_up_to(int(batch.offsets[0]), batch)
 
-    def _index_up_to(self, end: int, batch: DispatchBatch) -> None:
+    def _index_up_to(self, end: int, batch: DispatchBatch | None) -> None:
         """Index what the index misses below `end` (when behind), then `batch`, which starts at `end`. The caller
         holds the index lock."""
         assert self.index is not None
         try:
             if self._index_behind_from is not None:
                 self._reindex(self._index_behind_from, end)
-            if batch:
+            if batch is not None:
                 self.index.build_index(batch)
         except (KafkaStorageError, OSError) as exc:
             if self._index_error is None:
@@ -418,7 +419,7 @@ class RocketMQEngine(StorageEngine):
         with self.index.lock:
             if self._index_behind_from is None:
                 return
-            self._index_up_to(self.dispatcher.reput_from_offset, ())
+            self._index_up_to(self.dispatcher.reput_from_offset, None)
             if self._index_error is not None:
                 raise KafkaStorageError(
                     f"{self.root}: the key index misses the messages from CommitLog offset {self.index.rebuild_from} "
@@ -432,25 +433,32 @@ class RocketMQEngine(StorageEngine):
         return self.commitlog.max_offset
 
     def _build_consume_queues(self, batch: DispatchBatch) -> None:
-        """CommitLogDispatcherBuildConsumeQueue: one unit per message, grouped per queue, written in order."""
-        units: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+        """CommitLogDispatcherBuildConsumeQueue: one unit per message, the units of each queue written in order in
+        one put (prepared and rolled-back transactions are not dispatched)."""
+        runs: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for run in batch.runs:
+            runs.setdefault((run.topic, run.queue_id), []).append((run.start, run.stop))
+        transaction = batch.sys_flags & rm.SYSFLAG_TRANSACTION_MASK
+        dispatched = (transaction != rm.SYSFLAG_TRANSACTION_PREPARED) & (transaction != rm.SYSFLAG_TRANSACTION_ROLLBACK)
         with self._lock:
-            for offset, info in batch:
-                if info.sys_flag & rm.SYSFLAG_TRANSACTION_MASK in _NOT_DISPATCHED:
-                    continue
-                key = (info.topic, info.queue_id)
-                if key not in self.queues or offset < self.topic_meta[info.topic]["since"]:
-                    continue  # a deleted topic, or one deleted and created again after this message
-                tags = (
-                    rm.tags_code(rm.property_value(info.properties, rm.PROPERTY_TAGS))
-                    if b"TAGS\x01" in (info.properties)
-                    else 0
+            for key, spans in runs.items():
+                queue = self.queues.get(key)
+                if queue is None:
+                    continue  # a deleted topic
+                rows: slice | np.ndarray = (
+                    slice(*spans[0]) if len(spans) == 1 else np.concatenate([np.arange(*span) for span in spans])
                 )
-                units.setdefault(key, []).append((offset, info.total_size, tags, info.queue_offset))
-            for key, queue_units in units.items():
-                queue = self.queues[key]
+                offsets = batch.offsets[rows]
+                # a message of a topic deleted and created again after it is not the new topic's
+                chosen = dispatched[rows] & (offsets >= self.topic_meta[key[0]]["since"])
+                if not np.count_nonzero(chosen):
+                    continue
+                all_chosen = np.count_nonzero(chosen) == len(chosen)
+                columns = [offsets, batch.sizes[rows], batch.tags_codes[rows], batch.queue_offsets[rows]]
+                if not all_chosen:
+                    columns = [column[chosen] for column in columns]
                 try:
-                    queue.dispatched(queue.consume_queue.put(queue_units))
+                    queue.dispatched(queue.consume_queue.put(*columns))
                 except (KafkaStorageError, OSError):
                     queue.forget_size()  # some units may be in: count again when asked
                     raise

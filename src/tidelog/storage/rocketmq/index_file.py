@@ -40,18 +40,23 @@ from operator import mul
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from tidelog.codec.rocketmq_message import (
+    HASH_MASK,
     KEY_SEPARATOR,
+    POW31,
     PROPERTY_KEY64,
     PROPERTY_KEYS,
     PROPERTY_UNIQ_KEY,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_ROLLBACK,
-    DispatchInfo,
+    java_hash_and_units,
     java_string_hash,
     property_value,
 )
 from tidelog.errors import KafkaStorageError
+from tidelog.storage.rocketmq.dispatcher import DispatchBatch
 
 log = logging.getLogger("tidelog.storage.rocketmq")
 
@@ -62,6 +67,7 @@ HASH_SLOT = struct.Struct(">i")
 HASH_SLOT_SIZE = HASH_SLOT.size  # 4
 ENTRY = struct.Struct(">iqii")
 INDEX_SIZE = ENTRY.size  # 20
+ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")])
 INVALID_INDEX = 0
 MAX_MSGS_NUM_BATCH = 64  # maxMsgsNumBatch: the most offsets one query returns
 FILE_NAME = re.compile(r"^\d{17}$")
@@ -83,6 +89,14 @@ def _positive(unsigned_hash: int) -> int:
     return unsigned_hash
 
 
+def index_key_hashes(prefix_hashes: np.ndarray, key_hashes: np.ndarray, key_units: np.ndarray) -> np.ndarray:
+    """index_key_hash(prefix + key) of many keys at once, from String.hashCode mod 2^32 of each prefix and each key
+    and the key's UTF-16 length: hash(prefix + key) = hash(prefix) * 31^len(key) + hash(key) (mod 2^32)."""
+    full = (prefix_hashes * POW31[key_units] + key_hashes) & HASH_MASK
+    negative = full >= 0x80000000
+    return np.where(negative, np.where(full == 0x80000000, 0, (1 << 32) - full), full).astype(np.int64)
+
+
 def _utf16_units(text: str) -> bytes | list[int]:
     if text.isascii():
         return text.encode("ascii")
@@ -98,10 +112,15 @@ class KeyHasher:
     def __init__(self) -> None:
         self._prefixes: dict[str, int] = {}
 
-    def hash(self, topic: str, key: str) -> int:
+    def prefix(self, topic: str) -> int:
+        """String.hashCode of `topic#`, mod 2^32."""
         prefix = self._prefixes.get(topic)
         if prefix is None:
             prefix = self._prefixes[topic] = java_string_hash(f"{topic}#") & _MASK
+        return prefix
+
+    def hash(self, topic: str, key: str) -> int:
+        prefix = self.prefix(topic)
         units = _utf16_units(key)
         count = len(units)
         if count > _FAST_UNITS:
@@ -230,50 +249,61 @@ class IndexFile:
     def is_write_full(self) -> bool:
         return self.header.index_count >= self.index_num
 
-    def put_keys(self, keys: Sequence[tuple[int, int, int]]) -> int:
-        """Add (keyHash, phyOffset, storeTimestamp) entries in order (IndexFile.putKey for each, the hash from
-        index_key_hash); returns how many fit. The entries go to disk in one write, then the slots and the header."""
+    def put_keys(self, key_hashes: np.ndarray, phy_offsets: np.ndarray, store_timestamps: np.ndarray) -> int:
+        """Add entries (keyHash from index_key_hash, phyOffset, storeTimestamp; int64 arrays) in order, as
+        IndexFile.putKey for each would; returns how many fit. Per batch: the slots the entries hash to are read at
+        once, each entry's prevIndex is the entry before it in the batch with the same slot (a stable sort by slot),
+        else the slot's head; the entries go to disk in one write, then the slots each group's last entry heads,
+        then the header."""
         header = self.header
         count = header.index_count
-        todo = keys[: max(0, self.index_num - count)]
+        todo = max(0, min(len(key_hashes), self.index_num - count))
         if not todo:
             return 0
-        first = count
-        entries = bytearray(len(todo) * INDEX_SIZE)
-        heads: dict[int, int] = {}  # slot -> entry number, for the slots this batch changed
-        at = 0
-        for key_hash, phy_offset, store_timestamp in todo:
-            slot = key_hash % self.hash_slot_num
-            slot_value = heads.get(slot)
-            if slot_value is None:
-                (slot_value,) = HASH_SLOT.unpack_from(self.map, HEADER_SIZE + slot * HASH_SLOT_SIZE)
-                if slot_value <= INVALID_INDEX or slot_value > count:
-                    slot_value = INVALID_INDEX
-            if header.begin_timestamp <= 0:
-                time_diff = 0
-            else:
-                time_diff = min(max(_java_div(store_timestamp - header.begin_timestamp, 1000), 0), _INT_MAX)
-            ENTRY.pack_into(entries, at, key_hash, phy_offset, time_diff, slot_value)
-            at += INDEX_SIZE
-            heads[slot] = count
-            if count <= 1:
-                header.begin_phy_offset = phy_offset
-                header.begin_timestamp = store_timestamp
-            if slot_value == INVALID_INDEX:
-                header.hash_slot_count += 1
-            count += 1
-            header.end_phy_offset = phy_offset
-            header.end_timestamp = store_timestamp
+        key_hashes, phy_offsets, store_timestamps = key_hashes[:todo], phy_offsets[:todo], store_timestamps[:todo]
+        numbers = np.arange(count, count + todo)
+        slots = key_hashes % self.hash_slot_num
+        heads = np.frombuffer(self.map, dtype=">i4", count=self.hash_slot_num, offset=HEADER_SIZE)
+        previous = heads[slots].astype(np.int64)
+        previous[(previous <= INVALID_INDEX) | (previous > count)] = INVALID_INDEX
+        order = np.argsort(slots, kind="stable")
+        sorted_slots = slots[order]
+        follows = np.flatnonzero(sorted_slots[1:] == sorted_slots[:-1]) + 1  # same slot as the entry before it
+        previous[order[follows]] = numbers[order[follows - 1]]
+        entries = np.empty(todo, dtype=ENTRY_DTYPE)
+        entries["key_hash"] = key_hashes
+        entries["phy_offset"] = phy_offsets
+        entries["prev_index"] = previous
+        # timeDiff: seconds since beginTimestamp (Java's long division, clamped to [0, INT_MAX]); 0 while there is
+        # none. The file's first entry sets beginTimestamp after its own timeDiff is computed.
+        begin = header.begin_timestamp
+        time_diff = np.zeros(todo, dtype=np.int64)
+        if count <= 1:
+            time_diff[0] = min(max((int(store_timestamps[0]) - begin) // 1000, 0), _INT_MAX) if begin > 0 else 0
+            begin = int(store_timestamps[0])
+            rest = slice(1, None)
+        else:
+            rest = slice(None)
+        if begin > 0:
+            time_diff[rest] = np.clip((store_timestamps[rest] - begin) // 1000, 0, _INT_MAX)
+        entries["time_diff"] = time_diff
         try:
-            _pwrite_all(self.fd, entries, self._entries_at + first * INDEX_SIZE)
+            _pwrite_all(self.fd, entries.tobytes(), self._entries_at + count * INDEX_SIZE)
         except OSError as exc:
-            self.header = IndexHeader.unpack(self.map[:HEADER_SIZE])  # nothing of the batch is visible
             raise KafkaStorageError(f"cannot write index file {self.path}: {exc}") from exc
-        for slot, entry_number in heads.items():
-            HASH_SLOT.pack_into(self.map, HEADER_SIZE + slot * HASH_SLOT_SIZE, entry_number)
-        header.index_count = count
+        ends_run = np.ones(todo, dtype=bool)  # in sorted order: the last entry of each run of equal slots
+        ends_run[follows - 1] = False
+        heads[sorted_slots[ends_run]] = numbers[order[ends_run]]
+        del heads  # release the mapping's buffer export at once
+        if count <= 1:
+            header.begin_phy_offset = int(phy_offsets[0])
+            header.begin_timestamp = int(store_timestamps[0])
+        header.hash_slot_count += int(np.count_nonzero(previous == INVALID_INDEX))
+        header.end_phy_offset = int(phy_offsets[-1])
+        header.end_timestamp = int(store_timestamps[-1])
+        header.index_count = count + todo
         self._write_header()
-        return len(todo)
+        return todo
 
     def _write_header(self) -> None:
         self.map[:HEADER_SIZE] = self.header.pack()
@@ -486,36 +516,66 @@ class IndexService:
 
     # --- building ---------------------------------------------------------------------------------------------
 
-    def build_index(self, batch: Sequence[tuple[int, DispatchInfo]]) -> int:
-        """Index a dispatched batch: `topic#UNIQ_KEY` and `topic#key` for each key (IndexService.buildIndex).
-        Messages already indexed (by CommitLog offset) and rolled-back transactions are skipped. Returns the
-        number of entries written."""
+    def build_index(self, batch: DispatchBatch) -> int:
+        """Index a dispatched batch: `topic#UNIQ_KEY` and `topic#key` for each key (IndexService.buildIndex), all
+        keys of the batch hashed at once (index_key_hashes). Messages already indexed (by CommitLog offset) and
+        rolled-back transactions are skipped. Returns the number of entries written."""
+        if not len(batch):
+            return 0
         with self.lock:
             indexed_until = self.rebuild_from
             resume = self._resume
-            hash_key = self.hasher.hash
-            keys: list[tuple[int, int, int]] = []
-            for offset, info in batch:
-                if offset < indexed_until and (resume is None or offset != resume[0]):
-                    continue
-                if info.sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_ROLLBACK:
-                    continue
-                message_keys = message_index_keys(info.properties)
-                if offset < indexed_until:  # the message whose first keys the kept files hold: the others
-                    message_keys = message_keys[resume[1] :] if resume is not None else []
-                topic, timestamp = info.topic, info.store_timestamp
-                keys.extend((hash_key(topic, key), offset, timestamp) for key in message_keys)
-            written = self.put_keys(keys)
-            if resume is not None and batch and batch[-1][0] >= resume[0]:
+            key_hashes, key_units, key_counts = self._key_columns(batch)
+            offsets = batch.offsets
+            wanted = (offsets >= indexed_until) & (
+                batch.sys_flags & SYSFLAG_TRANSACTION_MASK != SYSFLAG_TRANSACTION_ROLLBACK
+            )
+            key_wanted = np.repeat(wanted, key_counts)
+            if resume is not None and resume[0] < indexed_until:
+                # the message whose first keys the kept files hold: the others
+                (partly,) = np.flatnonzero(offsets == resume[0])[:1].tolist() or (None,)
+                if (
+                    partly is not None
+                    and batch.sys_flags[partly] & SYSFLAG_TRANSACTION_MASK != SYSFLAG_TRANSACTION_ROLLBACK
+                ):
+                    first = int(key_counts[:partly].sum())
+                    key_wanted[first + resume[1] : first + int(key_counts[partly])] = True
+            prefixes = np.repeat(
+                np.array([self.hasher.prefix(run.topic) for run in batch.runs], dtype=np.uint64),
+                [int(key_counts[run.start : run.stop].sum()) for run in batch.runs],
+            )
+            hashes = index_key_hashes(prefixes, key_hashes, key_units)
+            written = self.put_key_arrays(
+                hashes[key_wanted],
+                np.repeat(offsets, key_counts)[key_wanted],
+                np.repeat(batch.store_timestamps, key_counts)[key_wanted],
+            )
+            if resume is not None and int(offsets[-1]) >= resume[0]:
                 self._resume = None
             return written
 
+    def _key_columns(self, batch: DispatchBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(hashes, UTF-16 lengths, count per message) of the batch's index keys: as the appender computed them, or
+        from the properties of messages read back from the CommitLog."""
+        if batch.key_counts is not None:
+            return batch.key_hashes, batch.key_units, batch.key_counts  # type: ignore[return-value]
+        keys = [message_index_keys(properties) for properties in batch.properties or ()]
+        pairs = [java_hash_and_units(key) for message_keys in keys for key in message_keys]
+        columns = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        counts = np.array([len(message_keys) for message_keys in keys], dtype=np.int64)
+        return columns[:, 0].astype(np.uint64), columns[:, 1].copy(), counts
+
     def put_keys(self, keys: Sequence[tuple[int, int, int]]) -> int:
         """Add (keyHash, offset, timestamp) entries in order, starting new files as they fill up."""
+        columns = np.array(keys, dtype=np.int64).reshape(-1, 3)
+        return self.put_key_arrays(columns[:, 0], columns[:, 1], columns[:, 2])
+
+    def put_key_arrays(self, key_hashes: np.ndarray, phy_offsets: np.ndarray, store_timestamps: np.ndarray) -> int:
+        """put_keys with the entries as three int64 arrays."""
         done = 0
-        while done < len(keys):
+        while done < len(key_hashes):
             index_file = self._last_file_for_write()
-            done += index_file.put_keys(keys[done:])
+            done += index_file.put_keys(key_hashes[done:], phy_offsets[done:], store_timestamps[done:])
         return done
 
     def _last_file_for_write(self) -> IndexFile:

@@ -16,7 +16,6 @@ turns ConsumeQueue units back into Kafka v2 batches built in memory. The contrac
 
 from __future__ import annotations
 
-import struct
 import threading
 from collections import deque
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tidelog.codec import rocketmq_message as rm
+from tidelog.codec.columnar import decode_batch
 from tidelog.codec.record_batch import (
     NO_SEQUENCE,
     BatchHeader,
@@ -33,7 +33,6 @@ from tidelog.codec.record_batch import (
     check_header_fields,
     check_producer_batch,
     compute_crc,
-    decode_records,
     read_header,
 )
 from tidelog.config import LogConfig
@@ -56,11 +55,15 @@ from tidelog.storage.api import (
 )
 from tidelog.storage.kafka.producer_state import ProducerStateManager
 from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
+from tidelog.storage.rocketmq.dispatcher import DispatchBatch, QueueRun
 
 if TYPE_CHECKING:
     from tidelog.storage.rocketmq.engine import RocketMQEngine
 
-_I64 = struct.Struct(">q")
+# the bytes of a message set under the put lock: QUEUEOFFSET and PHYSICALOFFSET (20..36), STORETIMESTAMP (56..64)
+_PATCHED_BYTES = np.concatenate(
+    [np.arange(rm.QUEUE_OFFSET_POSITION, rm.QUEUE_OFFSET_POSITION + 16), np.arange(rm.STORE_TIMESTAMP_POSITION, 64)]
+)
 READ_UNITS = 1024  # ConsumeQueue units read per round of a fetch
 TIME_BLOCK_UNITS = 1024  # queue offsets per block of the time summary (offset_for_timestamp)
 PRODUCER_REPLAY_UNITS = 4096  # units at the end of a queue replayed for the idempotent-producer state
@@ -68,16 +71,18 @@ BLANK_UNIT_SIZE = 0x7FFFFFFF
 
 
 class _Encoded:
-    """A Kafka batch encoded as CommitLog messages, waiting for its offsets (patched in under the put lock)."""
+    """A Kafka batch encoded as CommitLog messages, waiting for their offsets (patched in under the put lock)."""
 
-    __slots__ = ("count", "data", "header", "kafka_bytes", "starts")
+    __slots__ = ("header", "kafka_bytes", "messages")
 
-    def __init__(self, header: BatchHeader, data: bytearray, starts: list[int], kafka_bytes: int) -> None:
+    def __init__(self, header: BatchHeader, messages: rm.EncodedMessages, kafka_bytes: int) -> None:
         self.header = header
-        self.data = data
-        self.starts = starts
-        self.count = len(starts)
+        self.messages = messages
         self.kafka_bytes = kafka_bytes
+
+    @property
+    def count(self) -> int:
+        return len(self.messages.starts)
 
 
 class TimeBlocks:
@@ -106,6 +111,21 @@ class TimeBlocks:
             np.maximum.at(self.maxima, block_ids, stamps)
             self.end = chunk_end
         return self.maxima
+
+
+def _join(parts: list[rm.EncodedMessages]) -> rm.EncodedMessages:
+    """The messages of several batches of one append, back to back."""
+    if len(parts) == 1:
+        return parts[0]
+    at = np.cumsum([0] + [len(part.data) for part in parts[:-1]])
+    return rm.EncodedMessages(
+        bytearray().join(part.data for part in parts),
+        np.concatenate([part.starts + offset for part, offset in zip(parts, at.tolist(), strict=True)]),
+        *(
+            np.concatenate([getattr(part, name) for part in parts])
+            for name in ("key_hashes", "key_units", "key_counts")
+        ),
+    )
 
 
 class MessageQueue(Partition):
@@ -200,8 +220,13 @@ class MessageQueue(Partition):
         batches = [self._encode(view, position, header) for position, header in self._validate(view, from_client)]
         engine = self.engine
         commitlog = engine.commitlog
-        total_messages = sum(b.count for b in batches)
-        size = sum(len(b.data) for b in batches)
+        messages = _join([b.messages for b in batches])
+        buffer, starts = messages.data, messages.starts
+        total_messages = len(starts)
+        size = len(buffer)
+        sizes = np.diff(starts, append=size)
+        step = np.arange(total_messages)
+        patched_at = starts[:, None] + _PATCHED_BYTES  # QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP of each
         with commitlog.put_lock:
             if self.closed:
                 raise LogClosedError(f"{self.name} is closed")
@@ -216,20 +241,14 @@ class MessageQueue(Partition):
                     )  # fmt: skip
             now = max(engine.clock(), commitlog.last_store_timestamp)
             base_offset = self.next_offset
+            queue_offsets = base_offset + step
 
-            def encode(physical_offset: int) -> bytes | bytearray:
-                buffer = batches[0].data if len(batches) == 1 else bytearray(b"".join(b.data for b in batches))
-                queue_offset = base_offset
-                at = 0
-                for batch in batches:
-                    for start in batch.starts:
-                        position = at + start
-                        rm.QUEUE_AND_PHYSICAL_OFFSET.pack_into(
-                            buffer, position + rm.QUEUE_OFFSET_POSITION, queue_offset, physical_offset + position
-                        )
-                        _I64.pack_into(buffer, position + rm.STORE_TIMESTAMP_POSITION, now)
-                        queue_offset += 1
-                    at += len(batch.data)
+            def encode(physical_offset: int) -> bytearray:
+                values = np.empty((total_messages, 3), dtype=">i8")
+                values[:, 0] = queue_offsets
+                values[:, 1] = physical_offset + starts
+                values[:, 2] = now
+                np.frombuffer(buffer, dtype=np.uint8)[patched_at] = values.view(np.uint8).reshape(-1, 24)
                 return buffer
 
             try:
@@ -239,6 +258,16 @@ class MessageQueue(Partition):
             except KafkaStorageError as exc:  # a CommitLog file could not be created (a full disk): nothing stored
                 raise KafkaStorageError(f"{self.name}: cannot append: {exc}") from exc
             self.next_offset = base_offset + total_messages
+            if total_messages:
+                keyed = engine.index is not None
+                zeros = np.zeros(total_messages, dtype=np.int64)
+                engine.dispatcher.offer(
+                    DispatchBatch(
+                        physical_offset + starts, sizes, queue_offsets, np.full(total_messages, now), zeros, zeros,
+                        [QueueRun(self.topic, self.queue_id, 0, total_messages)],
+                        *((messages.key_hashes, messages.key_units, messages.key_counts) if keyed else ()),
+                    )
+                )  # fmt: skip
             with self._lock:
                 self._pending_flush.append((physical_offset + size, self.next_offset))
             first_offset = base_offset
@@ -282,49 +311,45 @@ class MessageQueue(Partition):
         return headers
 
     def _encode(self, view: memoryview, position: int, header: BatchHeader) -> _Encoded:
+        """The batch's records as messages (codec/rocketmq_message.py's encode_records), a batch at a time."""
         engine = self.engine
-        records = decode_records(view, position, header)
+        records = decode_batch(view, position, header)
         count = len(records)
         now = engine.clock()
-        log_append_time = self.config.message_timestamp_type == "LogAppendTime"
-        uniq_keys = engine.unique_ids.next_ids(count, now)
-        max_body = engine.store_config.max_message_size
-        parts: list[bytes] = []
-        starts: list[int] = []
-        at = 0
+        if self.config.message_timestamp_type == "LogAppendTime":
+            born_timestamps = np.full(count, now, dtype=np.int64)
+        else:
+            born_timestamps = records.timestamp
+        uniq_prefix, uniq_first = engine.unique_ids.next_block(count, now)
         idempotent = header.producer_id >= 0 and header.base_sequence != NO_SEQUENCE
-        for index, record in enumerate(records):
-            extra = f"{rm.PROPERTY_BATCH}\x01{index}/{count}\x02" if count > 1 else ""
-            if idempotent and index == count - 1:
-                extra += (
-                    f"{rm.PROPERTY_PRODUCER}\x01{header.producer_id}/{header.producer_epoch}/"
-                    f"{header.base_sequence}/{count}\x02"
-                )
-            body = record.value or b""
-            if len(body) > max_body:
-                raise RecordTooLargeError(
-                    f"a record value of {len(body)} bytes exceeds tidelog.rocketmq.maxMessageSize ({max_body})"
-                )
-            try:
-                message = rm.encode_message(
-                    topic=self.topic,
-                    queue_id=self.queue_id,
-                    body=body,
-                    properties=rm.record_properties(record, uniq_keys[index], extra),
-                    born_timestamp=now if log_append_time or record.timestamp_ms is None else record.timestamp_ms,
-                    store_host=engine.store_host,
-                )
-            except rm.PropertiesTooLargeError as exc:
-                raise RecordTooLargeError(
-                    f"record {index} of a batch for {self.name}: its RocketMQ PROPERTIES (its key, headers and the "
-                    f"engine's own properties) would be {exc.size:,} bytes, over RocketMQ's limit of "
-                    f"{rm.MAX_PROPERTIES_SIZE:,} (Short.MAX_VALUE); a key that is not plain text is stored base64-"
-                    "encoded, so it may have about 24 KB"
-                ) from None
-            starts.append(at)
-            parts.append(message)
-            at += len(message)
-        return _Encoded(header, bytearray(b"".join(parts)), starts, header.size_in_bytes)
+        max_body = engine.store_config.max_message_size
+        try:
+            messages = rm.encode_records(
+                records,
+                topic=self.topic,
+                queue_id=self.queue_id,
+                born_timestamps=born_timestamps,
+                uniq_prefix=uniq_prefix,
+                uniq_first=uniq_first,
+                producer=(
+                    f"{header.producer_id}/{header.producer_epoch}/{header.base_sequence}/{count}" if idempotent else ""
+                ),
+                store_host=engine.store_host,
+                max_body=max_body,
+                index_keys=engine.index is not None,
+            )
+        except rm.BodyTooLargeError as exc:
+            raise RecordTooLargeError(
+                f"a record value of {exc.size} bytes exceeds tidelog.rocketmq.maxMessageSize ({max_body})"
+            ) from None
+        except rm.PropertiesTooLargeError as exc:
+            raise RecordTooLargeError(
+                f"record {exc.record} of a batch for {self.name}: its RocketMQ PROPERTIES (its key, headers and the "
+                f"engine's own properties) would be {exc.size:,} bytes, over RocketMQ's limit of "
+                f"{rm.MAX_PROPERTIES_SIZE:,} (Short.MAX_VALUE); a key that is not plain text is stored base64-"
+                "encoded, so it may have about 24 KB"
+            ) from None
+        return _Encoded(header, messages, header.size_in_bytes)
 
     def _load_producer_state(self) -> None:
         """After a restart: replay the `KAFKA_PRODUCER` properties of the queue's last messages."""
