@@ -9,10 +9,14 @@ below the threshold goes by pread + write (one syscall pair beats a drain and a 
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import os
 import struct
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.server import SENDFILE_MIN_BYTES, Broker
@@ -101,3 +105,45 @@ def test_a_large_fetch_is_sent_with_sendfile_and_a_small_one_is_not(tmp_path: Pa
     assert len(got["large"]) >= large_size
     assert got["small"] == got["segment"][large_size:], "the small batch came back changed"
     assert calls == got["calls_after_large"], "a slice under SENDFILE_MIN_BYTES went by sendfile"
+
+
+async def fetch_with_failing_sendfile(log_dir: Path) -> dict[str, Any]:
+    """The same broker, whose sendfile fails with EIO (a segment file the disk cannot read): the client of that
+    Fetch must see its connection closed at once, not wait for an answer that never comes; others go on."""
+    settings = {"listeners": "PLAINTEXT://127.0.0.1:0", "log.dirs": str(log_dir), "offsets.topic.num.partitions": "1"}
+    broker = Broker(BrokerConfig.from_mapping(settings))
+    await broker.start()
+    loop = asyncio.get_running_loop()
+    real_sendfile = loop.sendfile
+
+    async def failing_sendfile(*args: Any, **kwargs: Any) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    try:
+        broker.engine.create_topic(TOPIC, 1)
+        broker.engine.partition(TOPIC, 0).append(build_batch([Record(value=os.urandom(SENDFILE_MIN_BYTES + 1000))]))
+        port = broker.bound_ports[0]
+        loop.sendfile = failing_sendfile  # type: ignore[method-assign]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(fetch_v4(1, 0))
+        started = loop.time()
+        try:
+            answer = await asyncio.wait_for(reader.read(), 10)  # until EOF (or a reset)
+        except ConnectionResetError:
+            answer = b""
+        closed_after = loop.time() - started
+        writer.close()
+        loop.sendfile = real_sendfile  # type: ignore[method-assign]
+        return {"answer": answer, "closed_after": closed_after, "next": await fetch(port, 2, 0)}
+    finally:
+        loop.sendfile = real_sendfile  # type: ignore[method-assign]
+        await broker.stop()
+
+
+def test_a_response_that_cannot_be_sent_closes_its_connection(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, logger="tidelog.broker"):
+        got = asyncio.run(fetch_with_failing_sendfile(tmp_path))
+    assert got["closed_after"] < 5, "the connection was left open: its client would wait for ever"
+    assert len(got["answer"]) < SENDFILE_MIN_BYTES, "the failed response cannot have been sent whole"
+    assert len(got["next"]) > SENDFILE_MIN_BYTES, "the broker must go on serving other connections"
+    assert any("a response could not be sent" in r.getMessage() for r in caplog.records), "the failure is not logged"

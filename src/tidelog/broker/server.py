@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl
 import time
@@ -231,6 +232,7 @@ class Broker:
         responses: asyncio.Queue[_Pending] = asyncio.Queue()
         window = asyncio.Semaphore(MAX_PIPELINED_RESPONSES)  # responses owed at most; the sender frees slots
         sender = asyncio.create_task(self._send_in_order(responses, writer, connection, window))
+        sender.add_done_callback(functools.partial(_close_if_sending_failed, writer, connection))
         try:
             while not self.stopping and not sender.done():
                 try:
@@ -363,6 +365,17 @@ async def _acquire_unless_done(window: asyncio.Semaphore, sender: asyncio.Task[N
         return True
     acquiring.cancel()
     return False
+
+
+def _close_if_sending_failed(writer: asyncio.StreamWriter, connection: Connection, sender: asyncio.Task[None]) -> None:
+    """A response that could not be prepared or written (a read error on a segment file, say) ends the connection:
+    its client would wait for that answer for ever while the reader waited for the client's next request."""
+    if sender.cancelled() or sender.exception() is None:
+        return
+    error = sender.exception()
+    if not isinstance(error, ConnectionError):
+        log.error("closing connection from %s: a response could not be sent", connection.peer, exc_info=error)
+    writer.transport.abort()
 
 
 async def _abandon(sender: asyncio.Task[None], responses: asyncio.Queue[_Pending], connection: Connection) -> None:
