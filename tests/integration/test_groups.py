@@ -49,7 +49,8 @@ SESSION_MS = 6000  # group.min.session.timeout.ms's default: the shortest sessio
 HEARTBEAT_MS = 500
 REBALANCE_S = 20.0  # the longest a rebalance may take before a test gives up waiting for it
 
-NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 3, 15, 22, 25
+NONE, UNKNOWN_TOPIC_OR_PARTITION, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 3, 22, 25
+NOT_COORDINATOR = 16
 INVALID_SESSION_TIMEOUT, REBALANCE_IN_PROGRESS, MEMBER_ID_REQUIRED = 26, 27, 79
 JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH = 11, 14, 12, 13, 8, 9
 
@@ -1444,8 +1445,9 @@ def test_member_that_does_not_rejoin_within_the_rebalance_timeout_is_dropped(gbr
 
 def test_sigterm_answers_a_join_waiting_for_a_rebalance(start_broker) -> None:
     """A member parked in a JoinGroup when SIGTERM arrives (the rebalance waits up to 60 s for the other member to
-    rejoin): its join is answered at once with COORDINATOR_NOT_AVAILABLE (the client looks for the coordinator
-    again), and the broker exits within seconds, not after tidelog.shutdown.timeout.ms (30 s)."""
+    rejoin): its join is answered at once with NOT_COORDINATOR, as Kafka's coordinator answers when it unloads
+    its groups (the client looks for the coordinator again), and the broker exits within seconds, not after
+    tidelog.shutdown.timeout.ms (30 s)."""
     broker = start_broker(group_initial_rebalance_delay_ms=0)
     group, topic = "shutdown-join", "shutdown-join"
     create_topic(broker.bootstrap, topic, 1)
@@ -1466,7 +1468,7 @@ def test_sigterm_answers_a_join_waiting_for_a_rebalance(start_broker) -> None:
     finally:
         a.close()
         b.close()
-    assert answer["error"] == COORDINATOR_NOT_AVAILABLE
+    assert answer["error"] == NOT_COORDINATOR
     assert code == 0
     assert answered < 3 and exited < 5, f"join answered after {answered:.1f} s, broker exited after {exited:.1f} s"
     assert broker.shut_down_cleanly_on_disk()

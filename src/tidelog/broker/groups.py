@@ -39,6 +39,7 @@ log = logging.getLogger("tidelog.broker")
 NONE = ErrorCode.NONE
 UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 COORDINATOR_NOT_AVAILABLE = ErrorCode.COORDINATOR_NOT_AVAILABLE
+NOT_COORDINATOR = ErrorCode.NOT_COORDINATOR  # this broker stops being the coordinator (shutdown), as Kafka answers
 ILLEGAL_GENERATION = ErrorCode.ILLEGAL_GENERATION
 INCONSISTENT_GROUP_PROTOCOL = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
 INVALID_GROUP_ID = ErrorCode.INVALID_GROUP_ID
@@ -183,7 +184,7 @@ class GroupCoordinator:
             if group.join_timer is not None:
                 group.join_timer.cancel()
             for member in group.members.values():
-                member.fail_waiters(COORDINATOR_NOT_AVAILABLE)
+                member.fail_waiters(NOT_COORDINATOR)
 
     def _group(self, group_id: str) -> Group:
         group = self.groups.get(group_id)
@@ -297,7 +298,7 @@ class GroupCoordinator:
         if member.join_future is not None and not member.join_future.done():
             member.join_future.set_result(self._join_error(UNKNOWN_MEMBER_ID, member_id))  # superseded
         if self.broker.stopping:  # nobody would complete the rebalance
-            return self._join_error(COORDINATOR_NOT_AVAILABLE, member_id)
+            return self._join_error(NOT_COORDINATOR, member_id)
         future = member.join_future = asyncio.get_running_loop().create_future()
         if group.state is not GroupState.PREPARING_REBALANCE:
             self._prepare_rebalance(group, f"member {member_id} joined")
@@ -442,7 +443,7 @@ class GroupCoordinator:
             return self._sync_response(NONE, group, member.assignment)
         member.last_heartbeat = time.monotonic()
         if self.broker.stopping:  # the group's waiters were answered already; this one would wait for nothing
-            return self._sync_response(COORDINATOR_NOT_AVAILABLE)
+            return self._sync_response(NOT_COORDINATOR)
         member.sync_future = asyncio.get_running_loop().create_future()
         future = member.sync_future
         if member.member_id == group.leader:
