@@ -25,8 +25,17 @@ from tidelog import Record
 from tidelog.codec import columnar
 from tidelog.codec import rocketmq_message as rm
 from tidelog.codec.compression import Compression
-from tidelog.codec.record_batch import TimestampType, build_batch, decode_records, read_header
+from tidelog.codec.record_batch import (
+    TimestampType,
+    assemble_batch,
+    build_batch,
+    decode_records,
+    encode_record,
+    read_header,
+)
+from tidelog.codec.varint import encode_varint
 from tidelog.config import EngineConfig
+from tidelog.errors import CorruptRecordError
 from tidelog.storage.rocketmq.consume_queue import CONSUME_QUEUE_DIR
 from tidelog.storage.rocketmq.engine import RocketMQEngine
 from tidelog.storage.rocketmq.index_file import ENTRY, HEADER_SIZE, INDEX_DIR, IndexFile, message_index_keys
@@ -141,6 +150,40 @@ def test_named_cases_encode_as_record_by_record() -> None:
     check_same(build_batch(plain, producer_id=9, producer_epoch=2, base_sequence=100))
     check_same(build_batch([Record(value=b"v", key=b"k", timestamp_ms=TS)] * 120), uniq_first=0xFFC0)  # wraps
     check_same(build_batch(plain), topic="x" * 200)  # v2 magic, 2-byte topic length
+    assert len(plain) <= columnar.DECODE_WALK_RECORDS < 40 < columnar.FRAME_WALK_RECORDS < 300  # every decode path
+    check_same(build_batch([Record(value=b"v" * (i % 7), key=b"k%d" % i, timestamp_ms=TS) for i in range(40)]))
+    check_same(build_batch([Record(value=b"v" * (i % 7), key=b"k%d" % i, timestamp_ms=TS) for i in range(300)]))
+
+
+def framed(bodies: list[bytes], *, extra: bytes = b"") -> bytes:
+    """A batch of records given as their bodies (each framed by its length varint), `extra` bytes after them."""
+    records = b"".join(encode_varint(len(body)) + body for body in bodies) + extra
+    return assemble_batch(
+        records, records_count=len(bodies), attributes=0, base_offset=0, last_offset_delta=len(bodies) - 1,
+        base_timestamp=TS, max_timestamp=TS, producer_id=-1, producer_epoch=-1, base_sequence=-1,
+        partition_leader_epoch=-1,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("count", [3, 40, 300])  # walked, decoded column-wise, framed by predictions
+def test_records_that_do_not_add_up_are_refused(count: int) -> None:
+    good = [encode_record(i, 0, Record(value=b"v", key=b"k")) for i in range(count)]
+    bodies = [record[1:] for record in good]  # each without its 1-byte length
+    columnar.decode_batch(framed(bodies), 0, read_header(framed(bodies), 0))
+    key_below_minus_one = b"\x00\x00" + encode_varint(count - 1) + encode_varint(-5) + b"\x02v\x00"
+    null_header_key = b"\x00\x00" + encode_varint(count - 1) + b"\x01\x01\x02" + encode_varint(-1) + b"\x01"
+    cases = {
+        "bytes left after": framed(bodies, extra=b"\x00"),
+        "past the end": framed([*bodies[:-1], bodies[-1] + b"\x00"])[:-1],
+        "key length below -1": framed([*bodies[:-1], key_below_minus_one]),
+        "add up": framed([*bodies[:-1], bodies[-1] + b"\x00"]),
+        "null key": framed([*bodies[:-1], null_header_key]),
+    }
+    for what, damaged in cases.items():
+        batch = damaged[:8] + struct.pack(">i", len(damaged) - 12) + damaged[12:]  # the length of what is there
+        with pytest.raises(CorruptRecordError, match="batch at byte 0") as caught:
+            columnar.decode_batch(batch, 0, read_header(batch, 0))
+        assert caught.value, what
 
 
 def test_too_large_records_are_named() -> None:

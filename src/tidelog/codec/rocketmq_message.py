@@ -665,6 +665,7 @@ class EncodedMessages(NamedTuple):
 
     data: bytearray
     starts: np.ndarray  # int64: where each message starts in `data`
+    sizes: np.ndarray  # int64: TOTALSIZE of each
     key_hashes: np.ndarray  # uint64
     key_units: np.ndarray  # int64
     key_counts: np.ndarray  # int64
@@ -676,9 +677,9 @@ def java_hashes(chars: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     2^32."""
     if not len(chars):
         return np.zeros(len(lengths), dtype=np.uint64)
-    ends = np.cumsum(lengths)
+    ends = lengths.cumsum()
     sums = np.zeros(len(chars) + 1, dtype=np.uint64)
-    np.cumsum(chars * POW31[np.repeat(ends - 1, lengths) - np.arange(len(chars))], out=sums[1:])
+    (chars * POW31[(ends - 1).repeat(lengths) - np.arange(len(chars))]).cumsum(out=sums[1:])
     return (sums[ends] - sums[ends - lengths]) & HASH_MASK
 
 
@@ -720,7 +721,7 @@ def encode_records(
     count = len(records)
     if count == 0:
         z = np.zeros(0, dtype=np.int64)
-        return EncodedMessages(bytearray(), z, z.astype(np.uint64), z, z)
+        return EncodedMessages(bytearray(), z, z, z.astype(np.uint64), z, z)
     view = memoryview(records.data)
     key_start, key_length, value_start, value_length = (
         records.key_start, records.key_length, records.value_start, records.value_length
@@ -742,10 +743,10 @@ def encode_records(
     ):
         general_rows: list[int] = []  # the common case, seen on the joined keys at once
     else:
-        key_ends = np.cumsum(key_bytes)
+        key_ends = key_bytes.cumsum()
         padded = joined + bytes(8)
         odd = np.zeros(len(joined) + 1, dtype=np.int64)
-        np.cumsum(~_PLAIN_KEY_BYTE[np.frombuffer(joined, dtype=np.uint8)], out=odd[1:])
+        (~_PLAIN_KEY_BYTE[np.frombuffer(joined, dtype=np.uint8)]).cumsum(out=odd[1:])
         windows = np.ndarray((len(joined) + 1,), dtype=">u8", buffer=padded, strides=(1,))  # 8 bytes from each byte
         key_firsts = key_ends - key_bytes
         base64_prefixed = ((windows[key_firsts] >> np.uint64(8)) == _BASE64_PREFIX) & (key_length >= 7)
@@ -766,7 +767,7 @@ def encode_records(
     properties[-1] += producer_part
     general_keys: list[tuple[int, int]] = []
     if general_rows:
-        header_first = np.cumsum(records.header_count) - records.header_count
+        header_first = records.header_count.cumsum() - records.header_count
         for row in general_rows:
             record = _record_at(records, view, row, int(header_first[row]))
             extra = f"{PROPERTY_BATCH}\x01{row}/{count}\x02" if count > 1 else ""
@@ -808,11 +809,11 @@ def encode_records(
             )
         )
     )  # fmt: skip
-    starts = np.cumsum(total_size) - total_size
+    starts = total_size.cumsum() - total_size
 
     if not index_keys:
         z = np.zeros(0, dtype=np.int64)
-        return EncodedMessages(messages, starts, z.astype(np.uint64), z, z)
+        return EncodedMessages(messages, starts, total_size, z.astype(np.uint64), z, z)
     # message i's keys: its id, then its key when it has one
     hex_hashes = (
         _HEX4_HASHES[uniq_first : uniq_first + count] if isinstance(counters, range) else _HEX4_HASHES[counters]
@@ -820,7 +821,9 @@ def encode_records(
     uniq_hashes = (hex_hashes + _uniq_prefix_hash(uniq_prefix)) & HASH_MASK
     keyed = np.count_nonzero(variant >= 2)
     if not keyed:
-        return EncodedMessages(messages, starts, uniq_hashes, np.full(count, UNIQ_KEY_LENGTH), np.ones(count, np.int64))
+        return EncodedMessages(
+            messages, starts, total_size, uniq_hashes, np.full(count, UNIQ_KEY_LENGTH), np.ones(count, np.int64)
+        )
     key_hashes = np.empty((count, 2), dtype=np.uint64)
     key_units = np.empty((count, 2), dtype=np.int64)
     key_hashes[:, 0] = uniq_hashes
@@ -831,11 +834,11 @@ def encode_records(
         rows = [row for row in general_rows if key_length[row] >= 0]
         key_hashes[rows, 1], key_units[rows, 1] = zip(*general_keys, strict=True)
     if keyed == count:
-        return EncodedMessages(messages, starts, key_hashes.ravel(), key_units.ravel(), np.full(count, 2))
+        return EncodedMessages(messages, starts, total_size, key_hashes.ravel(), key_units.ravel(), np.full(count, 2))
     chosen = np.empty((count, 2), dtype=bool)
     chosen[:, 0] = True
     chosen[:, 1] = variant >= 2
-    return EncodedMessages(messages, starts, key_hashes[chosen], key_units[chosen], 1 + chosen[:, 1])
+    return EncodedMessages(messages, starts, total_size, key_hashes[chosen], key_units[chosen], 1 + chosen[:, 1])
 
 
 _I16 = struct.Struct(">h")

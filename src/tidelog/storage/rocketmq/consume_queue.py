@@ -142,8 +142,8 @@ class ConsumeQueue:
         position, or units behind the end) unit by unit. A failed write leaves the queue ending at its last unit
         written, so dispatching the same units again goes on from there."""
         ends = offsets + sizes
-        fresh = int(np.searchsorted(ends, self.max_physic_offset, side="right"))  # ends only grow
-        if fresh == len(offsets):
+        fresh = 0 if ends[0] > self.max_physic_offset else int(ends.searchsorted(self.max_physic_offset, "right"))
+        if fresh == len(offsets):  # (ends only grow)
             return 0
         if fresh:
             offsets, sizes, tags_codes, queue_offsets, ends = (

@@ -119,7 +119,7 @@ class DispatchBatch:
         ]
         keys: tuple[np.ndarray | None, ...] = (None, None, None)
         if self.key_counts is not None:
-            ends = np.cumsum(self.key_counts)
+            ends = self.key_counts.cumsum()
             first = int(ends[start - 1]) if start else 0
             last = int(ends[stop - 1]) if stop else 0
             keys = (self.key_hashes[first:last], self.key_units[first:last], self.key_counts[rows])  # type: ignore[index]
@@ -260,12 +260,12 @@ class ReputMessageService:
                 self._offered_messages -= len(offered.popleft())
             if offered and offered[0].offsets[0] < start:  # partly dispatched by reading
                 head = offered[0]
-                offered[0] = head.tail(int(np.searchsorted(head.offsets, start)))
+                offered[0] = head.tail(int(head.offsets.searchsorted(start)))
                 self._offered_messages -= len(head) - len(offered[0])
             cursor = start
             while offered and int(offered[0].offsets[0]) == cursor and count < BATCH_MESSAGES:
                 head = offered[0]
-                fitting = int(np.searchsorted(head.offsets + head.sizes, end, side="right"))
+                fitting = len(head) if head.end <= end else int((head.offsets + head.sizes).searchsorted(end, "right"))
                 fitting = min(fitting, BATCH_MESSAGES - count) if taken else fitting
                 if fitting == 0:
                     break

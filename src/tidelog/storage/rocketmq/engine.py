@@ -438,8 +438,12 @@ class RocketMQEngine(StorageEngine):
         runs: dict[tuple[str, int], list[tuple[int, int]]] = {}
         for run in batch.runs:
             runs.setdefault((run.topic, run.queue_id), []).append((run.start, run.stop))
-        transaction = batch.sys_flags & rm.SYSFLAG_TRANSACTION_MASK
-        dispatched = (transaction != rm.SYSFLAG_TRANSACTION_PREPARED) & (transaction != rm.SYSFLAG_TRANSACTION_ROLLBACK)
+        dispatched = None
+        if np.count_nonzero(batch.sys_flags):
+            transaction = batch.sys_flags & rm.SYSFLAG_TRANSACTION_MASK
+            dispatched = (transaction != rm.SYSFLAG_TRANSACTION_PREPARED) & (
+                transaction != rm.SYSFLAG_TRANSACTION_ROLLBACK
+            )
         with self._lock:
             for key, spans in runs.items():
                 queue = self.queues.get(key)
@@ -448,14 +452,15 @@ class RocketMQEngine(StorageEngine):
                 rows: slice | np.ndarray = (
                     slice(*spans[0]) if len(spans) == 1 else np.concatenate([np.arange(*span) for span in spans])
                 )
-                offsets = batch.offsets[rows]
+                columns = [batch.offsets[rows], batch.sizes[rows], batch.tags_codes[rows], batch.queue_offsets[rows]]
                 # a message of a topic deleted and created again after it is not the new topic's
-                chosen = dispatched[rows] & (offsets >= self.topic_meta[key[0]]["since"])
-                if not np.count_nonzero(chosen):
-                    continue
-                all_chosen = np.count_nonzero(chosen) == len(chosen)
-                columns = [offsets, batch.sizes[rows], batch.tags_codes[rows], batch.queue_offsets[rows]]
-                if not all_chosen:
+                since = self.topic_meta[key[0]]["since"]
+                if dispatched is not None or columns[0][0] < since:
+                    chosen = columns[0] >= since
+                    if dispatched is not None:
+                        chosen &= dispatched[rows]
+                    if not np.count_nonzero(chosen):
+                        continue
                     columns = [column[chosen] for column in columns]
                 try:
                     queue.dispatched(queue.consume_queue.put(*columns))

@@ -89,12 +89,13 @@ def _positive(unsigned_hash: int) -> int:
     return unsigned_hash
 
 
-def index_key_hashes(prefix_hashes: np.ndarray, key_hashes: np.ndarray, key_units: np.ndarray) -> np.ndarray:
+def index_key_hashes(prefix_hashes: np.ndarray | int, key_hashes: np.ndarray, key_units: np.ndarray) -> np.ndarray:
     """index_key_hash(prefix + key) of many keys at once, from String.hashCode mod 2^32 of each prefix and each key
     and the key's UTF-16 length: hash(prefix + key) = hash(prefix) * 31^len(key) + hash(key) (mod 2^32)."""
-    full = (prefix_hashes * POW31[key_units] + key_hashes) & HASH_MASK
-    negative = full >= 0x80000000
-    return np.where(negative, np.where(full == 0x80000000, 0, (1 << 32) - full), full).astype(np.int64)
+    signed = ((prefix_hashes * POW31[key_units] + key_hashes) & HASH_MASK).astype(np.uint32).view(np.int32)
+    positive = np.abs(signed).astype(np.int64)  # Math.abs: Integer.MIN_VALUE stays negative, and becomes 0
+    positive[positive < 0] = 0
+    return positive
 
 
 def _utf16_units(text: str) -> bytes | list[int]:
@@ -265,11 +266,14 @@ class IndexFile:
         slots = key_hashes % self.hash_slot_num
         heads = np.frombuffer(self.map, dtype=">i4", count=self.hash_slot_num, offset=HEADER_SIZE)
         previous = heads[slots].astype(np.int64)
-        previous[(previous <= INVALID_INDEX) | (previous > count)] = INVALID_INDEX
-        order = np.argsort(slots, kind="stable")
+        stale = (previous <= INVALID_INDEX) | (previous > count)
+        if np.count_nonzero(stale):
+            previous[stale] = INVALID_INDEX
+        order = slots.argsort(kind="stable")
         sorted_slots = slots[order]
-        follows = np.flatnonzero(sorted_slots[1:] == sorted_slots[:-1]) + 1  # same slot as the entry before it
-        previous[order[follows]] = numbers[order[follows - 1]]
+        follows = (sorted_slots[1:] == sorted_slots[:-1]).nonzero()[0] + 1  # same slot as the entry before it
+        if len(follows):
+            previous[order[follows]] = numbers[order[follows - 1]]
         entries = np.empty(todo, dtype=ENTRY_DTYPE)
         entries["key_hash"] = key_hashes
         entries["phy_offset"] = phy_offsets
@@ -285,15 +289,18 @@ class IndexFile:
         else:
             rest = slice(None)
         if begin > 0:
-            time_diff[rest] = np.clip((store_timestamps[rest] - begin) // 1000, 0, _INT_MAX)
+            time_diff[rest] = np.minimum(np.maximum((store_timestamps[rest] - begin) // 1000, 0), _INT_MAX)
         entries["time_diff"] = time_diff
         try:
             _pwrite_all(self.fd, entries.tobytes(), self._entries_at + count * INDEX_SIZE)
         except OSError as exc:
             raise KafkaStorageError(f"cannot write index file {self.path}: {exc}") from exc
-        ends_run = np.ones(todo, dtype=bool)  # in sorted order: the last entry of each run of equal slots
-        ends_run[follows - 1] = False
-        heads[sorted_slots[ends_run]] = numbers[order[ends_run]]
+        if len(follows):  # in sorted order, the last entry of each run of equal slots heads its slot
+            ends_run = np.ones(todo, dtype=bool)
+            ends_run[follows - 1] = False
+            heads[sorted_slots[ends_run]] = numbers[order[ends_run]]
+        else:
+            heads[slots] = numbers
         del heads  # release the mapping's buffer export at once
         if count <= 1:
             header.begin_phy_offset = int(phy_offsets[0])
@@ -527,29 +534,28 @@ class IndexService:
             resume = self._resume
             key_hashes, key_units, key_counts = self._key_columns(batch)
             offsets = batch.offsets
-            wanted = (offsets >= indexed_until) & (
-                batch.sys_flags & SYSFLAG_TRANSACTION_MASK != SYSFLAG_TRANSACTION_ROLLBACK
-            )
-            key_wanted = np.repeat(wanted, key_counts)
-            if resume is not None and resume[0] < indexed_until:
-                # the message whose first keys the kept files hold: the others
-                (partly,) = np.flatnonzero(offsets == resume[0])[:1].tolist() or (None,)
-                if (
-                    partly is not None
-                    and batch.sys_flags[partly] & SYSFLAG_TRANSACTION_MASK != SYSFLAG_TRANSACTION_ROLLBACK
-                ):
-                    first = int(key_counts[:partly].sum())
-                    key_wanted[first + resume[1] : first + int(key_counts[partly])] = True
-            prefixes = np.repeat(
-                np.array([self.hasher.prefix(run.topic) for run in batch.runs], dtype=np.uint64),
-                [int(key_counts[run.start : run.stop].sum()) for run in batch.runs],
-            )
+            topics = {run.topic for run in batch.runs}
+            if len(topics) == 1:
+                prefixes: np.ndarray | int = self.hasher.prefix(topics.pop())
+            else:
+                prefixes = np.repeat(
+                    np.array([self.hasher.prefix(run.topic) for run in batch.runs], dtype=np.uint64),
+                    [int(key_counts[run.start : run.stop].sum()) for run in batch.runs],
+                )
             hashes = index_key_hashes(prefixes, key_hashes, key_units)
-            written = self.put_key_arrays(
-                hashes[key_wanted],
-                np.repeat(offsets, key_counts)[key_wanted],
-                np.repeat(batch.store_timestamps, key_counts)[key_wanted],
-            )
+            key_offsets = offsets.repeat(key_counts)
+            key_timestamps = batch.store_timestamps.repeat(key_counts)
+            if offsets[0] < indexed_until or np.count_nonzero(batch.sys_flags):  # else every key is indexed
+                rolled_back = batch.sys_flags & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_ROLLBACK
+                wanted = ((offsets >= indexed_until) & ~rolled_back).repeat(key_counts)
+                if resume is not None and resume[0] < indexed_until:
+                    # the message whose first keys the kept files hold: the others
+                    (partly,) = (offsets == resume[0]).nonzero()[0][:1].tolist() or (None,)
+                    if partly is not None and not rolled_back[partly]:
+                        first = int(key_counts[:partly].sum())
+                        wanted[first + resume[1] : first + int(key_counts[partly])] = True
+                hashes, key_offsets, key_timestamps = hashes[wanted], key_offsets[wanted], key_timestamps[wanted]
+            written = self.put_key_arrays(hashes, key_offsets, key_timestamps)
             if resume is not None and int(offsets[-1]) >= resume[0]:
                 self._resume = None
             return written

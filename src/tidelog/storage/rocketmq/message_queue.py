@@ -16,6 +16,7 @@ turns ConsumeQueue units back into Kafka v2 batches built in memory. The contrac
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from typing import TYPE_CHECKING
@@ -117,13 +118,13 @@ def _join(parts: list[rm.EncodedMessages]) -> rm.EncodedMessages:
     """The messages of several batches of one append, back to back."""
     if len(parts) == 1:
         return parts[0]
-    at = np.cumsum([0] + [len(part.data) for part in parts[:-1]])
+    at = itertools.accumulate([0] + [len(part.data) for part in parts[:-1]])
     return rm.EncodedMessages(
         bytearray().join(part.data for part in parts),
-        np.concatenate([part.starts + offset for part, offset in zip(parts, at.tolist(), strict=True)]),
+        np.concatenate([part.starts + offset for part, offset in zip(parts, at, strict=True)]),
         *(
             np.concatenate([getattr(part, name) for part in parts])
-            for name in ("key_hashes", "key_units", "key_counts")
+            for name in ("sizes", "key_hashes", "key_units", "key_counts")
         ),
     )
 
@@ -224,7 +225,6 @@ class MessageQueue(Partition):
         buffer, starts = messages.data, messages.starts
         total_messages = len(starts)
         size = len(buffer)
-        sizes = np.diff(starts, append=size)
         step = np.arange(total_messages)
         patched_at = starts[:, None] + _PATCHED_BYTES  # QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP of each
         with commitlog.put_lock:
@@ -263,7 +263,8 @@ class MessageQueue(Partition):
                 zeros = np.zeros(total_messages, dtype=np.int64)
                 engine.dispatcher.offer(
                     DispatchBatch(
-                        physical_offset + starts, sizes, queue_offsets, np.full(total_messages, now), zeros, zeros,
+                        physical_offset + starts, messages.sizes, queue_offsets, np.full(total_messages, now), zeros,
+                        zeros,
                         [QueueRun(self.topic, self.queue_id, 0, total_messages)],
                         *((messages.key_hashes, messages.key_units, messages.key_counts) if keyed else ()),
                     )
