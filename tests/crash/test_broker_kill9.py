@@ -5,8 +5,9 @@ on a broker with a durable flush policy, so an acknowledgement means the batch w
 with `log.flush.interval.messages=1` (the broker's group-commit Flusher answers acks=all only once `flush()` has
 passed the batch's offset), the RocketMQ engine with `tidelog.rocketmq.flushDiskType=SYNC_FLUSH` (an append returns
 only once a group commit has forced the CommitLog past it). A confluent-kafka group member consumes and commits
-synchronously. Each trial lets them run for a random time, SIGKILLs the broker, restarts it on the same port (the
-clients reconnect and retry by themselves) and lets them run a little longer.
+synchronously. Each trial lets them run for a random time (and until the group has committed since the previous
+kill, at most COMMIT_WAIT_S), SIGKILLs the broker, restarts it on the same port (the clients reconnect and retry by
+themselves) and lets them run a little longer.
 
 Checked after every restart: the group's committed offsets are at least the last commit acknowledged before the
 kill, and no larger than the log end. Checked at the end, after a clean stop, by reading the log directory
@@ -44,11 +45,18 @@ TOPIC = "kill9"
 PARTITIONS = 3
 GROUP = "kill9-group"
 TIMEOUT_S = 60.0
+COMMIT_WAIT_S = 15.0  # a kill waits at most this long for the group to commit (its session.timeout.ms is 10 s)
 BROKER_CONFIG = {"group.initial.rebalance.delay.ms": 0, "offsets.topic.num.partitions": 4}
-# files roll during the trials: Kafka's segments (and producer snapshots are written), RocketMQ's CommitLog files
+# Files roll during the trials: Kafka's segments (and producer snapshots are written), RocketMQ's CommitLog files.
+# RocketMQ moves its checkpoint's logics timestamp, where abnormal recovery starts, only after a full ConsumeQueue
+# flush (every 60 s by default): a broker killed every few seconds would rescan the whole CommitLog at each start.
+# Every second, kills land around checkpoint moves and recovery starts where the checkpoint says.
 ENGINE_CONFIG: dict[str, dict[str, int]] = {
     "kafka": {"log.segment.bytes": 256 * 1024},
-    "rocketmq": {"tidelog.rocketmq.mapedFileSizeCommitLog": 1 << 20},
+    "rocketmq": {
+        "tidelog.rocketmq.mapedFileSizeCommitLog": 1 << 20,
+        "tidelog.rocketmq.flushConsumeQueueThoroughInterval": 1000,
+    },
 }
 # quick reconnects after each restart; librdkafka's own log lines about the refused connections are left out
 CLIENT_BACKOFF = {"reconnect.backoff.ms": 20, "reconnect.backoff.max.ms": 250, "retry.backoff.ms": 20, "log_level": 2}
@@ -247,6 +255,8 @@ class Figures:
     kills: int = 0
     recovery_s: list[float] = field(default_factory=list)
     in_flight_at_kill: list[int] = field(default_factory=list)  # produced but not yet acknowledged
+    kills_after_a_commit: int = 0  # kills the group had committed new offsets before (since the previous kill)
+    catch_up_s: float = 0.0  # after the last restart, until the group has committed the log end
 
 
 def run_kill9_trials(start_broker: Any, engine: str, trials: int, seed: int) -> None:
@@ -260,10 +270,18 @@ def run_kill9_trials(start_broker: Any, engine: str, trials: int, seed: int) -> 
     started = time.monotonic()
     for thread in (*producers, member):
         thread.start()
+    committed_before: dict[int, int] = {}
     try:
         for trial in range(trials):
             time.sleep(rng.uniform(0.2, 1.5))
-            committed_before = member.snapshot()
+            # A member whose session lapsed during a slow restart rejoins under a new id, and its group then waits
+            # out the old member's session (as Kafka's does); kills every few seconds could keep it rebalancing and
+            # the committed-offset checks idle. So the kill waits (a bounded time) for a commit since the last one.
+            committed_at_last_kill = committed_before
+            deadline = time.monotonic() + COMMIT_WAIT_S
+            while (committed_before := member.snapshot()) == committed_at_last_kill and time.monotonic() < deadline:
+                time.sleep(0.05)
+            figures.kills_after_a_commit += committed_before != committed_at_last_kill
             figures.in_flight_at_kill.append(sum(p.sent - p.acked_count() - len(p.failures) for p in producers))
             broker.kill()
             figures.kills += 1
@@ -281,10 +299,17 @@ def run_kill9_trials(start_broker: Any, engine: str, trials: int, seed: int) -> 
         for producer in producers:
             producer.finish()
         final = high_watermarks(broker.bootstrap)
-        deadline = time.monotonic() + TIMEOUT_S
-        while member.snapshot() != {p: o for p, o in final.items() if o} and time.monotonic() < deadline:
-            time.sleep(0.1)  # the member catches up and commits the end of every partition
-        assert member.snapshot() == {p: o for p, o in final.items() if o}, "the member never caught up"
+        log_ends = {p: o for p, o in final.items() if o}
+        # the member catches up and commits the end of every partition: the kills keep its group rebalancing, so
+        # the backlog can be large; slow is fine, stuck (no commit for TIMEOUT_S) is not
+        catch_up_started = last_progress = time.monotonic()
+        progress = member.snapshot()
+        while progress != log_ends and time.monotonic() - last_progress < TIMEOUT_S:
+            time.sleep(0.1)
+            if (now := member.snapshot()) != progress:
+                progress, last_progress = now, time.monotonic()
+        assert progress == log_ends, f"the member stopped catching up at {progress} of {log_ends}"
+        figures.catch_up_s = time.monotonic() - catch_up_started
     except AssertionError as exc:  # with the broker's side of the story (its log dir is gone after the run)
         raise AssertionError(f"{exc}\n--- broker stderr, last lines ---\n{broker.stderr_tail(80)}") from exc
     finally:
@@ -343,7 +368,9 @@ def run_kill9_trials(start_broker: Any, engine: str, trials: int, seed: int) -> 
         f"(acks=all, idempotent, fsync per batch), {stored} in the log, all present exactly once; "
         f"records in flight at a kill: median {in_flight[len(in_flight) // 2]}, max {in_flight[-1]}; "
         f"restart to ready: median {recovery[len(recovery) // 2]:.2f} s, max {recovery[-1]:.2f} s; "
-        f"{member.consumed} records consumed by the group, {member.failed_commits} commits refused during outages"
+        f"{member.consumed} records consumed by the group (caught up {figures.catch_up_s:.1f} s after the producers "
+        f"stopped); {figures.kills_after_a_commit} kills came after a new commit, "
+        f"{member.failed_commits} commits refused during outages"
     )
 
 
