@@ -658,17 +658,58 @@ class BodyTooLargeError(ValueError):
         self.record = record
 
 
+class IndexKeys(NamedTuple):
+    """The IndexFile keys (without the topic) of messages encode_records made: message i's UNIQ_KEY, by its
+    String.hashCode mod 2^32, then its Kafka key as index_key spells it, when it has one: `key_lengths[i]` UTF-16
+    code units (-1: no key) of `key_chars`, the keys back to back. Hashed when they are indexed (`hashed`), so a
+    dispatcher that takes the keys of many appends at once hashes them together."""
+
+    uniq_hashes: np.ndarray  # uint64
+    key_chars: np.ndarray  # uint8 (all keys ASCII) or uint16
+    key_lengths: np.ndarray  # int64
+
+    def hashed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """String.hashCode mod 2^32 (uint64) and UTF-16 length of every key, message by message, and how many keys
+        each message has."""
+        count = len(self.uniq_hashes)
+        keyed = self.key_lengths >= 0
+        with_keys = np.count_nonzero(keyed)
+        if not with_keys:
+            return self.uniq_hashes, np.full(count, UNIQ_KEY_LENGTH), np.ones(count, dtype=np.int64)
+        hashes = np.empty((count, 2), dtype=np.uint64)
+        units = np.empty((count, 2), dtype=np.int64)
+        hashes[:, 0] = self.uniq_hashes
+        units[:, 0] = UNIQ_KEY_LENGTH
+        units[:, 1] = self.key_lengths
+        if with_keys == count:
+            hashes[:, 1] = java_hashes(self.key_chars, self.key_lengths)
+            return hashes.ravel(), units.ravel(), np.full(count, 2)
+        hashes[keyed, 1] = java_hashes(self.key_chars, self.key_lengths[keyed])
+        chosen = np.empty((count, 2), dtype=bool)
+        chosen[:, 0] = True
+        chosen[:, 1] = keyed
+        return hashes[chosen], units[chosen], 1 + keyed
+
+    def rows(self, start: int, stop: int) -> IndexKeys:
+        """The keys of messages [start, stop)."""
+        chars_end = np.maximum(self.key_lengths, 0).cumsum()
+        first = int(chars_end[start - 1]) if start else 0
+        last = int(chars_end[stop - 1]) if stop else 0
+        return IndexKeys(self.uniq_hashes[start:stop], self.key_chars[first:last], self.key_lengths[start:stop])
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[IndexKeys]) -> IndexKeys:
+        return cls(*(np.concatenate(column) for column in zip(*parts, strict=True)))
+
+
 class EncodedMessages(NamedTuple):
-    """Messages back to back, QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP left 0 (set by the put), and what the
-    IndexFile needs of them: the String.hashCode (mod 2^32) and the UTF-16 length of each message's index keys
-    (UNIQ_KEY, then the Kafka key as index_key spells it), `key_counts[i]` of them for message i."""
+    """Messages back to back, QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP left 0 (set by the put), and their
+    IndexFile keys (when asked for)."""
 
     data: bytearray
     starts: np.ndarray  # int64: where each message starts in `data`
     sizes: np.ndarray  # int64: TOTALSIZE of each
-    key_hashes: np.ndarray  # uint64
-    key_units: np.ndarray  # int64
-    key_counts: np.ndarray  # int64
+    keys: IndexKeys | None
 
 
 def java_hashes(chars: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -721,7 +762,7 @@ def encode_records(
     count = len(records)
     if count == 0:
         z = np.zeros(0, dtype=np.int64)
-        return EncodedMessages(bytearray(), z, z, z.astype(np.uint64), z, z)
+        return EncodedMessages(bytearray(), z, z, IndexKeys(z.astype(np.uint64), z.astype(np.uint8), z))
     view = memoryview(records.data)
     key_start, key_length, value_start, value_length = (
         records.key_start, records.key_length, records.value_start, records.value_length
@@ -765,7 +806,6 @@ def encode_records(
     properties = list(map(uniq_part.__mod__, zip(*fields, strict=True)))
     producer_part = f"{PROPERTY_PRODUCER}\x01{producer}\x02".encode() if producer else b""
     properties[-1] += producer_part
-    general_keys: list[tuple[int, int]] = []
     if general_rows:
         header_first = records.header_count.cumsum() - records.header_count
         for row in general_rows:
@@ -775,8 +815,6 @@ def encode_records(
                 extra += producer_part.decode()
             text = record_properties(record, unique_id(uniq_prefix, uniq_first + row), extra)
             properties[row] = text.encode("utf-8", "surrogateescape")
-            if record.key is not None and index_keys:
-                general_keys.append(java_hash_and_units(index_key(record.key)))
     lengths = list(map(len, properties))
     properties_length = np.array(lengths)
     too_large = (value_length > max_body) | (properties_length > MAX_PROPERTIES_SIZE)
@@ -812,33 +850,22 @@ def encode_records(
     starts = total_size.cumsum() - total_size
 
     if not index_keys:
-        z = np.zeros(0, dtype=np.int64)
-        return EncodedMessages(messages, starts, total_size, z.astype(np.uint64), z, z)
-    # message i's keys: its id, then its key when it has one
+        return EncodedMessages(messages, starts, total_size, None)
     hex_hashes = (
         _HEX4_HASHES[uniq_first : uniq_first + count] if isinstance(counters, range) else _HEX4_HASHES[counters]
     )
     uniq_hashes = (hex_hashes + _uniq_prefix_hash(uniq_prefix)) & HASH_MASK
-    keyed = np.count_nonzero(variant >= 2)
-    if not keyed:
-        return EncodedMessages(
-            messages, starts, total_size, uniq_hashes, np.full(count, UNIQ_KEY_LENGTH), np.ones(count, np.int64)
-        )
-    key_hashes = np.empty((count, 2), dtype=np.uint64)
-    key_units = np.empty((count, 2), dtype=np.int64)
-    key_hashes[:, 0] = uniq_hashes
-    key_units[:, 0] = UNIQ_KEY_LENGTH
-    key_hashes[:, 1] = java_hashes(np.frombuffer(joined, dtype=np.uint8), key_bytes)
-    key_units[:, 1] = key_bytes
-    if general_keys:
-        rows = [row for row in general_rows if key_length[row] >= 0]
-        key_hashes[rows, 1], key_units[rows, 1] = zip(*general_keys, strict=True)
-    if keyed == count:
-        return EncodedMessages(messages, starts, total_size, key_hashes.ravel(), key_units.ravel(), np.full(count, 2))
-    chosen = np.empty((count, 2), dtype=bool)
-    chosen[:, 0] = True
-    chosen[:, 1] = variant >= 2
-    return EncodedMessages(messages, starts, total_size, key_hashes[chosen], key_units[chosen], 1 + chosen[:, 1])
+    key_chars = np.frombuffer(joined, dtype=np.uint8)
+    if np.count_nonzero(key_length[general_rows] >= 0):  # keys that index_key spells otherwise: as UTF-16
+        key_length = key_length.copy()
+        encoded = [
+            index_key(bytes(key)).encode("utf-16-be", "surrogatepass")
+            for key, size in zip(keys, key_length.tolist(), strict=True)
+            if size >= 0
+        ]
+        key_chars = np.frombuffer(b"".join(encoded), dtype=">u2").astype(np.uint16)
+        key_length[key_length >= 0] = [len(units) // 2 for units in encoded]
+    return EncodedMessages(messages, starts, total_size, IndexKeys(uniq_hashes, key_chars, key_length))
 
 
 _I16 = struct.Struct(">h")

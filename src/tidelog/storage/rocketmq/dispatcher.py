@@ -32,6 +32,7 @@ from tidelog.codec.rocketmq_message import (
     PROPERTY_TAGS,
     Blank,
     DispatchInfo,
+    IndexKeys,
     InvalidMessage,
     decode_dispatch_info,
     property_value,
@@ -44,6 +45,7 @@ log = logging.getLogger("tidelog.storage.rocketmq")
 
 BATCH_MESSAGES = 2048
 IDLE_WAIT_SECONDS = 0.1
+ROUND_INTERVAL_SECONDS = 0.001  # RocketMQ's reput loop sleeps 1 ms a round: the appends of that time go together
 MAX_OFFERED_MESSAGES = 1 << 16  # offered messages kept for the dispatcher; older offers are dropped (read back)
 
 
@@ -61,9 +63,8 @@ class QueueRun:
 class DispatchBatch:
     """Messages in CommitLog order, as columns of what the dispatch chain needs (RocketMQ's DispatchRequest).
 
-    The index keys of message i (UNIQ_KEY, then its keys, without the topic) are `key_counts[i]` entries of
-    `key_hashes` (String.hashCode mod 2^32) and `key_units` (UTF-16 length), when the appender computed them; a
-    batch read back from the CommitLog has `properties` instead, which the IndexFile builder reads them from."""
+    The index keys come as `keys` from the appender, or, for a batch read back from the CommitLog, from the
+    messages' `properties`, which the IndexFile builder reads them from."""
 
     offsets: np.ndarray  # int64 CommitLog offsets
     sizes: np.ndarray  # int64 TOTALSIZE
@@ -72,9 +73,7 @@ class DispatchBatch:
     sys_flags: np.ndarray  # int64
     tags_codes: np.ndarray  # int64
     runs: list[QueueRun]
-    key_hashes: np.ndarray | None = None  # uint64
-    key_units: np.ndarray | None = None  # int64
-    key_counts: np.ndarray | None = None  # int64
+    keys: IndexKeys | None = None
     properties: Sequence[bytes] | None = None
 
     def __len__(self) -> int:
@@ -117,15 +116,10 @@ class DispatchBatch:
             for r in self.runs
             if r.stop > start and r.start < stop
         ]
-        keys: tuple[np.ndarray | None, ...] = (None, None, None)
-        if self.key_counts is not None:
-            ends = self.key_counts.cumsum()
-            first = int(ends[start - 1]) if start else 0
-            last = int(ends[stop - 1]) if stop else 0
-            keys = (self.key_hashes[first:last], self.key_units[first:last], self.key_counts[rows])  # type: ignore[index]
         return DispatchBatch(
             self.offsets[rows], self.sizes[rows], self.queue_offsets[rows], self.store_timestamps[rows],
-            self.sys_flags[rows], self.tags_codes[rows], runs, *keys,
+            self.sys_flags[rows], self.tags_codes[rows], runs,
+            None if self.keys is None else self.keys.rows(start, stop),
             None if self.properties is None else self.properties[rows],
         )  # fmt: skip
 
@@ -139,14 +133,14 @@ class DispatchBatch:
         for batch in batches:
             runs += [QueueRun(r.topic, r.queue_id, r.start + at, r.stop + at) for r in batch.runs]
             at += len(batch)
-        keyed = batches[0].key_counts is not None
+        keyed = batches[0].keys is not None
 
         def join(name: str) -> np.ndarray:
             return np.concatenate([getattr(b, name) for b in batches])
 
         return cls(
             join("offsets"), join("sizes"), join("queue_offsets"), join("store_timestamps"), join("sys_flags"),
-            join("tags_codes"), runs, *((join("key_hashes"), join("key_units"), join("key_counts")) if keyed else ()),
+            join("tags_codes"), runs, IndexKeys.concatenate([b.keys for b in batches]) if keyed else None,  # type: ignore[misc]
         )  # fmt: skip
 
 
@@ -319,6 +313,7 @@ class ReputMessageService:
     def _run(self) -> None:
         while self._running:
             self._wake.wait(IDLE_WAIT_SECONDS)
+            time.sleep(ROUND_INTERVAL_SECONDS)
             self._wake.clear()
             if not self._running:
                 return

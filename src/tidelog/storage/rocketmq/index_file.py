@@ -563,8 +563,8 @@ class IndexService:
     def _key_columns(self, batch: DispatchBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(hashes, UTF-16 lengths, count per message) of the batch's index keys: as the appender computed them, or
         from the properties of messages read back from the CommitLog."""
-        if batch.key_counts is not None:
-            return batch.key_hashes, batch.key_units, batch.key_counts  # type: ignore[return-value]
+        if batch.keys is not None:
+            return batch.keys.hashed()
         keys = [message_index_keys(properties) for properties in batch.properties or ()]
         pairs = [java_hash_and_units(key) for message_keys in keys for key in message_keys]
         columns = np.array(pairs, dtype=np.int64).reshape(-1, 2)

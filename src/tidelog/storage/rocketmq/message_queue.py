@@ -122,10 +122,8 @@ def _join(parts: list[rm.EncodedMessages]) -> rm.EncodedMessages:
     return rm.EncodedMessages(
         bytearray().join(part.data for part in parts),
         np.concatenate([part.starts + offset for part, offset in zip(parts, at, strict=True)]),
-        *(
-            np.concatenate([getattr(part, name) for part in parts])
-            for name in ("sizes", "key_hashes", "key_units", "key_counts")
-        ),
+        np.concatenate([part.sizes for part in parts]),
+        None if parts[0].keys is None else rm.IndexKeys.concatenate([part.keys for part in parts]),  # type: ignore[misc]
     )
 
 
@@ -259,14 +257,13 @@ class MessageQueue(Partition):
                 raise KafkaStorageError(f"{self.name}: cannot append: {exc}") from exc
             self.next_offset = base_offset + total_messages
             if total_messages:
-                keyed = engine.index is not None
                 zeros = np.zeros(total_messages, dtype=np.int64)
                 engine.dispatcher.offer(
                     DispatchBatch(
                         physical_offset + starts, messages.sizes, queue_offsets, np.full(total_messages, now), zeros,
                         zeros,
                         [QueueRun(self.topic, self.queue_id, 0, total_messages)],
-                        *((messages.key_hashes, messages.key_units, messages.key_counts) if keyed else ()),
+                        messages.keys,
                     )
                 )  # fmt: skip
             with self._lock:
