@@ -379,3 +379,48 @@ def test_a_record_whose_properties_exceed_rocketmqs_limit_is_refused(tmp_path: P
             assert "over RocketMQ's limit of 32,767 (Short.MAX_VALUE)" in message
             assert engine.log_end_offset("t", 0) == 2 and engine.commitlog.max_offset > 0
         assert [r.value for r in engine.consume("t", 0)] == [b"v", b"w"]
+
+
+def test_many_dirty_consume_queues_are_synced_on_worker_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush syncs every dirty ConsumeQueue - on FLUSH_THREADS threads when there are at least that many (their
+    fdatasyncs overlap) - and a queue that cannot be synced fails the flush."""
+    from tidelog.errors import KafkaStorageError
+    from tidelog.storage.rocketmq import engine as engine_module
+    from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
+
+    synced: list[tuple[str, str]] = []
+    flush = ConsumeQueue.flush
+
+    def recording_flush(self: ConsumeQueue) -> None:
+        if self.dirty:
+            synced.append((f"{self.topic}-{self.queue_id}", threading.current_thread().name))
+        flush(self)
+
+    monkeypatch.setattr(ConsumeQueue, "flush", recording_flush)
+    store = open_store(tmp_path)
+    count = engine_module.FLUSH_THREADS + 2
+    store.create_topic("many", partitions=count)
+    store.create_topic("one", partitions=1)
+    for partition in range(count):
+        store.append("many", partition, build_batch([Record(value=b"v", timestamp_ms=TS)]))
+    store.flush()
+    assert sorted(name for name, _ in synced) == sorted(f"many-{p}" for p in range(count))
+    assert all(thread.startswith("tidelog-flush-cq") for _, thread in synced)
+    synced.clear()
+    store.append("one", 0, build_batch([Record(value=b"v", timestamp_ms=TS)]))
+    store.flush()
+    assert synced == [("one-0", threading.current_thread().name)]  # one dirty queue: no threads
+
+    def failing_flush(self: ConsumeQueue) -> None:
+        raise KafkaStorageError(f"cannot flush {self.topic}-{self.queue_id}")
+
+    for partition in range(count):
+        store.append("many", partition, build_batch([Record(value=b"v", timestamp_ms=TS)]))
+    store.catch_up()
+    monkeypatch.setattr(ConsumeQueue, "flush", failing_flush)
+    with pytest.raises(KafkaStorageError, match="cannot flush many-"):
+        store.flush()
+    monkeypatch.setattr(ConsumeQueue, "flush", flush)
+    store.close()

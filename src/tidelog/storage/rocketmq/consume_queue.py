@@ -141,26 +141,31 @@ class ConsumeQueue:
         that goes on from the queue's end is written with one write, anything else (a gap, logged and filled by
         position, or units behind the end) unit by unit. A failed write leaves the queue ending at its last unit
         written, so dispatching the same units again goes on from there."""
-        ends = offsets + sizes
-        fresh = 0 if ends[0] > self.max_physic_offset else int(ends.searchsorted(self.max_physic_offset, "right"))
-        if fresh == len(offsets):  # (ends only grow)
-            return 0
-        if fresh:
-            offsets, sizes, tags_codes, queue_offsets, ends = (
-                offsets[fresh:], sizes[fresh:], tags_codes[fresh:], queue_offsets[fresh:], ends[fresh:]
-            )  # fmt: skip
+        count = len(offsets)
+        if int(offsets[0]) + int(sizes[0]) <= self.max_physic_offset:  # dispatched before, in part (ends only grow)
+            fresh = int((offsets + sizes).searchsorted(self.max_physic_offset, "right"))
+            if fresh == count:
+                return 0
+            offsets, sizes, tags_codes, queue_offsets = (
+                offsets[fresh:],
+                sizes[fresh:],
+                tags_codes[fresh:],
+                queue_offsets[fresh:],
+            )
+            count -= fresh
         try:
-            at = int(queue_offsets[0]) * CQ_STORE_UNIT_SIZE
-            in_order = int(queue_offsets[-1] - queue_offsets[0]) == len(queue_offsets) - 1 and (
-                len(queue_offsets) < 3 or not np.count_nonzero(np.diff(queue_offsets) != 1)
+            first = int(queue_offsets[0])
+            at = first * CQ_STORE_UNIT_SIZE
+            in_order = int(queue_offsets[-1]) - first == count - 1 and (
+                count < 3 or not np.count_nonzero(queue_offsets[1:] - queue_offsets[:-1] != 1)
             )
             if in_order and (not self.queue.files or at == self.queue.max_offset):
-                units = np.empty(len(offsets), dtype=UNIT_DTYPE)
+                units = np.empty(count, dtype=UNIT_DTYPE)
                 units["offset"] = offsets
                 units["size"] = sizes
                 units["tags"] = tags_codes
                 self._write(at, units.tobytes())
-                self.max_physic_offset = int(ends[-1])
+                self.max_physic_offset = int(offsets[-1]) + int(sizes[-1])
                 return int(sizes.sum())
             units = zip(offsets.tolist(), sizes.tolist(), tags_codes.tolist(), queue_offsets.tolist(), strict=True)
             return self._put(units)
