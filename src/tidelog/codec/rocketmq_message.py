@@ -29,6 +29,10 @@ Kafka records in this format (tidelog's mapping; nothing of the record is lost):
 - `UNIQ_KEY`: a RocketMQ client message id generated per message (MessageClientIDSetter layout).
 - batch atomicity and idempotence: messages of a multi-record Kafka batch carry `KAFKA_BATCH=<index>/<count>`;
   the last message of an idempotent batch carries `KAFKA_PRODUCER=<producerId>/<epoch>/<baseSequence>/<count>`.
+
+encode_message and record_properties define a message record by record; encode_records makes the same bytes for a
+whole Kafka batch at once (columns from columnar.decode_batch; see there), with the IndexFile keys of its messages
+as IndexKeys, hashed later (java_hashes: String.hashCode of many ASCII strings with numpy).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ keeps those whose topic and key really match (RocketMQ's client does the same, "
 
 A file is named after the local time of its creation; a new file starts when the last one is full and inherits its
 end timestamp and offset as its begin. Files are sparse: header and slots are allocated and written through the
-mapping, entries are appended with one pwrite per dispatched batch (a full disk reports ENOSPC, not SIGBUS).
+mapping, entries are appended with one pwrite per dispatched batch (a full disk reports ENOSPC, not SIGBUS). A batch
+is hashed and inserted at once (numpy): what putKey does key by key, chains included, gives the same bytes.
 Derived data: after a crash, files whose end is past the checkpoint's indexMsgTimestamp are dropped and rebuilt
 from the CommitLog (IndexService#load), and so is a file found shorter than its size (torn) with those after it;
 `rebuild_from` says where re-indexing starts.

@@ -1,7 +1,10 @@
 """One message queue of the RocketMQ engine as a Kafka partition: queue id = partition, queue offset = Kafka offset.
 
-No file of its own: an append turns the Kafka batch into CommitLog messages (codec/rocketmq_message.py), a read
-turns ConsumeQueue units back into Kafka v2 batches built in memory. The contract is storage/api.py's `Partition`:
+No file of its own: an append turns the Kafka batch into CommitLog messages a batch at a time
+(codec/rocketmq_message.py's encode_records), puts them with one write, their QUEUEOFFSET, PHYSICALOFFSET and
+STORETIMESTAMP set by one numpy scatter under the put lock, and offers the dispatcher their DispatchRequest columns;
+a read turns ConsumeQueue units back into Kafka v2 batches built in memory. The contract is storage/api.py's
+`Partition`:
 
 - log end offset = the next queue offset to assign (RocketMQ's topicQueueTable); high watermark = the ConsumeQueue's
   end, i.e. what the dispatcher has made readable (under SYNC_FLUSH only flushed messages are dispatched);
