@@ -103,6 +103,10 @@ def build_batches(count: int, records: int, value_bytes: int) -> list[bytes]:
     return [build_batch([record(i, j) for j in range(records)]) for i in range(count)]
 
 
+def load_average() -> str:
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def raise_open_file_limit() -> int:
     """Many partitions mean many open files (Kafka: .log, .index, .timeindex each; RocketMQ: a ConsumeQueue file
     each): lift the soft limit to the hard one."""
@@ -209,6 +213,7 @@ def main() -> None:
     raw: list[Result] = []
     with scratch_dir(args.dir, needed, "tidelog-bench-partitions-") as scratch:
         print_machine(scratch)
+        console.print(f"load average at the start: {load_average()} (1, 5, 15 min): other work on the machine")
         console.print(
             f"batches of {args.batch_records} x {args.value_bytes} B values = {fmt_bytes(batch_bytes)} per append; "
             f"async runs {args.async_mib} MiB, sync runs {args.sync_mib} MiB with {args.writers} writers; "
@@ -235,6 +240,7 @@ def main() -> None:
                             f"{label} {result.mb_per_s:8.1f} MB/s ({fmt_bytes(result.data_bytes)} in "
                             f"{result.seconds:.2f} s, {result.open_files} open files at the end)"
                         )
+        console.print(f"load average at the end: {load_average()} (1, 5, 15 min)")
     results = medians(raw)
     report(results, counts, engines, policies)
     if args.plot:
