@@ -778,19 +778,26 @@ def _random_batch(rng: random.Random, count: int, codec: Compression) -> bytes:
     def blob(limit: int) -> bytes | None:
         return None if rng.random() < 0.2 else rng.randbytes(rng.choice((rng.randrange(limit), limit)))
 
-    shape = rng.choice(("same", "varied", "tiny"))  # same-size records take the numpy path's runs, others its walk
+    # Records of one layout ("same", "keyed", "tiny", "clock") take the run path; "clock" has timestamp deltas
+    # that grow past one byte (and sometimes past two, which runs leave to the general way); "varied" records
+    # take the general way (a loop for few records, numpy for more).
+    shape = rng.choice(("same", "keyed", "tiny", "clock", "varied"))
     if shape == "tiny":  # 7-byte records: several at the end of the batch, where the numpy path walks instead
         return build_batch([Record(value=None, timestamp_ms=TS) for _ in range(count)], compression=codec)
-    same_size = shape == "same"
-    records = [
-        Record(
-            value=b"v" * 30 if same_size else blob(300),
-            key=None if same_size else blob(20),
-            timestamp_ms=TS + (0 if same_size else rng.randrange(-20_000, 20_000)),
-            headers=[] if same_size or rng.random() < 0.7 else [(f"h{j}", blob(5)) for j in range(rng.randrange(3))],
-        )
-        for _ in range(count)
-    ]
+    if shape == "varied":
+        records = [
+            Record(
+                value=blob(300),
+                key=blob(20),
+                timestamp_ms=TS + rng.randrange(-20_000, 20_000),
+                headers=[] if rng.random() < 0.7 else [(f"h{j}", blob(5)) for j in range(rng.randrange(3))],
+            )
+            for _ in range(count)
+        ]
+    else:
+        step = rng.choice((1, 3, 70)) if shape == "clock" else 0
+        key = rng.randbytes(rng.choice((1, 5, 200))) if shape == "keyed" else None
+        records = [Record(value=b"v" * 30, key=key, timestamp_ms=TS + i * step) for i in range(count)]
     return build_batch(records, compression=codec)
 
 
@@ -801,15 +808,32 @@ def _outcome(batch: bytes) -> object:
         return "corrupt"
 
 
+def _outcomes_of_each_way(batch: bytes, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """check_batch_records made to go each of its ways: every record walked by the loop; the general numpy path
+    (the run path left out); runs for all records (none left to the final walk); and as configured."""
+    outcomes = {"as configured": _outcome(batch)}
+    with monkeypatch.context() as patch:
+        patch.setattr(columnar, "RUN_WALK_MAX", 10**9)
+        outcomes["loop"] = _outcome(batch)
+    with monkeypatch.context() as patch:
+        patch.setattr(columnar, "_check_runs", lambda *_args: None)
+        patch.setattr(columnar, "FEW_RECORDS", 0)
+        outcomes["numpy"] = _outcome(batch)
+    with monkeypatch.context() as patch:
+        patch.setattr(columnar, "RUN_WALK_MAX", 0)
+        outcomes["runs"] = _outcome(batch)
+    return outcomes
+
+
 @pytest.mark.parametrize("seed", range(8))
-def test_check_batch_records_loop_and_numpy_agree_with_the_decoders(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both ways of checking (a loop for few records, numpy for more) give the same answer for good batches and
-    for batches with flipped record bytes (CRC made to fit); a batch they accept decodes, with the maximum
-    timestamp they report."""
+def test_check_batch_records_ways_agree_with_the_decoders(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way of checking (a loop, numpy over all records, runs of records laid out alike) gives the same answer
+    for good batches and for batches with flipped record bytes (CRC made to fit); a batch they accept decodes, with
+    the maximum timestamp and the count of keyless records they report."""
     rng = random.Random(seed)
-    outcomes = set()
+    accepted = set()
     for trial in range(40):
-        count = rng.choice((1, 2, 7, 40, 70, 150, 200))
+        count = rng.choice((1, 2, 7, 17, 40, 64, 65, 70, 150, 200, 300))
         codec = rng.choice((Compression.NONE, Compression.NONE, Compression.GZIP, Compression.ZSTD))
         good = _random_batch(rng, count, codec)
         section = bytearray(decompress(codec, good[HEADER_SIZE:]))
@@ -825,20 +849,38 @@ def test_check_batch_records_loop_and_numpy_agree_with_the_decoders(seed: int, m
             max_timestamp=header.max_timestamp,
             last_offset_delta=count - 1,
         )
-        monkeypatch.setattr(columnar, "FEW_RECORDS", 10**9)
-        by_loop = _outcome(batch)
-        monkeypatch.setattr(columnar, "FEW_RECORDS", 0)
-        by_numpy = _outcome(batch)
-        assert by_loop == by_numpy, (seed, trial)
-        outcomes.add(by_loop == "corrupt")
-        if by_loop != "corrupt":
+        outcomes = _outcomes_of_each_way(batch, monkeypatch)
+        assert len(set(map(str, outcomes.values()))) == 1, (seed, trial, outcomes)
+        outcome = outcomes["loop"]
+        accepted.add(outcome != "corrupt")
+        if outcome != "corrupt":
+            assert isinstance(outcome, columnar.RecordsCheck)
             decoded = decode_records(batch)
             assert len(decoded) == count
-            assert by_loop.max_timestamp == max(r.timestamp_ms for r in decoded)
-            assert by_loop.keyless == sum(r.key is None for r in decoded)
+            assert outcome.max_timestamp == max(r.timestamp_ms for r in decoded)
+            assert outcome.keyless == sum(r.key is None for r in decoded)
             if trial % 4 == 0:
                 assert normalized(decoded) == normalized(decode_records(good))
-    assert outcomes == {True, False}
+    assert accepted == {True, False}
+
+
+@pytest.mark.parametrize("count", [8191, 8192, 8300])
+def test_check_batch_records_runs_across_three_byte_offset_deltas(count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offset deltas of 8192 and more take three bytes: runs read them with the byte after. A damaged delta in that
+    range, a record made longer and a timestamp delta grown a byte are all found, as by the loop."""
+    records = [Record(value=b"x" * 3, timestamp_ms=TS + i % 50) for i in range(count)]
+    good = build_batch(records)
+    assert _outcomes_of_each_way(good, monkeypatch)["runs"] == (TS + 49, count)
+    section = good[HEADER_SIZE:]
+    record_size = 1 + len(section) // count  # about: the records grow by a byte at 64 and 8192
+    last = len(section) - 10  # inside the last record
+    for at in (last - 3 * record_size, last - 2, len(section) // 2, 5):
+        for value in (0x00, 0x7F, 0x80, 0xFF):
+            damaged = bytearray(section)
+            damaged[at] = value
+            batch = assemble(bytes(damaged), count, max_timestamp=TS + 49)
+            outcomes = _outcomes_of_each_way(batch, monkeypatch)
+            assert len(set(map(str, outcomes.values()))) == 1, (at, value, outcomes)
 
 
 def test_check_batch_records_reports_what_is_wrong() -> None:
