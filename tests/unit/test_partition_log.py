@@ -15,9 +15,10 @@ import random
 import re
 import shutil
 import struct
+import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -541,6 +542,53 @@ def test_a_roll_fsyncs_the_old_segment(data_dir: Path) -> None:
         assert partition_log.recovery_point == rolled_at
         assert dirty_page_count(first) == 0
         assert dirty_page_count(partition_log.active_segment.log_path) > 0  # the new segment is left to the OS
+
+
+def test_appends_leave_their_fsyncs_to_the_background(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first append to a partition (a new leader epoch for the leader-epoch checkpoint) and appends that roll
+    (a producer snapshot at the new base) fsync nothing on the appending thread, the broker's event loop: the
+    scheduler's thread makes both durable, each before the recovery point passes the offsets it covers. Observed
+    with a wrapper around the real os.fsync and os.fdatasync that records the thread, the file and the recovery
+    point of each call."""
+    calls: list[tuple[str, str, int]] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+
+    def recorded(real: Callable[[int], None]) -> Callable[[int], None]:
+        def call(fd: int) -> None:
+            calls.append(
+                (threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}"), partition_log.recovery_point)
+            )
+            real(fd)
+
+        return call
+
+    with open_engine(data_dir, background=True, **{"log.segment.bytes": 4000}) as engine:
+        engine.create_topic("t", 1)
+        partition_log = engine.partition_log("t", 0)
+        monkeypatch.setattr(os, "fsync", recorded(real_fsync))
+        monkeypatch.setattr(os, "fdatasync", recorded(real_fdatasync))
+        producer = 7
+        sequence = 0
+        while len(partition_log.segments) < 3:
+            records = values(20)
+            engine.append("t", 0, build_batch(records, producer_id=producer, producer_epoch=0, base_sequence=sequence))
+            sequence += len(records)
+        appending_thread = threading.current_thread().name
+        assert [c for c in calls if c[0] == appending_thread] == []
+        rolled_at = partition_log.segments[2].base_offset
+        deadline = time.monotonic() + 10
+        while partition_log.recovery_point < rolled_at:
+            assert time.monotonic() < deadline, "the rolled segments were not flushed"
+            time.sleep(0.01)
+        partition_dir = str(data_dir / "t-0")
+        for base in (s.base_offset for s in partition_log.segments[1:]):
+            snapshot = f"{partition_dir}/{base:020d}.snapshot"
+            assert os.path.exists(snapshot)
+            first = next(c for c in calls if c[1] == snapshot)
+            assert first[0] != appending_thread and first[2] < base  # durable before the recovery point passed it
+        epochs = next(c for c in calls if c[1] == f"{partition_dir}/leader-epoch-checkpoint.tmp")
+        assert epochs[0] != appending_thread and epochs[2] == 0
+        assert (data_dir / "t-0" / "leader-epoch-checkpoint").read_text() == "0\n1\n0 0\n"
 
 
 def read_checkpoint_or_none(path: Path) -> dict[tuple[str, int], int] | None:

@@ -120,3 +120,26 @@ def test_a_corrupt_snapshot_is_replaced_by_a_log_replay(tmp_path: Path) -> None:
     with open_log(tmp_path) as reopened:
         assert reopened.append("t", 0, batch(7, 0, 0)).base_offset == 0  # still recognised as a duplicate
         assert reopened.log_end_offset("t", 0) == 3
+
+
+def test_a_roll_snapshot_a_crash_tore_is_replaced_by_an_older_one_and_a_replay(tmp_path: Path) -> None:
+    """A roll writes its snapshot without fsync (the flush of the rolled segment makes it durable). A crash before
+    that may leave it empty or torn: it is deleted at the next start and the state is rebuilt from the snapshot
+    before it plus the log after that."""
+    log = open_log(tmp_path, **{"log.segment.bytes": 400})
+    log.create_topic("t", 1)
+    for n in range(12):
+        log.append("t", 0, batch(7, 0, n * 3))
+    partition_log = log.partition_log("t", 0)
+    assert partition_log.producer_state.unsynced == {}  # background=False: each roll's flush ran at once
+    snapshots = partition_log.producer_state.snapshot_files()
+    assert len(snapshots) == 2
+    log._release_dir_locks()  # a crash: no close
+    newest = snapshots[-1][1]
+    newest.write_bytes(newest.read_bytes()[:7])  # torn, as an unsynced file may be
+    with open_log(tmp_path) as reopened:
+        assert not newest.exists()
+        assert reopened.append("t", 0, batch(7, 0, 33)).base_offset == 33  # duplicate of the last batch
+        assert reopened.append("t", 0, batch(7, 0, 36)).base_offset == 36
+        with pytest.raises(OutOfOrderSequenceError):
+            reopened.append("t", 0, batch(7, 0, 42))

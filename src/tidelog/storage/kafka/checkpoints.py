@@ -40,6 +40,19 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path) -> bool:
+    """fsync a file written earlier without it; False when it is gone (deleted meanwhile)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
 def write_atomically(path: Path, text: str) -> None:
     """tmp + fsync + rename + directory fsync: after a crash the file is either old or new, never torn."""
     tmp = path.with_name(path.name + ".tmp")

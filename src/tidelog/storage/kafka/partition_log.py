@@ -6,7 +6,9 @@ Appends take batches as a producer sent them, check layout and CRC and (for a pr
 record as Kafka's LogValidator does, assign offsets by rewriting baseOffset (outside the CRC) and write them with
 one pwritev, without copying the payload; a CreateTime batch whose maxTimestamp is not its records' largest
 timestamp is corrected (and its CRC recomputed), as is a LogAppendTime batch's. Batches of CRC_IN_PARALLEL_BYTES
-or more are checked on a worker thread while they are written, and count only once the check passed. Loading
+or more are checked on a worker thread while they are written, and count only once the check passed. An append
+does no fsync (unless flush.messages asks): the producer snapshot of a roll and a changed leader-epoch checkpoint
+are made durable by the scheduler's thread, and by every flush before it moves the recovery point. Loading
 removes leftovers of interrupted deletions, rebuilds missing or corrupt indexes, and after an
 unclean shutdown rescans every segment from the recovery point, truncating at the first invalid
 byte and deleting the segments after it.
@@ -159,6 +161,7 @@ class PartitionLog(Partition):
         self._bases: list[int] = []
         self.last_flush_ms = clock()
         self._new_files = True  # directory entries not yet known durable
+        self._epochs_unwritten = False  # leader_epochs changed since the checkpoint file was last written
         directory.mkdir(parents=True, exist_ok=True)
         self.producer_state = ProducerStateManager(directory)
         self._load(recovery_point, log_start_offset, had_clean_shutdown)
@@ -239,8 +242,9 @@ class PartitionLog(Partition):
         self._rebuild_producer_state()
         if stored_epochs is None:
             epochs = self._scan_leader_epochs()
-        self.leader_epochs = stored_epochs or []
-        self._set_leader_epochs(self._epochs_within(epochs), force_write=stored_epochs is None)
+        self.leader_epochs = self._epochs_within(epochs)
+        if self.leader_epochs != stored_epochs:
+            self._write_leader_epochs(self.leader_epochs)
 
     def _rebuild_producer_state(self) -> None:
         """Newest snapshot, then the batches after it (after a clean shutdown there is nothing to replay)."""
@@ -386,10 +390,46 @@ class PartitionLog(Partition):
         later = [entry for entry in kept if entry[1] > self.log_start_offset]
         return ([(covering[-1][0], self.log_start_offset)] if covering else []) + later
 
-    def _set_leader_epochs(self, epochs: list[tuple[int, int]], *, force_write: bool = False) -> None:
-        if epochs != self.leader_epochs or force_write:
+    def _set_leader_epochs(self, epochs: list[tuple[int, int]]) -> None:
+        if epochs != self.leader_epochs:
             self.leader_epochs = epochs
-            self._write_leader_epochs()
+            self._leader_epochs_changed()
+
+    def _leader_epochs_changed(self) -> None:
+        """Called under the lock when leader_epochs changed (an append in a new epoch, a new log start): the
+        checkpoint file is rewritten off the caller's thread, by the scheduler, and in any case by the next flush
+        before it moves the recovery point (so offsets no rescan will see again have their epoch on disk).
+        Without a scheduler it is written here."""
+        if self._epochs_unwritten:
+            return
+        self._epochs_unwritten = True
+        if self.scheduler is not None:
+            self.scheduler.schedule(f"leader-epoch checkpoint of {self.name}", self._write_changed_leader_epochs)
+        else:
+            self._write_changed_leader_epochs()
+
+    def _write_changed_leader_epochs(self) -> None:
+        with self._flush_lock:
+            with self._lock:
+                if self._closed:
+                    return
+                epochs = self._take_unwritten_epochs()
+            if epochs is None:
+                return
+            try:
+                self._write_leader_epochs(epochs)
+            except BaseException:
+                with self._lock:  # still to write: the next flush tries again
+                    self._epochs_unwritten = True
+                raise
+
+    def _take_unwritten_epochs(self) -> list[tuple[int, int]] | None:
+        """A copy of leader_epochs if the file needs rewriting. The caller holds both locks: writers take turns
+        under the flush lock, so the file never goes back to an older list."""
+        if not self._epochs_unwritten:
+            return None
+        self._epochs_unwritten = False
+        return list(self.leader_epochs)
 
     @staticmethod
     def _merge_epochs(known: list[tuple[int, int]], found: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -399,10 +439,8 @@ class PartitionLog(Partition):
                 merged.append((epoch, start))
         return merged
 
-    def _write_leader_epochs(self) -> None:
-        checkpoints.write_leader_epoch_checkpoint(
-            self.directory / checkpoints.LEADER_EPOCH_CHECKPOINT, self.leader_epochs
-        )
+    def _write_leader_epochs(self, epochs: list[tuple[int, int]]) -> None:
+        checkpoints.write_leader_epoch_checkpoint(self.directory / checkpoints.LEADER_EPOCH_CHECKPOINT, epochs)
 
     # --- segments ---------------------------------------------------------------------------------------------
 
@@ -442,8 +480,8 @@ class PartitionLog(Partition):
             if active.base_offset == new_base and active.size == 0:
                 return active
             active.on_become_inactive()
-            try:
-                self.producer_state.take_snapshot(new_base)
+            try:  # fsynced by the flush of the rolled segment, off the appending thread (as Kafka's roll)
+                self.producer_state.take_snapshot(new_base, sync=False)
             except OSError as exc:  # an optimisation only: recovery replays the log instead
                 log.warning("%s: cannot write the producer snapshot at %d: %s", self.name, new_base, exc.strerror)
             segment = LogSegment(self.directory, new_base, self.config, now_ms=self.clock())
@@ -555,7 +593,7 @@ class PartitionLog(Partition):
             next_offset += batch.header.last_offset_delta + 1
         if not self.leader_epochs or self.leader_epochs[-1][0] < self.leader_epoch:
             self.leader_epochs.append((self.leader_epoch, base_offset))
-            self._write_leader_epochs()
+            self._leader_epochs_changed()
         return AppendResult(
             base_offset=base_offset,
             last_offset=last_offset,
@@ -684,25 +722,46 @@ class PartitionLog(Partition):
     # --- durability -------------------------------------------------------------------------------------------
 
     def flush(self, up_to_offset: int | None = None) -> None:
-        """fsync segments holding offsets below `up_to_offset` (default: log end); advance the recovery point."""
+        """fsync segments holding offsets below `up_to_offset` (default: log end); advance the recovery point.
+
+        First the producer snapshots that rolls wrote at or below the target (recovery replays from the newest
+        snapshot, so one must be durable before the recovery point passes its roll) and a changed leader-epoch
+        checkpoint (a crash rescans only from the recovery point, so the epochs of the offsets below it must be
+        in the file)."""
         with self._flush_lock:
             with self._lock:
                 if self._closed:
                     return
                 target = self.log_end_offset if up_to_offset is None else min(up_to_offset, self.log_end_offset)
-                if target <= self.recovery_point:
+                snapshots = self.producer_state.unsynced_snapshots(target)
+                if target <= self.recovery_point and not snapshots and not self._epochs_unwritten:
                     return
                 first = self._segment_slot(self.recovery_point)
-                dirty = [s for s in self.segments[first:] if s.base_offset < target]
+                dirty = (
+                    [s for s in self.segments[first:] if s.base_offset < target] if target > self.recovery_point else []
+                )
                 active = self.active_segment
                 new_files, self._new_files = self._new_files, False
-            for segment in dirty:
-                # The segment holding the recovery point is always rescanned after a crash, indexes included,
-                # so the active segment's indexes need no msync here; rolled segments' indexes do.
-                segment.flush(indexes=segment is not active)
-            if new_files:  # a segment was created since the last flush: make its directory entries durable
-                checkpoints.fsync_directory(self.directory)
+                epochs = self._take_unwritten_epochs()
+            try:
+                for _offset, path in snapshots:
+                    checkpoints.fsync_file(path)
+                if epochs is not None:
+                    self._write_leader_epochs(epochs)
+                    epochs = None
+                for segment in dirty:
+                    # The segment holding the recovery point is always rescanned after a crash, indexes included,
+                    # so the active segment's indexes need no msync here; rolled segments' indexes do.
+                    segment.flush(indexes=segment is not active)
+                if new_files:  # a segment or snapshot was created since the last flush: make its entry durable
+                    checkpoints.fsync_directory(self.directory)
+            except BaseException:
+                with self._lock:  # nothing was promised: the next flush does it all again
+                    self._new_files |= new_files
+                    self._epochs_unwritten |= epochs is not None
+                raise
             with self._lock:
+                self.producer_state.mark_synced(offset for offset, _path in snapshots)
                 self.recovery_point = max(self.recovery_point, target)
                 self.last_flush_ms = self.clock()
 

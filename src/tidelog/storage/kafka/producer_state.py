@@ -76,6 +76,7 @@ class ProducerStateManager:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.producers: dict[int, ProducerEntry] = {}
+        self.unsynced: dict[int, Path] = {}  # snapshots written without fsync (take_snapshot(sync=False)), by offset
 
     # --- the append path ------------------------------------------------------------------------------------------
 
@@ -140,8 +141,13 @@ class ProducerStateManager:
                 found.append((int(stem), path))
         return sorted(found)
 
-    def take_snapshot(self, end_offset: int, *, keep: int = 2) -> None:
-        """Write `<end_offset>.snapshot` (tmp + fsync + rename) and delete all but the newest `keep`."""
+    def take_snapshot(self, end_offset: int, *, keep: int = 2, sync: bool = True) -> None:
+        """Write `<end_offset>.snapshot` (tmp + fsync + rename) and delete all but the newest `keep`.
+
+        With sync=False the fsync is left to the caller (a roll leaves it to the flush of the rolled segment, as
+        Kafka's roll does): the snapshot stays in `unsynced` until the caller has fsynced it (`mark_synced`).
+        Until then a crash may leave it torn; loading then deletes it (its CRC fails) and replays from an older
+        one."""
         entries = [
             _ENTRY.pack(
                 e.producer_id,
@@ -162,10 +168,25 @@ class ProducerStateManager:
         with open(tmp, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if sync:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
-        for _offset, old in self.snapshot_files()[:-keep]:
+        if sync:
+            self.unsynced.pop(end_offset, None)
+        else:
+            self.unsynced[end_offset] = path
+        for offset, old in self.snapshot_files()[:-keep]:
             old.unlink(missing_ok=True)
+            self.unsynced.pop(offset, None)
+
+    def unsynced_snapshots(self, up_to_offset: int) -> list[tuple[int, Path]]:
+        """The snapshots written without fsync at offsets up to `up_to_offset`, oldest first; once the caller has
+        fsynced them (or found them deleted meanwhile), `mark_synced` takes them off the list."""
+        return sorted((offset, path) for offset, path in self.unsynced.items() if offset <= up_to_offset)
+
+    def mark_synced(self, offsets: Iterable[int]) -> None:
+        for offset in offsets:
+            self.unsynced.pop(offset, None)
 
     def load_latest_snapshot(self, log_end_offset: int) -> int:
         """Load the newest readable snapshot at or below the log end; returns its offset (0 if none).
