@@ -30,7 +30,7 @@ from tidelog.codec.record_batch import (
     set_log_append_time,
     set_partition_leader_epoch,
 )
-from tidelog.codec.varint import encode_varint, encode_varlong
+from tidelog.codec.varint import decode_varint, encode_varint, encode_varlong
 from tidelog.errors import (
     CorruptRecordError,
     CrcMismatchError,
@@ -810,18 +810,20 @@ def _outcome(batch: bytes) -> object:
 
 def _outcomes_of_each_way(batch: bytes, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """check_batch_records made to go each of its ways: every record walked by the loop; the general numpy path
-    (the run path left out); runs for all records (none left to the final walk); and as configured."""
+    (the run path left out); runs for all records (none left to the final walk), checked with numpy, and with bytes
+    operations wherever they apply; and as configured."""
     outcomes = {"as configured": _outcome(batch)}
-    with monkeypatch.context() as patch:
-        patch.setattr(columnar, "RUN_WALK_MAX", 10**9)
-        outcomes["loop"] = _outcome(batch)
-    with monkeypatch.context() as patch:
-        patch.setattr(columnar, "_check_runs", lambda *_args: None)
-        patch.setattr(columnar, "FEW_RECORDS", 0)
-        outcomes["numpy"] = _outcome(batch)
-    with monkeypatch.context() as patch:
-        patch.setattr(columnar, "RUN_WALK_MAX", 0)
-        outcomes["runs"] = _outcome(batch)
+    ways: dict[str, dict[str, object]] = {
+        "loop": {"RUN_WALK_MAX": 10**9},
+        "numpy": {"_check_runs": lambda *_args: None, "FEW_RECORDS": 0},
+        "runs": {"RUN_WALK_MAX": 0, "RUN_BYTES_ROWS": 0},
+        "runs by bytes": {"RUN_WALK_MAX": 0, "RUN_BYTES_ROWS": 10**9, "RUN_BYTES_MAX": 10**9},
+    }
+    for way, knobs in ways.items():
+        with monkeypatch.context() as patch:
+            for name, value in knobs.items():
+                patch.setattr(columnar, name, value)
+            outcomes[way] = _outcome(batch)
     return outcomes
 
 
@@ -881,6 +883,22 @@ def test_check_batch_records_runs_across_three_byte_offset_deltas(count: int, mo
             batch = assemble(bytes(damaged), count, max_timestamp=TS + 49)
             outcomes = _outcomes_of_each_way(batch, monkeypatch)
             assert len(set(map(str, outcomes.values()))) == 1, (at, value, outcomes)
+
+
+@pytest.mark.parametrize("record", [0, 1, 40, 62, 63, 64, 65, 99])
+def test_check_batch_records_refuses_a_negative_offset_delta(record: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An offset delta whose zig-zag byte is odd is negative (-(n + 1) for byte 2n + 1), never record n's index:
+    refused wherever the record stands (first of a run, alone before the delta grows a byte, walked at the end)."""
+    count = 100
+    section = bytearray(build_batch([Record(value=None, timestamp_ms=TS) for _ in range(count)])[HEADER_SIZE:])
+    at = 0
+    for _ in range(record):
+        length, body = decode_varint(section, at)
+        at = body + length
+    delta_at = decode_varint(section, at)[1] + 2  # after the length, the attributes and a one-byte timestamp delta
+    section[delta_at] |= 1
+    outcomes = _outcomes_of_each_way(assemble(bytes(section), count), monkeypatch)
+    assert set(outcomes.values()) == {"corrupt"}, outcomes
 
 
 def test_check_batch_records_reports_what_is_wrong() -> None:
