@@ -39,3 +39,25 @@ def test_a_large_batch_with_a_bad_crc_leaves_nothing_behind(tmp_path: Path) -> N
         result = log.append("t", 0, big_batch(3))
         assert result.base_offset == 400
         assert [r.offset for r in log.consume("t", 0)] == list(range(800))
+
+
+def test_a_retried_large_batch_is_checked_again_before_its_offsets_are_answered(tmp_path: Path) -> None:
+    """A retry of a large batch already in the log gets its original offsets once its own check passed on the
+    worker; a retry whose bytes were damaged on the way is refused, and nothing is written either way."""
+    records = [Record(value=os.urandom(1000), timestamp_ms=1_700_000_000_000) for _ in range(400)]
+    first = build_batch(records, producer_id=9, producer_epoch=0, base_sequence=0)
+    assert len(first) >= CRC_IN_PARALLEL_BYTES
+    with tidelog.open(tmp_path, background=False) as log:
+        assert isinstance(log, KafkaEngine)
+        log.create_topic("t", 1)
+        assert log.append("t", 0, first).base_offset == 0
+        segment = tmp_path / "t-0" / "00000000000000000000.log"
+        size = segment.stat().st_size
+        retry = log.append("t", 0, first)
+        assert (retry.base_offset, retry.last_offset) == (0, 399)
+        damaged = bytearray(first)
+        damaged[len(damaged) // 2] ^= 0x55
+        with pytest.raises(CrcMismatchError):
+            log.append("t", 0, bytes(damaged))
+        assert segment.stat().st_size == size
+        assert log.log_end_offset("t", 0) == 400

@@ -22,10 +22,11 @@ import os
 import re
 import struct
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty, SimpleQueue
 
 from tidelog.codec.columnar import RecordsCheck, check_batch_records
 from tidelog.codec.record_batch import (
@@ -92,14 +93,76 @@ DEFAULT_LEADER_EPOCH = 0
 
 
 CRC_IN_PARALLEL_BYTES = 256 * 1024
-_checker: ThreadPoolExecutor | None = None
 
 
-def _check_pool() -> ThreadPoolExecutor:
-    global _checker
-    if _checker is None:
-        _checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidelog-check")
-    return _checker
+class _PendingCheck:
+    """A large batch's check on the worker thread; `result()` (once) waits for it and raises what it raised."""
+
+    __slots__ = ("_outcome",)
+
+    def __init__(self) -> None:
+        self._outcome: SimpleQueue[tuple[RecordsCheck | None, BaseException | None]] = SimpleQueue()
+
+    def result(self) -> RecordsCheck:
+        check, error = self._outcome.get()
+        if error is not None:
+            raise error
+        assert check is not None
+        return check
+
+
+# After a check the worker looks for the next one every CHECK_POLL_INTERVAL_S (about 70 µs with the kernel's timer
+# slack) for CHECK_POLL_WINDOW_S before it blocks on its queue. Handing a check to a blocked thread costs the
+# appending thread a wake-up (a futex call and an interrupt to the idle CPU: about 9 µs on the VM of
+# docs/benchmarks.md, 5 % of a 1 MiB append), a put into the queue of a polling one 0.1 µs; a check picked up
+# 70 µs late still ends before the write (about 70 µs of work against 180).
+CHECK_POLL_INTERVAL_S = 20e-6
+CHECK_POLL_WINDOW_S = 0.002
+
+
+class _CheckWorker:
+    """The thread that checks large batches (_check_large_batch) while the appending thread writes them: a queue in
+    and a queue per check out (a ThreadPoolExecutor's submit and Future cost the appending thread 5 µs more), polled
+    while appends of large batches follow each other."""
+
+    def __init__(self) -> None:
+        self._tasks: SimpleQueue[tuple[memoryview, int, BatchHeader, bool, _PendingCheck]] = SimpleQueue()
+        threading.Thread(target=self._run, name="tidelog-check", daemon=True).start()
+
+    def submit(self, view: memoryview, position: int, header: BatchHeader, from_client: bool) -> _PendingCheck:
+        pending = _PendingCheck()
+        self._tasks.put((view, position, header, from_client, pending))
+        return pending
+
+    def _run(self) -> None:
+        tasks = self._tasks
+        last_check = 0.0
+        while True:
+            try:
+                view, position, header, from_client, pending = tasks.get_nowait()
+            except Empty:
+                if time.monotonic() - last_check < CHECK_POLL_WINDOW_S:
+                    time.sleep(CHECK_POLL_INTERVAL_S)
+                    continue
+                view, position, header, from_client, pending = tasks.get()
+            try:
+                pending._outcome.put((_check_large_batch(view, position, header, from_client), None))
+            except BaseException as exc:  # the appending thread raises it
+                pending._outcome.put((None, exc))
+            del view, pending  # no reference to the caller's buffer while idle
+            last_check = time.monotonic()
+
+
+_worker: _CheckWorker | None = None
+_worker_lock = threading.Lock()
+
+
+def _check_worker() -> _CheckWorker:
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = _CheckWorker()
+        return _worker
 
 
 @dataclass(slots=True)
@@ -110,7 +173,9 @@ class _AppendedBatch:
     position: int
     header: BatchHeader
     max_timestamp: int
-    pending: Future[RecordsCheck] | None = None  # a large batch's check, running on the worker while it is written
+    check_on_worker: bool = False  # a large batch: CRC and records checked on the worker while it is written
+    from_client: bool = True
+    pending: _PendingCheck | None = None  # that check, once started (_start_checks)
 
 
 class _MaxTimestampDiffers(Exception):
@@ -521,6 +586,7 @@ class PartitionLog(Partition):
             if from_client and first.producer_id >= 0:
                 duplicate = self.producer_state.check(first)
                 if duplicate is not None:  # a retry of a batch already in the log: answer with its offsets
+                    self._start_checks(view, batches)
                     self._finish_checks(batches, log_append_time)  # once it proved as valid as the first time
                     return AppendResult(
                         duplicate.first_offset, duplicate.last_offset, first.records_count, -1, self.log_start_offset, 0
@@ -576,14 +642,17 @@ class PartitionLog(Partition):
             if self._finish_checks(batches, log_append_time):
                 raise _MaxTimestampDiffers
 
-        self.active_segment.append(
+        checked_while_written = any(b.check_on_worker for b in batches)
+        segment = self.active_segment
+        self._start_checks(view, batches)
+        segment.append(
             chunks,
             total_size,
             last_offset,
             max_timestamp,
             offset_of_max,
             first_batch_timestamp,
-            verify=verify if any(b.pending is not None for b in batches) else None,
+            verify=verify if checked_while_written else None,
         )
         self.log_end_offset = last_offset + 1
         self.high_watermark = self.log_end_offset
@@ -633,11 +702,20 @@ class PartitionLog(Partition):
             raise InvalidRecordError(f"a producer must send exactly one batch per partition, got {len(batches)}")
         for batch in batches:
             if batch.header.size_in_bytes >= CRC_IN_PARALLEL_BYTES:
-                check = _check_pool().submit(_check_large_batch, view, batch.position, batch.header, from_client)
-                batch.pending = check
+                batch.check_on_worker, batch.from_client = True, from_client
             elif from_client:
                 self._take_check(batch, check_batch_records(view, batch.position, batch.header))
         return batches
+
+    @staticmethod
+    def _start_checks(view: memoryview, batches: list[_AppendedBatch]) -> None:
+        """Hand the large batches' checks to the worker. Called just before the write: then the worker wakes while
+        the appending thread is already in the write, without the GIL (woken earlier, it would wait for the GIL,
+        and the appending thread would pay for waking it a second time when it lets the GIL go for the write)."""
+        for batch in batches:
+            if batch.check_on_worker:
+                batch.check_on_worker = False
+                batch.pending = _check_worker().submit(view, batch.position, batch.header, batch.from_client)
 
     def _take_check(self, batch: _AppendedBatch, check: RecordsCheck) -> None:
         """A compacted topic keeps the latest record per key: a record without a key is refused (as Kafka's
