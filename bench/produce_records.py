@@ -12,6 +12,10 @@ measurements are interleaved in rounds, each running for a fixed time:
 
 Records are created once up front (the caller's cost, not the library's); each call stamps "now" once per batch,
 as build_batch does. Figures are medians over the rounds. MB/s counts the batch bytes written to the log.
+
+--append-cost measures the storage side alone, with little noise: per shape, one pre-built batch appended
+APPEND_COST_CALLS times in a row, the fastest of APPEND_COST_REPEATS such runs, as µs per append. Run it with
+PYTHONPATH=<another checkout>/src to compare versions of the engine on the same machine.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from benchutil import (
 from tidelog.codec.record_batch import Record, build_batch
 
 ROUNDS = 5
+APPEND_COST_CALLS = 200
+APPEND_COST_REPEATS = 7
 LEADER_EPOCH = slice(12, 16)  # outside the CRC; kafka-python writes 0, tidelog -1 (NO_PARTITION_LEADER_EPOCH)
 
 
@@ -78,6 +84,37 @@ def run_for(seconds: float, call: Callable[[], object]) -> tuple[int, float]:
     return calls, now - start
 
 
+def append_cost(work: Path, record_sizes: list[int], batch_sizes: list[int]) -> None:
+    """µs per engine.append of one pre-built batch (no key, no headers, one timestamp), fastest of the repeats."""
+    table = new_table(
+        f"engine.append of one pre-built batch, fastest of {APPEND_COST_REPEATS} x {APPEND_COST_CALLS} calls",
+        "value B",
+        "recs/call",
+        "batch bytes",
+        "µs/append",
+    )
+    log = tidelog.open(work / "log")
+    rng = random.Random(42)
+    try:
+        for value_size in record_sizes:
+            for per_call in batch_sizes:
+                batch = build_batch([Record(value=rng.randbytes(value_size)) for _ in range(per_call)])
+                topic = f"append-{value_size}-{per_call}"
+                log.create_topic(topic, partitions=1)
+                append = log.append
+                best = float("inf")
+                for _ in range(APPEND_COST_REPEATS):
+                    start = time.perf_counter()
+                    for _ in range(APPEND_COST_CALLS):
+                        append(topic, 0, batch)
+                    best = min(best, (time.perf_counter() - start) / APPEND_COST_CALLS)
+                log.delete_topic(topic)
+                table.add_row(str(value_size), str(per_call), f"{len(batch):,d}", f"{best * 1e6:.1f}")
+    finally:
+        log.close()
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -89,10 +126,16 @@ def main() -> None:
     parser.add_argument(
         "--seconds", type=float, default=0.6, help=f"seconds per measurement per round, {ROUNDS} rounds (default: 0.6)"
     )
+    parser.add_argument("--append-cost", action="store_true", help="measure engine.append alone (see above)")
     add_dir_argument(parser)
     args = parser.parse_args()
     record_sizes = [int(x) for x in args.record_bytes.split(",")]
     batch_sizes = [int(x) for x in args.batch_records.split(",")]
+    if args.append_cost:
+        with scratch_dir(args.dir, 2 * GiB, "tidelog-bench-append-cost-") as work:
+            print_machine(work)
+            append_cost(Path(work), record_sizes, batch_sizes)
+        return
 
     console.print(
         f"[bold]produce records[/]: value sizes {record_sizes} B, {batch_sizes} records per call, "
