@@ -1754,6 +1754,13 @@ kernel writeback, and for Redis its forked AOF-rewrite children). Settings:
   `linger.ms={KAFKA_LATENCY_PRODUCER["linger.ms"]}`, `poll(0)` after each send; consumer `poll()` after `assign`.
   Redis: one XADD per record (the few due after a late wake-up go in one pipeline); XREAD BLOCK 200 COUNT 1000.
   NATS: `publish_async` (paced with asyncio sleeps, which wake with ~1 ms granularity); push consumer, AckNone.
+- Compiled clients (the second tier, where the client no longer sets the pace): `kcat -P` (C, librdkafka) reading
+  the records as lines from a file, with the same producer settings (acks=1, and acks=all to the durable broker),
+  timed until it exits (after every delivery report); `kcat -C -o beginning -c N` to /dev/null. Redis:
+  `redis-benchmark -P {REDIS_BENCH_PIPELINE} -c {REDIS_BENCH_CONNECTIONS} XADD`, and `XRANGE - + COUNT
+  {REDIS_XRANGE_COUNT}` with `-P {REDIS_XRANGE_PIPELINE} -c {REDIS_XRANGE_CONNECTIONS}` (the stream's first entries
+  again and again: Redis's read path at {REDIS_XRANGE_COUNT} entries a command, counted from `INFO commandstats`). NATS:
+  `bench/natsbench` (Go, nats.go) with the nats-py flows. Client CPU of a compiled client is all of its threads.
 - Durability differs: Redis fsyncs every second, NATS every 60 s; tidelog acks=1 leaves it to the OS, acks=all
   with the durable broker fsyncs before answering. Only the last is durable against power loss.
 
@@ -1771,9 +1778,9 @@ Targets (from the broker issue) against this run:
 
 {notes}
 
-The ratios (÷ Redis, ÷ NATS) compare tidelog with the peer's row of the same direction (produce with XADD and
-publish, consume with XREAD and fetch) in the same run. This 2-vCPU VM is noisy (about ±30 % between runs),
-so compare the ratios rather than absolute numbers across runs.
+The ratios (÷ Redis, ÷ NATS) compare tidelog with the peer's row of the same direction and client tier (produce
+with XADD and publish, consume with XREAD/XRANGE and fetch) in the same run. This 2-vCPU VM is noisy (about ±30 %
+between runs), so compare the ratios rather than absolute numbers across runs.
 
 ![tidelog vs Redis Streams vs NATS JetStream](broker-vs-peers.png)
 """
