@@ -347,8 +347,17 @@ def run_kill9_trials(start_broker: Any, engine: str, trials: int, seed: int) -> 
 
     broker.stop()  # a clean stop after all those crashes
     logs = {p: read_partition(broker.log_dir, engine, p) for p in range(PARTITIONS)}
-    values_in_log = [v for records in logs.values() for _, v in records if v != b"resume"]
-    assert len(values_in_log) == len(set(values_in_log)), "a record is in the log twice"
+    first_offset: dict[bytes, tuple[int, int]] = {}  # value -> (partition, offset) where it is first
+    twice: list[str] = []
+    for partition, records in logs.items():
+        for offset, value in records:
+            if value == b"resume":
+                continue
+            if value in first_offset:
+                twice.append(f"{value.decode()} at {first_offset[value]} and {(partition, offset)}")
+            else:
+                first_offset[value] = (partition, offset)
+    assert not twice, f"{len(twice)} records are in the log twice, e.g. (partition, offset): {twice[:10]}"
     acked_total = 0
     for producer in producers:
         name = producer.name.encode()
