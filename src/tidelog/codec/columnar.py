@@ -1251,7 +1251,7 @@ def _check_runs(section: bytes | memoryview, count: int, base_timestamp: int, po
     byte, the batch ends, or a record is laid out otherwise; the last RUN_WALK_MAX records are walked. None when
     a record cannot start a run or too many runs are short: the batch is then checked the general way."""
     end = len(section)
-    if count <= RUN_BYTES_ROWS and end <= RUN_BYTES_MAX and not isinstance(section, bytes):
+    if RUN_WALK_MAX < count <= RUN_BYTES_ROWS and end <= RUN_BYTES_MAX and not isinstance(section, bytes):
         section = bytes(section)
     at = index = 0
     largest: int | None = None
@@ -1286,7 +1286,7 @@ def _check_runs(section: bytes | memoryview, count: int, base_timestamp: int, po
         at += accepted * template.stride
         index += accepted
     if index < count:
-        tail = _walk_records(section[at:], count - index, base_timestamp, pos, index)
+        tail = _walk_records(section[at:] if at else section, count - index, base_timestamp, pos, index)
     elif at != end:
         return None
     else:

@@ -642,9 +642,8 @@ class PartitionLog(Partition):
             if self._finish_checks(batches, log_append_time):
                 raise _MaxTimestampDiffers
 
-        checked_while_written = any(b.check_on_worker for b in batches)
         segment = self.active_segment
-        self._start_checks(view, batches)
+        checked_while_written = self._start_checks(view, batches)
         segment.append(
             chunks,
             total_size,
@@ -708,14 +707,17 @@ class PartitionLog(Partition):
         return batches
 
     @staticmethod
-    def _start_checks(view: memoryview, batches: list[_AppendedBatch]) -> None:
+    def _start_checks(view: memoryview, batches: list[_AppendedBatch]) -> bool:
         """Hand the large batches' checks to the worker. Called just before the write: then the worker wakes while
         the appending thread is already in the write, without the GIL (woken earlier, it would wait for the GIL,
-        and the appending thread would pay for waking it a second time when it lets the GIL go for the write)."""
+        and the appending thread would pay for waking it a second time when it lets the GIL go for the write).
+        True when it started any."""
+        started = False
         for batch in batches:
             if batch.check_on_worker:
-                batch.check_on_worker = False
+                batch.check_on_worker, started = False, True
                 batch.pending = _check_worker().submit(view, batch.position, batch.header, batch.from_client)
+        return started
 
     def _take_check(self, batch: _AppendedBatch, check: RecordsCheck) -> None:
         """A compacted topic keeps the latest record per key: a record without a key is refused (as Kafka's
