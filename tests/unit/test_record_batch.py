@@ -811,13 +811,15 @@ def _outcome(batch: bytes) -> object:
 def _outcomes_of_each_way(batch: bytes, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """check_batch_records made to go each of its ways: every record walked by the loop; the general numpy path
     (the run path left out); runs for all records (none left to the final walk), checked with numpy, and with bytes
-    operations wherever they apply; and as configured."""
+    operations wherever they apply (on a copy of the batch, and on strided slices of the caller's buffer); and as
+    configured."""
     outcomes = {"as configured": _outcome(batch)}
     ways: dict[str, dict[str, object]] = {
         "loop": {"RUN_WALK_MAX": 10**9},
         "numpy": {"_check_runs": lambda *_args: None, "FEW_RECORDS": 0},
         "runs": {"RUN_WALK_MAX": 0, "RUN_BYTES_ROWS": 0},
         "runs by bytes": {"RUN_WALK_MAX": 0, "RUN_BYTES_ROWS": 10**9, "RUN_BYTES_MAX": 10**9},
+        "runs by bytes, not copied": {"RUN_WALK_MAX": 0, "RUN_BYTES_MAX": 0, "RUN_VIEW_BYTES_ROWS": 10**9},
     }
     for way, knobs in ways.items():
         with monkeypatch.context() as patch:

@@ -18,8 +18,9 @@ A reader that hands records to a columnar engine (Spark through Arrow) wants arr
   sent: every record decoded (after decompression), `recordsCount` records exactly filling the batch, offset deltas
   0..n-1, no bytes left over; it returns the records' true maximum timestamp and how many have no key. Records
   laid out alike (one size, no headers: what a producer of fixed-size values sends) are checked in runs, the
-  first record of a run decoded and the others compared with it in about ten numpy operations per run (a run
-  ends where the offset delta grows a byte, at records 64 and 8192). Other batches of more than FEW_RECORDS
+  first record of a run decoded and the others compared with it a checked byte position at a time (strided bytes
+  slices for short runs, about ten numpy operations for long ones; a run ends where the offset delta grows a byte,
+  at records 64 and 8192). Other batches of more than FEW_RECORDS
   records take the numpy framing above; smaller ones a plain loop (numpy's fixed cost per call is larger than the
   whole walk there).
 
@@ -1112,6 +1113,8 @@ RUN_WALK_MAX = 6
 # for this once (a memoryview's strided slices are slow); larger ones are left where they are.
 RUN_BYTES_ROWS = 256
 RUN_BYTES_MAX = 256 * 1024
+# In a batch left where it is (a memoryview), whose strided slices must be copied, up to this many records a run.
+RUN_VIEW_BYTES_ROWS = 64
 # Offset deltas 0..8191 as a producer writes them (one byte up to 63, then two): their first and second bytes.
 _DELTA_FIRST_BYTES = bytes(2 * i if i < 64 else (2 * i & 0x7F) | 0x80 for i in range(8192))
 _DELTA_SECOND_BYTES = bytes(2 * i >> 7 for i in range(8192))
@@ -1208,7 +1211,7 @@ def _check_run(section: bytes | memoryview, at: int, index: int, rows: int, temp
     delta its index and its timestamp delta of the template's width: it decodes exactly as the template does."""
     stride = template.stride
     records = np.ndarray((rows, stride), dtype=np.uint8, buffer=section, offset=at, strides=(stride, 1))
-    same = records[:, list(template.same_bytes)]
+    same = records.take(np.array(template.same_bytes, dtype=np.intp), axis=1)
     same_differs = same != same[0]
     width = template.delta_width
     first = index - _DELTA_WIDTH_ENDS[width - 1]
@@ -1225,14 +1228,14 @@ def _check_run(section: bytes | memoryview, at: int, index: int, rows: int, temp
     return accepted, int(np.maximum.reduce(timestamp_delta[:accepted]))
 
 
-def _check_run_bytes(data: bytes, at: int, index: int, rows: int, template: _RunTemplate) -> int | None:
+def _check_run_bytes(data: bytes | memoryview, at: int, index: int, rows: int, template: _RunTemplate) -> int | None:
     """_check_run with bytes operations, for a run whose records all match (template.timestamp_width 1,
     delta_width 1 or 2): their largest timestamp delta, or None when one does not match (_check_run then finds
-    which)."""
+    which). Each strided slice of a memoryview is copied to bytes (bytes() of bytes is the same object)."""
     stride = template.stride
     stop = at + rows * stride
     for position in template.same_bytes:
-        found = data[at + position : stop : stride]
+        found = bytes(data[at + position : stop : stride])
         if found.count(found[0]) != rows:
             return None
     delta_at = at + template.delta_at
@@ -1240,7 +1243,7 @@ def _check_run_bytes(data: bytes, at: int, index: int, rows: int, template: _Run
         return None
     if template.delta_width == 2 and data[delta_at + 1 : stop : stride] != _DELTA_SECOND_BYTES[index : index + rows]:
         return None
-    largest = max(data[at + template.timestamp_at : stop : stride].translate(_TIMESTAMP_ORDER))
+    largest = max(bytes(data[at + template.timestamp_at : stop : stride]).translate(_TIMESTAMP_ORDER))
     return None if largest == 255 else largest - 64
 
 
@@ -1262,10 +1265,11 @@ def _check_runs(section: bytes | memoryview, count: int, base_timestamp: int, po
             return None
         rows = min(count, _DELTA_WIDTH_ENDS[template.delta_width]) - index
         rows = min(rows, (end - at) // template.stride)
+        if index + rows == count and at + rows * template.stride != end:
+            rows -= 1  # the batch does not end where the run would: its last record is laid out otherwise
         by_bytes = (
             _check_run_bytes(section, at, index, rows, template)
-            if 1 < rows <= RUN_BYTES_ROWS
-            and isinstance(section, bytes)
+            if 1 < rows <= (RUN_BYTES_ROWS if isinstance(section, bytes) else RUN_VIEW_BYTES_ROWS)
             and template.timestamp_width == 1
             and template.delta_width <= 2
             else None
