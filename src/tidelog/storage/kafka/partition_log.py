@@ -96,15 +96,33 @@ CRC_IN_PARALLEL_BYTES = 256 * 1024
 
 
 class _PendingCheck:
-    """A large batch's check on the worker thread; `result()` (once) waits for it and raises what it raised."""
+    """A large batch's check, handed to the worker thread. Whichever thread claims it first runs it: the worker
+    when it picks it up, or the appending thread in `result()` if the worker has not started it by the end of the
+    write (when other processes keep the worker off the CPUs, waiting for it costs more than the check itself).
+    `result()` (once) returns the check or raises what it raised."""
 
-    __slots__ = ("_outcome",)
+    __slots__ = ("_claim", "_outcome", "_task")
 
-    def __init__(self) -> None:
+    def __init__(self, view: memoryview, position: int, header: BatchHeader, from_client: bool) -> None:
+        self._claim = threading.Lock()
         self._outcome: SimpleQueue[tuple[RecordsCheck | None, BaseException | None]] = SimpleQueue()
+        self._task: tuple[memoryview, int, BatchHeader, bool] | None = (view, position, header, from_client)
+
+    def run_if_unclaimed(self) -> None:
+        """On the worker: run the check unless the appending thread already took it."""
+        if self._claim.acquire(blocking=False):
+            self._outcome.put(self._run())
+
+    def _run(self) -> tuple[RecordsCheck | None, BaseException | None]:
+        task, self._task = self._task, None  # no reference to the caller's buffer once done
+        assert task is not None
+        try:
+            return _check_large_batch(*task), None
+        except BaseException as exc:  # raised by result(), on the appending thread
+            return None, exc
 
     def result(self) -> RecordsCheck:
-        check, error = self._outcome.get()
+        check, error = self._run() if self._claim.acquire(blocking=False) else self._outcome.get()
         if error is not None:
             raise error
         assert check is not None
@@ -115,42 +133,45 @@ class _PendingCheck:
 # slack) for CHECK_POLL_WINDOW_S before it blocks on its queue. Handing a check to a blocked thread costs the
 # appending thread a wake-up (a futex call and an interrupt to the idle CPU: about 9 µs on the VM of
 # docs/benchmarks.md, 5 % of a 1 MiB append), a put into the queue of a polling one 0.1 µs; a check picked up
-# 70 µs late still ends before the write (about 70 µs of work against 180).
+# 70 µs late still ends before the write (about 70 µs of work against 180). A sleep that ends more than
+# CHECK_POLL_LATE_S late means other processes hold the CPUs: the worker stops polling until its next check (its
+# wake-ups took CPU time from the appending thread there: about 10 % less throughput with other work running).
 CHECK_POLL_INTERVAL_S = 20e-6
 CHECK_POLL_WINDOW_S = 0.002
+CHECK_POLL_LATE_S = 0.0003
 
 
 class _CheckWorker:
-    """The thread that checks large batches (_check_large_batch) while the appending thread writes them: a queue in
-    and a queue per check out (a ThreadPoolExecutor's submit and Future cost the appending thread 5 µs more), polled
-    while appends of large batches follow each other."""
+    """The thread that checks large batches (_check_large_batch) while the appending thread writes them: a queue of
+    _PendingCheck in (a ThreadPoolExecutor's submit and Future cost the appending thread 5 µs more), polled while
+    appends of large batches follow each other."""
 
     def __init__(self) -> None:
-        self._tasks: SimpleQueue[tuple[memoryview, int, BatchHeader, bool, _PendingCheck]] = SimpleQueue()
+        self._tasks: SimpleQueue[_PendingCheck] = SimpleQueue()
         threading.Thread(target=self._run, name="tidelog-check", daemon=True).start()
 
     def submit(self, view: memoryview, position: int, header: BatchHeader, from_client: bool) -> _PendingCheck:
-        pending = _PendingCheck()
-        self._tasks.put((view, position, header, from_client, pending))
+        pending = _PendingCheck(view, position, header, from_client)
+        self._tasks.put(pending)
         return pending
 
     def _run(self) -> None:
         tasks = self._tasks
-        last_check = 0.0
+        poll_until = 0.0
         while True:
             try:
-                view, position, header, from_client, pending = tasks.get_nowait()
+                pending = tasks.get_nowait()
             except Empty:
-                if time.monotonic() - last_check < CHECK_POLL_WINDOW_S:
+                now = time.monotonic()
+                if now < poll_until:
                     time.sleep(CHECK_POLL_INTERVAL_S)
+                    if time.monotonic() - now > CHECK_POLL_LATE_S:  # the CPUs are busy: stop taking them
+                        poll_until = 0.0
                     continue
-                view, position, header, from_client, pending = tasks.get()
-            try:
-                pending._outcome.put((_check_large_batch(view, position, header, from_client), None))
-            except BaseException as exc:  # the appending thread raises it
-                pending._outcome.put((None, exc))
-            del view, pending  # no reference to the caller's buffer while idle
-            last_check = time.monotonic()
+                pending = tasks.get()
+            pending.run_if_unclaimed()
+            del pending
+            poll_until = time.monotonic() + CHECK_POLL_WINDOW_S
 
 
 _worker: _CheckWorker | None = None
