@@ -1267,6 +1267,11 @@ def _check_runs(section: bytes | memoryview, count: int, base_timestamp: int, po
         rows = min(rows, (end - at) // template.stride)
         if index + rows == count and at + rows * template.stride != end:
             rows -= 1  # the batch does not end where the run would: its last record is laid out otherwise
+        predicted = rows
+        length_bytes = template.timestamp_at - 1
+        following = at + template.stride
+        if rows > 1 and section[following : following + length_bytes] != section[at : at + length_bytes]:
+            rows = 1  # the next record has another length (records vary in size): a short run, found cheaply
         by_bytes = (
             _check_run_bytes(section, at, index, rows, template)
             if 1 < rows <= (RUN_BYTES_ROWS if isinstance(section, bytes) else RUN_VIEW_BYTES_ROWS)
@@ -1280,7 +1285,7 @@ def _check_runs(section: bytes | memoryview, count: int, base_timestamp: int, po
             accepted, run_largest = _check_run(section, at, index, rows, template)
         else:
             accepted, run_largest = 1, template.timestamp_delta
-        if accepted < min(rows, RUN_MIN):
+        if accepted < min(predicted, RUN_MIN):
             short_runs += 1
             if short_runs > SHORT_RUNS_MAX:
                 return None
