@@ -34,6 +34,6 @@ def test_short_fuzzing_run_finds_nothing(target: str, tmp_path: Path) -> None:
     match = FIGURES.search(proc.stdout)
     assert match is not None, proc.stdout
     assert match[1] == target
-    assert int(match[2].replace(",", "")) == SHORT_RUNS
+    assert int(match[2].replace(",", "")) >= SHORT_RUNS  # libFuzzer also counts the seed corpus it replays
     assert int(match[4]) == 0
     assert "line coverage" in proc.stdout and "n/a" not in proc.stdout
