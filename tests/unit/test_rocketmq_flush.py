@@ -117,3 +117,18 @@ def test_the_flush_thread_runs_every_flush_interval(tmp_path: Path) -> None:
                 time.sleep(0.005)
             assert engine.commitlog.flushed_where == engine.commitlog.max_offset
         assert engine.flusher.flush_count >= flushes + 3
+
+
+def test_an_explicit_flush_does_not_wait_for_the_flush_thread(tmp_path: Path) -> None:
+    """A partition's flush() under ASYNC_FLUSH (the broker's committed offsets, a client's explicit flush) syncs in
+    the caller: the thread would wait for its dirty pages or its thorough round, for longer than syncFlushTimeout."""
+    config = {"tidelog.rocketmq.flushCommitLogThoroughInterval": 3_600_000}  # 4 dirty pages for a round
+    with tidelog.open(tmp_path / "store", engine="rocketmq", config=config, background=True) as engine:
+        engine.create_topic("t", 1)
+        engine.produce("t", 0, [Record(b"x", timestamp_ms=TS)])
+        assert engine.commitlog.flushed_where == 0
+        started = time.monotonic()
+        engine.partition("t", 0).flush()
+        assert time.monotonic() - started < 2.0
+        assert engine.commitlog.flushed_where == engine.commitlog.max_offset > 0
+        assert engine.partition("t", 0).flushed_offset == 1

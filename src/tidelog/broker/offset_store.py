@@ -153,9 +153,7 @@ class OffsetStore:
         first_live = partition_log.log_end_offset
         for start in range(0, len(live), 500):
             partition_log.append(build_batch(live[start : start + 500]), from_client=False)
-        # On disk before the old copies go. A forced flush of the engine: a partition's own flush waits for the
-        # RocketMQ engine's flush service, which under ASYNC_FLUSH may not run for seconds (FLUSH_DISK_TIMEOUT).
-        await asyncio.to_thread(self.engine.flush, OFFSETS_TOPIC, partition)
+        await asyncio.to_thread(partition_log.flush)  # on disk before the old copies go
         partition_log.delete_records(first_live)
         self._compact_above[partition] = max(self.segment_bytes, 2 * partition_log.size_in_bytes)
         log.info(

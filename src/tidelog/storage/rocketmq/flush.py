@@ -79,10 +79,12 @@ class CommitLogFlusher:
         return flushed
 
     def wait_flushed(self, offset: int) -> None:
-        """Block until the CommitLog is flushed up to `offset` (a GroupCommitRequest)."""
+        """Block until the CommitLog is flushed up to `offset`: a GroupCommitRequest under SYNC_FLUSH; under
+        ASYNC_FLUSH (whose thread may wait for its dirty pages or its thorough round for seconds) an explicit flush
+        in the caller."""
         if self.commitlog.flushed_where >= offset:
             return
-        if self._thread is None:
+        if self._thread is None or not self.sync_flush:
             self.flush_now()
             return
         deadline = time.monotonic() + self.sync_flush_timeout_ms / 1000
