@@ -230,21 +230,30 @@ def restart_on_the_same_port(broker: Any) -> None:
 # --- reading the log back ---------------------------------------------------------------------------------------
 
 
-def read_partition(data_dir: Any, engine_name: str, partition: int) -> list[tuple[int, bytes]]:
-    """(offset, value) of every record, after an independent CRC-32C check of every stored batch."""
+_BATCH_PRODUCER = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequence at byte 43 of a v2 batch
+
+
+def read_partition(data_dir: Any, engine_name: str, partition: int) -> tuple[list[tuple[int, bytes]], list[str]]:
+    """(offset, value) of every record, after an independent CRC-32C check of every stored batch, and for each
+    record its batch's producer as `pid/epoch/baseSequence..lastSequence @baseOffset` (to explain a duplicate)."""
     with tidelog.open(data_dir, engine_name, ENGINE_CONFIG[engine_name], background=False) as engine:
         end = engine.log_end_offset(TOPIC, partition)
         raw = engine.read(TOPIC, partition, 0, 1 << 30).read_bytes() if end else b""
+        batch_of: list[str] = []
         position = 0
         while position < len(raw):
-            _base, length, _epoch, magic, crc = struct.unpack_from(">qiibI", raw, position)
+            base, length, _epoch, magic, crc = struct.unpack_from(">qiibI", raw, position)
             assert magic == 2
             assert crc32c(raw[position + 21 : position + length + 12]) == crc, f"batch at {position} fails its CRC"
+            (last_delta,) = struct.unpack_from(">i", raw, position + 23)
+            producer_id, producer_epoch, base_sequence = _BATCH_PRODUCER.unpack_from(raw, position + 43)
+            described = f"{producer_id}/{producer_epoch}/{base_sequence}..{base_sequence + last_delta} @{base}"
+            batch_of += [described] * (base + last_delta + 1 - len(batch_of))
             position += length + 12
         assert position == len(raw), "the log ends with part of a batch"
         records = [(r.offset, r.value) for r in engine.consume(TOPIC, partition)]
     assert [o for o, _ in records] == list(range(end)), "offsets are not dense"
-    return records
+    return records, batch_of
 
 
 # --- the trials ---------------------------------------------------------------------------------------------------
@@ -346,7 +355,8 @@ def run_kill9_trials(start_broker: Any, engine: str, trials: int, seed: int) -> 
     assert first_seen == {p: max(committed[p], 0) for p in range(PARTITIONS)}, "the group did not resume"
 
     broker.stop()  # a clean stop after all those crashes
-    logs = {p: read_partition(broker.log_dir, engine, p) for p in range(PARTITIONS)}
+    read_back = {p: read_partition(broker.log_dir, engine, p) for p in range(PARTITIONS)}
+    logs = {p: records for p, (records, _batches) in read_back.items()}
     first_offset: dict[bytes, tuple[int, int]] = {}  # value -> (partition, offset) where it is first
     twice: list[str] = []
     for partition, records in logs.items():
@@ -354,10 +364,18 @@ def run_kill9_trials(start_broker: Any, engine: str, trials: int, seed: int) -> 
             if value == b"resume":
                 continue
             if value in first_offset:
-                twice.append(f"{value.decode()} at {first_offset[value]} and {(partition, offset)}")
+                first_partition, first_at = first_offset[value]
+                first_batch, batch = read_back[first_partition][1][first_at], read_back[partition][1][offset]
+                twice.append(
+                    f"{value.decode()} at {(first_partition, first_at)} in batch {first_batch} and "
+                    f"{(partition, offset)} in batch {batch}"
+                )
             else:
                 first_offset[value] = (partition, offset)
-    assert not twice, f"{len(twice)} records are in the log twice, e.g. (partition, offset): {twice[:10]}"
+    assert not twice, (
+        f"{len(twice)} records are in the log twice, e.g. (partition, offset) in batch producer/epoch/sequences: "
+        f"{twice[:10]}\n(the broker's stderr of all runs: {broker.stderr_path})"
+    )
     acked_total = 0
     for producer in producers:
         name = producer.name.encode()

@@ -248,6 +248,7 @@ class ProduceApis:
         epoch = getattr(body, "producer_epoch", -1)
         if producer_id >= 0 and 0 <= epoch < 32766:  # KIP-360: an idempotent producer bumps its epoch
             answer.update(producer_id=producer_id, producer_epoch=epoch + 1)
+            log.info("client %s: producer %d bumps its epoch to %d", request.client_id, producer_id, epoch + 1)
         else:
             answer.update(producer_id=self.producer_ids.allocate(), producer_epoch=0)
         return answer
