@@ -38,6 +38,7 @@ from crc32c import crc32c
 
 import tidelog
 from broker_process import ENGINES, BrokerStartError
+from tidelog.codec import rocketmq_message as rm
 
 TRIALS = {"kafka": 10, "rocketmq": 6}  # per engine; the short variant of the RocketMQ engine adds ~15 s
 LONG_TRIALS = 100
@@ -235,11 +236,13 @@ _BATCH_PRODUCER = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequen
 
 def read_partition(data_dir: Any, engine_name: str, partition: int) -> tuple[list[tuple[int, bytes]], list[str]]:
     """(offset, value) of every record, after an independent CRC-32C check of every stored batch, and for each
-    record its batch's producer as `pid/epoch/baseSequence..lastSequence @baseOffset` (to explain a duplicate)."""
+    record where it came from (to explain a duplicate): its batch's producer id/epoch/sequences on the Kafka engine;
+    on the RocketMQ engine, whose reads rebuild batches, its message's KAFKA_BATCH position, the KAFKA_PRODUCER of
+    its batch's last message, CommitLog offset and store time."""
     with tidelog.open(data_dir, engine_name, ENGINE_CONFIG[engine_name], background=False) as engine:
         end = engine.log_end_offset(TOPIC, partition)
         raw = engine.read(TOPIC, partition, 0, 1 << 30).read_bytes() if end else b""
-        batch_of: list[str] = []
+        origin: list[str] = []
         position = 0
         while position < len(raw):
             base, length, _epoch, magic, crc = struct.unpack_from(">qiibI", raw, position)
@@ -247,13 +250,33 @@ def read_partition(data_dir: Any, engine_name: str, partition: int) -> tuple[lis
             assert crc32c(raw[position + 21 : position + length + 12]) == crc, f"batch at {position} fails its CRC"
             (last_delta,) = struct.unpack_from(">i", raw, position + 23)
             producer_id, producer_epoch, base_sequence = _BATCH_PRODUCER.unpack_from(raw, position + 43)
-            described = f"{producer_id}/{producer_epoch}/{base_sequence}..{base_sequence + last_delta} @{base}"
-            batch_of += [described] * (base + last_delta + 1 - len(batch_of))
+            described = f"batch {producer_id}/{producer_epoch}/{base_sequence}..{base_sequence + last_delta} @{base}"
+            origin += [described] * (base + last_delta + 1 - len(origin))
             position += length + 12
         assert position == len(raw), "the log ends with part of a batch"
         records = [(r.offset, r.value) for r in engine.consume(TOPIC, partition)]
+        if engine_name == "rocketmq":
+            origin = rocketmq_origins(engine, partition, end)
     assert [o for o, _ in records] == list(range(end)), "offsets are not dense"
-    return records, batch_of
+    return records, origin
+
+
+def rocketmq_origins(engine: Any, partition: int, end: int) -> list[str]:
+    queue = engine.partition(TOPIC, partition)
+    messages = [engine.read_message(physical, size) for _offset, physical, size in queue.units(0, end)]
+    origins: list[str] = []
+    batch_start = 0
+    for i, message in enumerate(messages):
+        index, count = rm.batch_position(message.properties_bytes)
+        if index == 0:
+            batch_start = i
+        last = messages[min(batch_start + count - 1, len(messages) - 1)]
+        producer = rm.producer_info(last.properties_bytes)
+        origins.append(
+            f"message {index}/{count} of producer batch {tuple(producer) if producer else None} at CommitLog "
+            f"{message.physical_offset}, stored {message.store_timestamp}"
+        )
+    return origins
 
 
 # --- the trials ---------------------------------------------------------------------------------------------------
@@ -367,13 +390,13 @@ def run_kill9_trials(start_broker: Any, engine: str, trials: int, seed: int) -> 
                 first_partition, first_at = first_offset[value]
                 first_batch, batch = read_back[first_partition][1][first_at], read_back[partition][1][offset]
                 twice.append(
-                    f"{value.decode()} at {(first_partition, first_at)} in batch {first_batch} and "
-                    f"{(partition, offset)} in batch {batch}"
+                    f"{value.decode()} at {(first_partition, first_at)} ({first_batch}) and "
+                    f"{(partition, offset)} ({batch})"
                 )
             else:
                 first_offset[value] = (partition, offset)
     assert not twice, (
-        f"{len(twice)} records are in the log twice, e.g. (partition, offset) in batch producer/epoch/sequences: "
+        f"{len(twice)} records are in the log twice, e.g. (partition, offset) (origin): "
         f"{twice[:10]}\n(the broker's stderr of all runs: {broker.stderr_path})"
     )
     acked_total = 0
