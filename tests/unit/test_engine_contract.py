@@ -272,6 +272,62 @@ def test_recovery_after_an_unclean_exit(open_log: Opener, engine_name: str, tmp_
     assert [r.value for r in engine.consume("t", 0, len(expected))] == [b"after"]
 
 
+RETRY_CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, sys.argv[3])
+    import tidelog
+    from tidelog import Record
+    from tidelog.codec.record_batch import build_batch
+    background = sys.argv[5] == "background"
+    engine = tidelog.open(sys.argv[1], engine=sys.argv[2], config=eval(sys.argv[4]), background=background)
+    engine.create_topic("t", 1)
+    records = [Record(b"idempotent-%d" % i, timestamp_ms=1_700_000_000_000) for i in range(3)]
+    engine.append("t", 0, build_batch(records, producer_id=7, producer_epoch=0, base_sequence=0))
+    def others(batches):
+        for b in range(batches):
+            engine.produce("t", 0, [Record(b"other", timestamp_ms=1_700_000_000_000) for _ in range(100)])
+    others(50)  # 5,000 offsets from another writer after the idempotent batch
+    if background:
+        time.sleep(2.5)  # the engine's own rounds (a RocketMQ producer snapshot), then more
+        others(10)
+    engine.flush("t", 0)
+    os._exit(0)  # no close
+    """
+)
+
+
+@pytest.mark.parametrize("child", ["background", "foreground"])
+def test_a_batch_stored_long_ago_is_recognised_when_retried_after_a_crash(
+    open_log: Opener, engine_name: str, tmp_path: Path, child: str
+) -> None:
+    """The producer's last batch is 5,000 (or 6,000) offsets back when it is retried after an unclean exit: it is
+    answered with its original offsets, not stored twice. RocketMQ engine: with its scheduler the state comes from
+    a producer snapshot and the messages after it; without (no snapshot), from the whole queue."""
+    script = tmp_path / "child.py"
+    script.write_text(RETRY_CHILD)
+    config = {**ENGINE_CONFIGS[engine_name], "tidelog.rocketmq.mapedFileSizeCommitLog": 1 << 20,
+              "tidelog.rocketmq.mapedFileSizeConsumeQueue": 300_000 * 20, "log.segment.bytes": 1 << 20}  # fmt: skip
+    config = {k: v for k, v in config.items() if k.startswith("tidelog.rocketmq.") == (engine_name == "rocketmq")}
+    subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "data"), engine_name, str(SRC), repr(config), child],
+        check=True,
+        timeout=60,
+    )
+    snapshots = sorted((tmp_path / "data" / "tidelog-producer-snapshots").glob("t-0/*.snapshot"))
+    if engine_name == "rocketmq":
+        assert [p.name for p in snapshots] == (["00000000000000005003.snapshot"] if child == "background" else [])
+    engine = open_log(**config)
+    end = engine.log_end_offset("t", 0)
+    assert end == 3 + (6000 if child == "background" else 5000)
+    records = [Record(b"idempotent-%d" % i, timestamp_ms=TS) for i in range(3)]
+    retried = engine.append("t", 0, build_batch(records, producer_id=7, producer_epoch=0, base_sequence=0))
+    assert (retried.base_offset, retried.last_offset) == (0, 2)
+    assert engine.log_end_offset("t", 0) == end
+    following = build_batch([Record(b"next", timestamp_ms=TS)], producer_id=7, producer_epoch=0, base_sequence=3)
+    assert engine.append("t", 0, following).base_offset == end
+
+
 def test_retention_deletes_whole_old_files_and_moves_the_log_start(open_log: Opener) -> None:
     engine = open_log()
     written = fill(engine, batches=120)

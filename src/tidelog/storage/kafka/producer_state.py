@@ -148,6 +148,10 @@ class ProducerStateManager:
         Kafka's roll does): the snapshot stays in `unsynced` until the caller has fsynced it (`mark_synced`).
         Until then a crash may leave it torn; loading then deletes it (its CRC fails) and replays from an older
         one."""
+        self.write_snapshot(end_offset, self.snapshot_bytes(), keep=keep, sync=sync)
+
+    def snapshot_bytes(self) -> bytes:
+        """The state as a snapshot file's bytes (the caller keeps appends out while this runs)."""
         entries = [
             _ENTRY.pack(
                 e.producer_id,
@@ -162,7 +166,10 @@ class ProducerStateManager:
             for e in self.producers.values()
         ]
         body = struct.pack(">i", len(entries)) + b"".join(entries)
-        data = struct.pack(">h", _VERSION) + struct.pack(">I", crc32c(body)) + body
+        return struct.pack(">h", _VERSION) + struct.pack(">I", crc32c(body)) + body
+
+    def write_snapshot(self, end_offset: int, data: bytes, *, keep: int = 2, sync: bool = True) -> None:
+        """take_snapshot's file work, for bytes taken earlier by `snapshot_bytes` (appends may go on meanwhile)."""
         path = self.directory / f"{end_offset:020d}{SNAPSHOT_SUFFIX}"
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as handle:
@@ -178,6 +185,13 @@ class ProducerStateManager:
         for offset, old in self.snapshot_files()[:-keep]:
             old.unlink(missing_ok=True)
             self.unsynced.pop(offset, None)
+
+    def delete_snapshots_after(self, end_offset: int) -> None:
+        """The log was cut at `end_offset`: snapshots of offsets beyond it describe batches that are gone."""
+        for offset, path in self.snapshot_files():
+            if offset > end_offset:
+                path.unlink(missing_ok=True)
+                self.unsynced.pop(offset, None)
 
     def unsynced_snapshots(self, up_to_offset: int) -> list[tuple[int, Path]]:
         """The snapshots written without fsync at offsets up to `up_to_offset`, oldest first; once the caller has

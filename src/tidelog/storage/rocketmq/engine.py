@@ -2,10 +2,11 @@
 (RocketMQ's DefaultMessageStore). A Kafka partition is a queue; a Kafka offset is the queue offset.
 
 The store directory (`log.dirs`, exactly one) holds RocketMQ's layout - `commitlog/`, `consumequeue/<topic>/<id>/`,
-`index/` (the key index, with `messageIndexEnable`), `checkpoint`, `abort`, `lock` - plus two tidelog files Kafka
-clients need and RocketMQ keeps elsewhere: `tidelog-topics.json` (topic ids, partition counts, configs and the
-CommitLog offset each topic was created at, so messages of a deleted namesake are never dispatched into it) and
-`tidelog-log-start-offsets` (DeleteRecords, in Kafka's offset-checkpoint format).
+`index/` (the key index, with `messageIndexEnable`), `checkpoint`, `abort`, `lock` - plus what Kafka clients need
+and RocketMQ keeps elsewhere or not at all: `tidelog-topics.json` (topic ids, partition counts, configs and the
+CommitLog offset each topic was created at, so messages of a deleted namesake are never dispatched into it),
+`tidelog-log-start-offsets` (DeleteRecords, in Kafka's offset-checkpoint format) and
+`tidelog-producer-snapshots/<topic>-<queue>/` (idempotent-producer state, Kafka's `<offset>.snapshot` files).
 
 Start-up (DefaultMessageStore.load/recover): take the lock, note whether `abort` was left by a crash and create it;
 load CommitLog and ConsumeQueue files; normal recovery starts at the file holding the dispatched end, abnormal
@@ -86,6 +87,8 @@ log = logging.getLogger("tidelog.storage.rocketmq")
 
 TOPICS_FILE = "tidelog-topics.json"
 START_OFFSETS_FILE = "tidelog-log-start-offsets"
+PRODUCER_SNAPSHOTS_DIR = "tidelog-producer-snapshots"
+PRODUCER_SNAPSHOT_INTERVAL_MS = 1000  # how often the queues are asked whether their producer state needs a snapshot
 REINDEX_BATCH = 2048  # messages per IndexFile batch when recovery re-indexes from the CommitLog
 INDEX_RETRY_SECONDS = 1.0  # an index that could not be written is tried again after this long
 LONG_MAX = (1 << 63) - 1
@@ -232,6 +235,21 @@ class RocketMQEngine(StorageEngine):
                 "clean expired files", self.retention.run, store.clean_resource_interval,
                 store.clean_resource_interval,
             )  # fmt: skip
+            self.scheduler.schedule(
+                "snapshot producer state", self._snapshot_producer_states, PRODUCER_SNAPSHOT_INTERVAL_MS,
+                PRODUCER_SNAPSHOT_INTERVAL_MS,
+            )  # fmt: skip
+
+    def producer_snapshot_dir(self, topic: str, queue_id: int) -> Path:
+        return self.root / PRODUCER_SNAPSHOTS_DIR / f"{topic}-{queue_id}"
+
+    def _snapshot_producer_states(self, *, force: bool = False) -> None:
+        """Snapshot the idempotent-producer state of the queues that moved on enough (all that moved: `force`)."""
+        for queue in list(self.queues.values()):
+            try:
+                queue.snapshot_producer_state(force=force)
+            except OSError as exc:  # the log still has it all: a restart replays from an older snapshot
+                log.warning("%s: cannot snapshot the producer state: %s", queue.name, exc.strerror or exc)
 
     def _dispatch_targets(self) -> list[Dispatcher]:
         """The dispatch chain (CommitLogDispatcher list): each gets every dispatched batch of messages, in order.
@@ -342,6 +360,7 @@ class RocketMQEngine(StorageEngine):
                 # floor (as a Kafka log does); offsets below it were handed out before and are never reused
                 queue.consume_queue.restart_at(queue.start_floor)
             queue.next_offset = queue._flushed = max(queue.consume_queue.max_offset, queue.start_floor)
+            queue.producer_state.delete_snapshots_after(queue.consume_queue.max_offset)
         log.info(
             "%s: %s recovery scanned CommitLog %d..%d (%d messages), re-dispatched %d%s",
             self.root,
@@ -625,6 +644,8 @@ class RocketMQEngine(StorageEngine):
             stale = self.root / CONSUME_QUEUE_DIR / name
             if stale.exists():  # left by a deletion that did not finish
                 shutil.rmtree(stale, ignore_errors=True)
+            for queue_id in range(count):
+                shutil.rmtree(self.producer_snapshot_dir(name, queue_id), ignore_errors=True)
             self.topic_meta[name] = {
                 "topic_id": checkpoints.new_kafka_uuid(),
                 "partitions": count,
@@ -647,6 +668,7 @@ class RocketMQEngine(StorageEngine):
                 queue = self.queues.pop((name, queue_id))
                 queue.closed = True
                 queue.consume_queue.destroy()
+                shutil.rmtree(queue.producer_state.directory, ignore_errors=True)
             self._save_topics_file()
             self.save_start_offsets()
         doomed = self.root / CONSUME_QUEUE_DIR / name
@@ -776,6 +798,7 @@ class RocketMQEngine(StorageEngine):
             self.dispatcher.shutdown()
             self.dispatcher.catch_up()
             self.flush_consume_queues()
+            self._snapshot_producer_states(force=True)
             if self.index is not None:
                 self.index.flush()
             self.checkpoint.physic_msg_timestamp = self.commitlog.last_store_timestamp or (

@@ -11,8 +11,11 @@ a read turns ConsumeQueue units back into Kafka v2 batches built in memory. The 
 - log start offset = the ConsumeQueue's minimum, raised by DeleteRecords (kept in `tidelog-log-start-offsets`);
 - `flushed_offset` = the queue offset below which the CommitLog is on disk, `flush_due` says whether an acks=all
   producer must wait for a group commit (SYNC_FLUSH) or not (ASYNC_FLUSH);
-- a retried idempotent batch is answered with its first offsets, as Kafka's ProducerStateManager does; the state
-  is rebuilt after a restart from the `KAFKA_PRODUCER` property of the queue's last messages;
+- a retried idempotent batch is answered with its first offsets, as Kafka's ProducerStateManager does, however long
+  ago it was stored; the state is snapshotted in Kafka's format (`<queue offset>.snapshot` in the engine's
+  `tidelog-producer-snapshots/<topic>-<queue>/`) once PRODUCER_SNAPSHOT_UNITS offsets were appended since the last
+  one (the engine's scheduler asks every second) and at a clean close, and rebuilt after a restart from the newest
+  snapshot plus the `KAFKA_PRODUCER` property of the messages after it (from the log start when there is none);
 - a time lookup has Kafka's meaning (the earliest offset whose record timestamp is at least the target, in whatever
   order timestamps come) through an in-memory summary: the largest timestamp of each block of offsets.
 """
@@ -70,7 +73,7 @@ _PATCHED_BYTES = np.concatenate(
 )
 READ_UNITS = 1024  # ConsumeQueue units read per round of a fetch
 TIME_BLOCK_UNITS = 1024  # queue offsets per block of the time summary (offset_for_timestamp)
-PRODUCER_REPLAY_UNITS = 4096  # units at the end of a queue replayed for the idempotent-producer state
+PRODUCER_SNAPSHOT_UNITS = 2048  # offsets appended since a queue's last producer snapshot before it takes another
 BLANK_UNIT_SIZE = 0x7FFFFFFF
 
 
@@ -148,8 +151,9 @@ class MessageQueue(Partition):
         self.config = config
         self.next_offset = consume_queue.max_offset
         self.start_floor = start_floor
-        self.producer_state = ProducerStateManager(consume_queue.directory)
+        self.producer_state = ProducerStateManager(engine.producer_snapshot_dir(topic, queue_id))
         self._producer_state_loaded = False
+        self._snapshot_offset = 0  # the queue offset of the newest producer snapshot (once the state is loaded)
         self._lock = threading.Lock()
         self._pending_flush: deque[tuple[int, int]] = deque()  # (CommitLog end, queue offset after it)
         self._flushed = self.next_offset
@@ -353,12 +357,14 @@ class MessageQueue(Partition):
         return _Encoded(header, messages, header.size_in_bytes)
 
     def _load_producer_state(self) -> None:
-        """After a restart: replay the `KAFKA_PRODUCER` properties of the queue's last messages."""
+        """After a restart: the newest producer snapshot, then the `KAFKA_PRODUCER` properties of the messages after
+        it (of the whole queue when there is no snapshot: a batch stored long ago may still be retried)."""
         if self._producer_state_loaded:
             return
         self._producer_state_loaded = True
         end = self.consume_queue.max_offset
-        start = max(self.log_start_offset, end - PRODUCER_REPLAY_UNITS)
+        self._snapshot_offset = self.producer_state.load_latest_snapshot(end)
+        start = max(self.log_start_offset, self._snapshot_offset)
         for queue_offset, physical_offset, size in self.units(start, end):
             message = self.engine.read_message(physical_offset, size)
             info = rm.producer_info(message.properties_bytes)
@@ -369,6 +375,23 @@ class MessageQueue(Partition):
                 message.born_timestamp, info.producer_id, info.epoch, info.base_sequence, info.count,
             )  # fmt: skip
             self.producer_state.update(header, queue_offset - info.count + 1, message.store_timestamp)
+
+    def snapshot_producer_state(self, *, force: bool = False) -> bool:
+        """Write the producer state as `<log end offset>.snapshot` when PRODUCER_SNAPSHOT_UNITS offsets were
+        appended since the last one, or (`force`, a clean close) when anything was; returns whether it wrote. The
+        state is copied under the put lock, the file written (and fsynced) outside it."""
+        if not self._producer_state_loaded:
+            return False  # no idempotent producer wrote since the start: the files on disk still hold
+        with self.engine.commitlog.put_lock:
+            end = self.next_offset
+            appended = end - self._snapshot_offset
+            if not self.producer_state.producers or appended <= 0 or (not force and appended < PRODUCER_SNAPSHOT_UNITS):
+                return False
+            data = self.producer_state.snapshot_bytes()
+        self.producer_state.directory.mkdir(parents=True, exist_ok=True)
+        self.producer_state.write_snapshot(end, data)
+        self._snapshot_offset = end
+        return True
 
     # --- reads ------------------------------------------------------------------------------------------------
 
