@@ -1697,17 +1697,21 @@ def markdown_table(columns: tuple[str, ...], rows: list[list[str]]) -> str:
 
 
 TARGETS_EXPLAINED = """Where the time goes when a target is missed (CPU columns above; `--profile DIR` adds py-spy
-tables of the broker). **Throughput**: the broker is not the limit. In the produce and consume rows the client's Python
-thread runs at 90-96 % of a core while the broker uses 13-37 %: confluent-kafka's `Producer.produce()` costs
-about 1.7 µs of Python per record and `Consumer.consume()` about 1.2 µs, so one Python client process tops out
-near 550-750k records/s whatever the server; Kafka's 821,557 rec/s anchor comes from a Java producer. Two
-producer processes against one broker (not part of this script) are how to load the broker further.
-**p99 latency**: with producer, consumer and broker sharing 2 cores, the p99 is set by scheduling. Under py-spy,
-the broker's own busy time in these tests goes to socket writes (about 20 %), storage (about 20 % for acks=1,
-35-40 % with fsync), asyncio's loop and task machinery (10-16 %), kio (de)serialisation and our protocol code
-(15-25 %); a single request is handled in well under a millisecond, and the tail comes from the moments all
-three processes want a core at once (p50 1.7 ms against p99 14 ms). With acks=all the fsync of each group
-commit adds to every produce (p50 4.3 ms against 1.7 ms with acks=1), and requests pipelined behind it wait."""
+tables of the broker). **Throughput**: the broker is not the limit. In every tidelog row the client sets the pace:
+the confluent-kafka rows have the client's Python thread at 89-98 % of a core while the broker uses 21-62 %, and
+kcat uses 109-148 % (librdkafka's threads and its own output thread) while the broker uses 12-75 %. The one target
+missed in the run of 2026-11-25 03:56 is consume >= 2x the better peer in the compiled tier: kcat drained the log
+at 2.98M records/s (one repetition 968k) with the broker at 12 % of a core, against 1.82M for redis-benchmark's
+XRANGE, which spreads its reads over 10 connections; 2x would take 3.64M records/s from one kcat process, which on
+2 cores is already the busiest process. Several consumer processes (not part of this script) are how to load the
+broker further. Earlier runs under load from other sessions (load 2-4) gave the Python tier 550-750k records/s,
+below the 1M target: `Producer.produce()` costs about 0.5 µs of Python per record on a quiet core and the client
+shares the 2 cores with the broker. **p99 latency**: met with room (1.6-1.7 ms at p99, 2.7-4.3 ms at p99.9); the
+tail is set by scheduling, producer, consumer and broker sharing 2 cores. Under py-spy the broker's own busy time
+goes to socket writes (about 20 %), storage (about 20 % for acks=1, 35-40 % with fsync), asyncio's loop and task
+machinery (10-16 %), kio (de)serialisation and our protocol code (15-25 %); a request is handled in well under a
+millisecond. On a loaded machine (other sessions' tests, load 2-3) the acks=all p99 rose to 14-119 ms: the fsync
+of a group commit waits behind other writers' I/O."""
 
 
 def markdown_section(
