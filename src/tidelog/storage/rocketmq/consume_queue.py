@@ -174,6 +174,23 @@ class ConsumeQueue:
             self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
             raise
 
+    def put_run(self, first_queue_offset: int, units: memoryview, first_end: int, last_end: int) -> bool:
+        """put's common case with the unit bytes made for the whole dispatch round: units for consecutive queue
+        offsets from `first_queue_offset` (their messages' CommitLog ends: the first's `first_end`, the last's
+        `last_end`), none of which the queue has yet, going on from its end, in one write. Returns False, writing
+        nothing, when the run is not that case (the caller then uses `put`)."""
+        at = first_queue_offset * CQ_STORE_UNIT_SIZE
+        if first_end <= self.max_physic_offset or (self.queue.files and at != self.queue.max_offset):
+            return False
+        try:
+            self._write(at, units)
+        except (KafkaStorageError, OSError):
+            last_unit = self.unit_at(self.max_offset - 1) if self.max_offset > self.min_offset else None
+            self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
+            raise
+        self.max_physic_offset = last_end
+        return True
+
     def _put(self, units: Iterable[tuple[int, int, int, int]]) -> int:
         """put's unit by unit path."""
         written = 0

@@ -75,7 +75,13 @@ from tidelog.storage.rocketmq.checkpoint import (
     take_abort_file,
 )
 from tidelog.storage.rocketmq.commitlog import CommitLog, RecoveryResult
-from tidelog.storage.rocketmq.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue, consume_queue_file_size
+from tidelog.storage.rocketmq.consume_queue import (
+    CONSUME_QUEUE_DIR,
+    CQ_STORE_UNIT_SIZE,
+    UNIT_DTYPE,
+    ConsumeQueue,
+    consume_queue_file_size,
+)
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, Dispatcher, ReputMessageService
 from tidelog.storage.rocketmq.flush import CommitLogFlusher
 from tidelog.storage.rocketmq.index_file import INDEX_DIR, IndexService, message_index_keys
@@ -140,6 +146,39 @@ def _parse_store_host(text: str) -> rm.HostAddress:
             "(messages here keep IPv4 hosts)"
         )
     return host
+
+
+class _RoundUnits:
+    """A dispatch round's ConsumeQueue units as bytes, with what deciding each queue's run needs, made once."""
+
+    __slots__ = ("batch", "breaks", "ends", "size_sums", "units")
+
+    def __init__(self, batch: DispatchBatch) -> None:
+        units = np.empty(len(batch), dtype=UNIT_DTYPE)
+        units["offset"] = batch.offsets
+        units["size"] = batch.sizes
+        units["tags"] = batch.tags_codes
+        self.batch = batch
+        self.units = memoryview(units.tobytes())
+        self.ends = (batch.offsets + batch.sizes).tolist()
+        self.size_sums = np.concatenate([[0], np.cumsum(batch.sizes)]).tolist()
+        # breaks[i]: how many of the steps up to message i are not +1 in queue offset
+        self.breaks = np.concatenate([[0], np.cumsum(np.diff(batch.queue_offsets) != 1)]).tolist()
+
+    def put_run(self, queue: MessageQueue, start: int, stop: int, since: int) -> bool:
+        """Messages [start, stop) of one queue: written in one go when they are consecutive queue offsets from the
+        queue's end, none of them dispatched before nor older than the topic; False (nothing written) otherwise."""
+        batch = self.batch
+        if self.breaks[stop - 1] != self.breaks[start] or int(batch.offsets[start]) < since:
+            return False
+        unit = CQ_STORE_UNIT_SIZE
+        ends = self.ends
+        if not queue.consume_queue.put_run(
+            int(batch.queue_offsets[start]), self.units[start * unit : stop * unit], ends[start], ends[stop - 1]
+        ):
+            return False
+        queue.dispatched(self.size_sums[stop] - self.size_sums[start])
+        return True
 
 
 class RocketMQEngine(StorageEngine):
@@ -467,7 +506,8 @@ class RocketMQEngine(StorageEngine):
 
     def _build_consume_queues(self, batch: DispatchBatch) -> None:
         """CommitLogDispatcherBuildConsumeQueue: one unit per message, the units of each queue written in order in
-        one put (prepared and rolled-back transactions are not dispatched)."""
+        one put (prepared and rolled-back transactions are not dispatched). A round with many queues (one append
+        each at 1,000 partitions) makes the unit bytes, run sizes and order checks once for all of them."""
         runs: dict[tuple[str, int], list[tuple[int, int]]] = {}
         for run in batch.runs:
             runs.setdefault((run.topic, run.queue_id), []).append((run.start, run.stop))
@@ -477,25 +517,30 @@ class RocketMQEngine(StorageEngine):
             dispatched = (transaction != rm.SYSFLAG_TRANSACTION_PREPARED) & (
                 transaction != rm.SYSFLAG_TRANSACTION_ROLLBACK
             )
+        round_units = _RoundUnits(batch) if dispatched is None and len(runs) > 1 else None
         with self._lock:
             for key, spans in runs.items():
                 queue = self.queues.get(key)
                 if queue is None:
                     continue  # a deleted topic
-                rows: slice | np.ndarray = (
-                    slice(*spans[0]) if len(spans) == 1 else np.concatenate([np.arange(*span) for span in spans])
-                )
-                columns = [batch.offsets[rows], batch.sizes[rows], batch.tags_codes[rows], batch.queue_offsets[rows]]
-                # a message of a topic deleted and created again after it is not the new topic's
                 since = self.topic_meta[key[0]]["since"]
-                if dispatched is not None or columns[0][0] < since:
-                    chosen = columns[0] >= since
-                    if dispatched is not None:
-                        chosen &= dispatched[rows]
-                    if not np.count_nonzero(chosen):
-                        continue
-                    columns = [column[chosen] for column in columns]
                 try:
+                    if round_units is not None and len(spans) == 1 and round_units.put_run(queue, *spans[0], since):
+                        continue
+                    rows: slice | np.ndarray = (
+                        slice(*spans[0]) if len(spans) == 1 else np.concatenate([np.arange(*span) for span in spans])
+                    )
+                    columns = [
+                        batch.offsets[rows], batch.sizes[rows], batch.tags_codes[rows], batch.queue_offsets[rows]
+                    ]  # fmt: skip
+                    # a message of a topic deleted and created again after it is not the new topic's
+                    if dispatched is not None or columns[0][0] < since:
+                        chosen = columns[0] >= since
+                        if dispatched is not None:
+                            chosen &= dispatched[rows]
+                        if not np.count_nonzero(chosen):
+                            continue
+                        columns = [column[chosen] for column in columns]
                     queue.dispatched(queue.consume_queue.put(*columns))
                 except (KafkaStorageError, OSError):
                     queue.forget_size()  # some units may be in: count again when asked
