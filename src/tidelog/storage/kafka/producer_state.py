@@ -206,10 +206,8 @@ class ProducerStateManager:
         """Load the newest readable snapshot at or below the log end; returns its offset (0 if none).
 
         Snapshots beyond the log end (the log was truncated) and unreadable ones are deleted."""
+        self.delete_snapshots_after(log_end_offset)
         for offset, path in reversed(self.snapshot_files()):
-            if offset > log_end_offset:
-                path.unlink(missing_ok=True)
-                continue
             try:
                 self.producers = {e.producer_id: e for e in read_snapshot(path)}
                 return offset

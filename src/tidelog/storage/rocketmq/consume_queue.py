@@ -170,8 +170,7 @@ class ConsumeQueue:
             units = zip(offsets.tolist(), sizes.tolist(), tags_codes.tolist(), queue_offsets.tolist(), strict=True)
             return self._put(units)
         except (KafkaStorageError, OSError):
-            last_unit = self.unit_at(self.max_offset - 1) if self.max_offset > self.min_offset else None
-            self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
+            self._end_at_last_unit()
             raise
 
     def put_run(self, first_queue_offset: int, units: memoryview, first_end: int, last_end: int) -> bool:
@@ -185,11 +184,15 @@ class ConsumeQueue:
         try:
             self._write(at, units)
         except (KafkaStorageError, OSError):
-            last_unit = self.unit_at(self.max_offset - 1) if self.max_offset > self.min_offset else None
-            self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
+            self._end_at_last_unit()
             raise
         self.max_physic_offset = last_end
         return True
+
+    def _end_at_last_unit(self) -> None:
+        """After a failed write: the queue's dispatched CommitLog end is that of its last unit written."""
+        last_unit = self.unit_at(self.max_offset - 1) if self.max_offset > self.min_offset else None
+        self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
 
     def _put(self, units: Iterable[tuple[int, int, int, int]]) -> int:
         """put's unit by unit path."""
