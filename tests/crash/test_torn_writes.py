@@ -43,6 +43,7 @@ from tidelog.codec import rocketmq_message as rm
 from tidelog.codec.record_batch import build_batch
 from tidelog.errors import CorruptCheckpointError
 from tidelog.storage.api import KeyLocation, StorageEngine
+from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.engine import KafkaEngine
 
@@ -262,7 +263,7 @@ class Expectation:
         named past a queue's end starts it again there, empty - what it does when a crash cut the CommitLog below a
         DeleteRecords floor, and Kafka's LogLoader when the log end is below the checkpointed log start.)"""
         try:
-            named = checkpoints.read_offset_checkpoint(log_dir / LOG_START_FILES[engine])
+            named = read_offset_checkpoint(log_dir / LOG_START_FILES[engine])
         except CorruptCheckpointError:
             named = {}
         first_bases = {
@@ -276,9 +277,9 @@ class Expectation:
 
 def set_recovery_point(log_dir: Path, key: tuple[str, int], offset: int) -> None:
     path = log_dir / checkpoints.RECOVERY_POINT_CHECKPOINT
-    points = checkpoints.read_offset_checkpoint(path)
+    points = read_offset_checkpoint(path)
     points[key] = offset
-    checkpoints.write_offset_checkpoint(path, points)
+    write_offset_checkpoint(path, points)
 
 
 def damage_trial(template: Template, target: Path, rng: random.Random) -> tuple[Damage, Expectation]:

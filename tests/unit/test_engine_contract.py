@@ -236,6 +236,56 @@ def test_topics_survive_a_reopen(open_log: Opener) -> None:
     assert engine.log_end_offset("b", 0) == 0 and list(engine.consume("b", 0)) == []
 
 
+def deletion_leftovers(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_dir() and p.name.endswith("-delete")]
+
+
+def test_a_topic_with_the_longest_name_is_deleted_for_good(open_log: Opener, tmp_path: Path) -> None:
+    """249 characters, the most Kafka allows: `<topic>-<partition>` plus the deletion suffix is longer than a file
+    name may be, so the deletion name is shortened (as Kafka's logDeleteDirName does)."""
+    name = "t" * 249
+    engine = open_log()
+    engine.create_topic(name, 2)
+    engine.create_topic("kept", 1)
+    engine.produce(name, 1, [Record(b"doomed", timestamp_ms=TS)])
+    engine.delete_topic(name)
+    assert sorted(engine.topics()) == ["kept"]
+    with pytest.raises(UnknownTopicOrPartitionError):
+        engine.log_end_offset(name, 0)
+    engine.close()
+    assert not deletion_leftovers(tmp_path / "data")
+    assert not [p for p in (tmp_path / "data").rglob(f"{name}*")]
+    engine = open_log()
+    assert sorted(engine.topics()) == ["kept"]
+    engine.create_topic(name, 1)
+    assert list(engine.consume(name, 0)) == []
+
+
+def test_a_deleted_topic_is_renamed_at_once_and_its_files_removed_later(engine_name: str, tmp_path: Path) -> None:
+    """log.segment.delete.delay.ms (Kafka's file.delete.delay.ms): the deletion renames; the files go after the
+    delay, at close, or - after a crash - at the next start."""
+    config = {**ENGINE_CONFIGS[engine_name], "log.segment.delete.delay.ms": 60_000}
+    engine = tidelog.open(tmp_path / "data", engine=engine_name, config=config)
+    try:
+        engine.create_topic("doomed", 3)
+        engine.produce("doomed", 0, [Record(b"x", timestamp_ms=TS)])
+        engine.flush()  # the RocketMQ engine writes a queue's files when it dispatches to it
+        engine.delete_topic("doomed")
+        assert "doomed" not in engine.topics()
+        renamed = deletion_leftovers(tmp_path / "data")
+        assert renamed and all(p.name.startswith("doomed") for p in renamed)
+        engine.create_topic("doomed", 1)  # the name is free at once
+        assert engine.log_end_offset("doomed", 0) == 0
+    finally:
+        engine.close()
+    assert not deletion_leftovers(tmp_path / "data")
+    stale = tmp_path / "data" / ("consumequeue" if engine_name == "rocketmq" else "") / "left.0123-delete"
+    stale.mkdir()
+    (stale / "00000000000000000000.log").write_bytes(b"x" * 100)
+    tidelog.open(tmp_path / "data", engine=engine_name, config=config, background=False).close()
+    assert not stale.exists()
+
+
 UNCLEAN_CHILD = textwrap.dedent(
     """
     import os, sys

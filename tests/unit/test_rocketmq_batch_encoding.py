@@ -36,9 +36,10 @@ from tidelog.codec.record_batch import (
 from tidelog.codec.varint import encode_varint
 from tidelog.config import EngineConfig
 from tidelog.errors import CorruptRecordError
+from tidelog.storage.common.index_file import ENTRY, HEADER_SIZE, IndexFile
 from tidelog.storage.rocketmq.consume_queue import CONSUME_QUEUE_DIR
 from tidelog.storage.rocketmq.engine import RocketMQEngine
-from tidelog.storage.rocketmq.index_file import ENTRY, HEADER_SIZE, INDEX_DIR, IndexFile, message_index_keys
+from tidelog.storage.rocketmq.index_builder import INDEX_DIR, message_index_keys
 
 TS = 1_700_000_000_000
 PREFIX = "7F00000100013A2B4C5D0000ABCD"  # 28 hex digits: a UniqueIdGenerator block's common part

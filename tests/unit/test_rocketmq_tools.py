@@ -3,6 +3,7 @@ CommitLog, the dispatcher, the ConsumeQueues and the IndexFile, run through the 
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -13,10 +14,11 @@ import pytest
 
 from tidelog.cli import main
 from tidelog.codec import rocketmq_message as rm
+from tidelog.storage.common.index_file import IndexService
 from tidelog.storage.rocketmq.commitlog import CommitLog
 from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, ReputMessageService
-from tidelog.storage.rocketmq.index_file import INDEX_DIR, IndexService
+from tidelog.storage.rocketmq.index_builder import INDEX_DIR, build_index
 
 TS = 1_700_000_000_000
 COMMITLOG_FILE_SIZE = 4096
@@ -70,7 +72,10 @@ def write_store(root: Path, messages: Sequence[tuple[str, int, bytes | None, byt
 
     index = IndexService(root / INDEX_DIR, 16, 64, clock=lambda: TS)
     reput = ReputMessageService(
-        commitlog, lambda: commitlog.max_offset, [build_consume_queues, index.build_index], background=False
+        commitlog,
+        lambda: commitlog.max_offset,
+        [build_consume_queues, functools.partial(build_index, index)],
+        background=False,
     )
     reput.do_reput()
     commitlog.flush()

@@ -32,7 +32,7 @@ from tidelog.errors import (
 )
 from tidelog.protocol.messages import ApiKey, Request
 from tidelog.storage.api import Partition
-from tidelog.storage.kafka import checkpoints
+from tidelog.storage.common.files import write_atomically
 
 if TYPE_CHECKING:
     from tidelog.broker.server import ApiHandler, Broker, Connection, Response
@@ -123,7 +123,7 @@ class ProducerIdAllocator:
     def allocate(self) -> int:
         if self._next >= self._block_end:
             self._block_end = self._next + PRODUCER_ID_BLOCK_SIZE
-            checkpoints.write_atomically(self.path, f"{self._block_end}\n")
+            write_atomically(self.path, f"{self._block_end}\n")
         producer_id = self._next
         self._next += 1
         return producer_id

@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 from tidelog.broker.acl import AclBinding, AclFilter
 from tidelog.broker.scram import MECHANISMS, ScramCredential
 from tidelog.errors import SecurityStoreError
-from tidelog.storage.kafka.checkpoints import fsync_directory
+from tidelog.storage.common.files import fsync_directory
 
 log = logging.getLogger("tidelog.security")
 

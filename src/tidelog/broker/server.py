@@ -119,7 +119,7 @@ class Broker:
             config.offsets_topic_num_partitions,
             config.offsets_topic_segment_bytes,
             self.produce.flusher,
-            engine_compacts=config.engine.engine == "kafka" and config.engine.cleaner.enabled,
+            engine_compacts=self.engine.compacts_topics,
         )
         self.groups = GroupCoordinator(self, self.offset_store)
         self.authorizer = Authorizer(config.security, Path(config.engine.log_dirs[0]).resolve())

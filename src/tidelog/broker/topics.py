@@ -28,7 +28,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.protocol.messages import ApiKey, Request, uuid_to_kafka
-from tidelog.storage.kafka.engine import validate_topic_name
+from tidelog.storage.api import validate_topic_name
 
 if TYPE_CHECKING:
     from tidelog.broker.server import ApiHandler, Broker, Connection, Response
@@ -138,7 +138,7 @@ class TopicApis:
         if description is None and allow_create:
             try:
                 validate_topic_name(name)
-                _take_partition_budget(budget, name, engine.config.num_partitions)
+                _take_partition_budget(budget, name, self.broker.config.engine.num_partitions)
                 description = engine.create_topic(name)
                 log.info("auto-created topic %s with %d partition(s)", name, description.partitions)
             except TidelogError as exc:
@@ -200,8 +200,8 @@ class TopicApis:
                 validate_topic_name(topic.name)
                 if topic.name in engine.topics():
                     raise TopicExistsError(f"topic {topic.name!r} already exists")
-                engine.config.log_defaults.with_overrides(configs)
-                count = partitions if partitions is not None else engine.config.num_partitions
+                self.broker.config.engine.log_defaults.with_overrides(configs)
+                count = partitions if partitions is not None else self.broker.config.engine.num_partitions
                 if getattr(body, "validate_only", False):
                     result.update(num_partitions=count, replication_factor=1)
                     continue
@@ -353,7 +353,7 @@ class TopicApis:
         return {"throttle_time": 0, "results": results}
 
     def _topic_configs(self, overrides: dict[str, Any], wanted: set[str] | None) -> list[dict[str, Any]]:
-        effective = self.broker.engine.config.log_defaults.with_overrides(overrides)
+        effective = self.broker.config.engine.log_defaults.with_overrides(overrides)
         configs = []
         for name in sorted(TOPIC_KEYS):
             if wanted is not None and name not in wanted:

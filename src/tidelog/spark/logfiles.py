@@ -40,7 +40,8 @@ from tidelog.errors import (
     TidelogError,
     UnknownTopicOrPartitionError,
 )
-from tidelog.storage.kafka.checkpoints import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
+from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint
+from tidelog.storage.kafka.checkpoints import LOG_START_OFFSET_CHECKPOINT
 
 PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 SEGMENT_LOG = re.compile(r"^(\d{20})\.log$")

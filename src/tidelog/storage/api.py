@@ -14,6 +14,7 @@ slices, so a server can send them with sendfile and a reader can decode them in 
 from __future__ import annotations
 
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,13 +24,25 @@ from typing import Any, BinaryIO, NamedTuple
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.codec.record_set import decode_batch, iter_batches
-from tidelog.errors import OffsetOutOfRangeError
+from tidelog.errors import InvalidTopicError, OffsetOutOfRangeError
 
 EARLIEST_TIMESTAMP = -2  # ListOffsets special targets, as Kafka defines them
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
 
 CONSUME_CHUNK_BYTES = 1 << 20
+LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_NAME_LENGTH = 249
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's Topic.validate: 1-249 characters of [a-zA-Z0-9._-], not '.' or '..'."""
+    if not name or name in (".", ".."):
+        raise InvalidTopicError(f"topic name {name!r} is not allowed")
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise InvalidTopicError(f"topic name is {len(name)} characters long; the maximum is {MAX_TOPIC_NAME_LENGTH}")
+    if not LEGAL_TOPIC.match(name):
+        raise InvalidTopicError(f"topic name {name!r} may only contain ASCII letters, digits, '.', '_' and '-'")
 
 
 # The answer types are NamedTuples: immutable, and cheap to build on the hot paths.
@@ -151,6 +164,11 @@ class StorageEngine(ABC):
     cluster_id: str
     log_dirs: list[Path]
 
+    @property
+    @abstractmethod
+    def compacts_topics(self) -> bool:
+        """Does a log cleaner compact the topics with cleanup.policy=compact (else their owner must)?"""
+
     # --- topics ---
     @abstractmethod
     def create_topic(
@@ -164,6 +182,11 @@ class StorageEngine(ABC):
     def create_partitions(self, name: str, total: int) -> None: ...
 
     @abstractmethod
+    def alter_topic_configs(self, name: str, configs: Mapping[str, Any]) -> None:
+        """Replace a topic's config overrides (as IncrementalAlterConfigs leaves them); raises ConfigError naming a
+        bad key, UnknownTopicOrPartitionError for an unknown topic."""
+
+    @abstractmethod
     def topics(self) -> dict[str, TopicDescription]: ...
 
     # --- data ---
@@ -175,26 +198,35 @@ class StorageEngine(ABC):
     def partitions(self) -> dict[tuple[str, int], Partition]:
         """Every partition of every topic."""
 
-    @abstractmethod
-    def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult: ...
+    # The data calls address one partition; they are bounded (no call scans a whole log) and safe to make on an
+    # event loop. Topic calls (create, delete, create_partitions, alter_topic_configs) touch many files and take the
+    # engine lock: a server runs them off its loop.
 
-    @abstractmethod
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices: ...
+    def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult:
+        """The embedded append: returns once the batch is on disk if the partition's flush policy says so."""
+        handle = self.partition(topic, partition)
+        result = handle.append(batch_bytes)
+        if handle.flush_due():
+            handle.flush(result.last_offset + 1)
+        return result
 
-    @abstractmethod
-    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> TimestampAndOffset | None: ...
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices:
+        return self.partition(topic, partition).read(offset, max_bytes)
 
-    @abstractmethod
-    def log_start_offset(self, topic: str, partition: int) -> int: ...
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> TimestampAndOffset | None:
+        return self.partition(topic, partition).offset_for_timestamp(timestamp_ms)
 
-    @abstractmethod
-    def log_end_offset(self, topic: str, partition: int) -> int: ...
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        return self.partition(topic, partition).log_start_offset
 
-    @abstractmethod
-    def high_watermark(self, topic: str, partition: int) -> int: ...
+    def log_end_offset(self, topic: str, partition: int) -> int:
+        return self.partition(topic, partition).log_end_offset
 
-    @abstractmethod
-    def delete_records(self, topic: str, partition: int, before_offset: int) -> int: ...
+    def high_watermark(self, topic: str, partition: int) -> int:
+        return self.partition(topic, partition).high_watermark
+
+    def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
+        return self.partition(topic, partition).delete_records(before_offset)
 
     @abstractmethod
     def flush(self, topic: str | None = None, partition: int | None = None) -> None: ...

@@ -7,7 +7,7 @@
 
 They only read: files are opened read-only and mapped read-only, nothing is locked, so they work on the store of a
 running broker (they see what its page cache holds). Formats come from codec/rocketmq_message.py (messages),
-storage/rocketmq/consume_queue.py (20-byte units) and storage/rocketmq/index_file.py (the key index).
+storage/rocketmq/consume_queue.py (20-byte units) and storage/common/index_file.py (the key index).
 
 dump-commitlog prints one line per message with MessageExt's field names (and the BLANK markers that end files);
 query-message prints each match as mqadmin's queryMsgByKey/queryMsgById do (`OffsetID:`, `Topic:`, ... `Body:`).
@@ -39,17 +39,10 @@ from tidelog.codec.rocketmq_message import (
     message_id,
 )
 from tidelog.errors import KafkaStorageError, ToolError
+from tidelog.storage.common.index_file import HASH_SLOT_SIZE, HEADER_SIZE, INDEX_SIZE, MAX_MSGS_NUM_BATCH, IndexService
 from tidelog.storage.rocketmq.commitlog import COMMITLOG_DIR
 from tidelog.storage.rocketmq.consume_queue import CONSUME_QUEUE_DIR, CQ_STORE_UNIT_SIZE, UNIT
-from tidelog.storage.rocketmq.index_file import (
-    HASH_SLOT_SIZE,
-    HEADER_SIZE,
-    INDEX_DIR,
-    INDEX_SIZE,
-    MAX_MSGS_NUM_BATCH,
-    IndexService,
-    message_index_keys,
-)
+from tidelog.storage.rocketmq.index_builder import INDEX_DIR, message_index_keys
 
 FILE_NAME = re.compile(r"^\d{20}$")
 LONG_MAX = (1 << 63) - 1

@@ -66,7 +66,7 @@ from tidelog.codec.record_batch import (
 from tidelog.codec.varint import encode_varint, encode_varlong
 from tidelog.config import INT_MAX, CleanerConfig
 from tidelog.errors import CorruptCheckpointError
-from tidelog.storage.kafka import checkpoints
+from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.kafka.offset_map import NOT_FOUND, OffsetMap
 from tidelog.storage.kafka.segment import (
     CLEANED_SUFFIX,
@@ -435,13 +435,13 @@ class LogCleaner:
     def load_checkpoint(self, log_dir: Path) -> None:
         path = log_dir / CLEANER_OFFSET_CHECKPOINT
         try:
-            self.first_dirty.update(checkpoints.read_offset_checkpoint(path))
+            self.first_dirty.update(read_offset_checkpoint(path))
         except CorruptCheckpointError as exc:
             log.warning("%s; compacted logs are cleaned from their start", exc)
 
     def write_checkpoint(self, log_dir: Path, keys: list[tuple[str, int]]) -> None:
         offsets = {key: self.first_dirty[key] for key in keys if key in self.first_dirty}
-        checkpoints.write_offset_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT, offsets)
+        write_offset_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT, offsets)
 
     def log_to_clean(self, partition_log: PartitionLog) -> LogToClean:
         now = self.clock()

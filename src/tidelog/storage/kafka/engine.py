@@ -12,52 +12,41 @@ writes the marker last.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
-import re
 import resource
-import shutil
 import threading
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from tidelog.config import LONG_MAX, EngineConfig, LogConfig
 from tidelog.errors import (
-    ConfigError,
     CorruptCheckpointError,
     InvalidPartitionsError,
-    InvalidTopicError,
     KafkaStorageError,
     KeyIndexDisabledError,
     LogClosedError,
-    TopicExistsError,
-    UnknownTopicOrPartitionError,
 )
 from tidelog.storage.api import (
-    AppendResult,
-    FileSlices,
     KeyLocation,
     StorageEngine,
-    TimestampAndOffset,
     TopicDescription,
 )
+from tidelog.storage.common.clock import now_ms
+from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
+from tidelog.storage.common.kafka_uuid import new_kafka_uuid
+from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
+from tidelog.storage.common.scheduler import Scheduler
+from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRecord, TopicRegistry
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.cleaner import CLEANER_OFFSET_CHECKPOINT, CleaningAborted, CleanStats, LogCleaner
 from tidelog.storage.kafka.key_index import PartitionKeyIndex, record_at
 from tidelog.storage.kafka.partition_log import PARTITION_DIR, PartitionLog, partition_dir_name
-from tidelog.storage.kafka.scheduler import Scheduler
-from tidelog.storage.kafka.segment import now_ms
 
 log = logging.getLogger("tidelog.storage")
 
-TOPICS_FILE = "tidelog-topics.json"
 LOCK_FILE = ".lock"
-DELETE_DIR_SUFFIX = "-delete"
-LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
-MAX_TOPIC_NAME_LENGTH = 249
 KNOWN_LOG_DIR_FILES = {
     checkpoints.META_PROPERTIES,
     checkpoints.RECOVERY_POINT_CHECKPOINT,
@@ -80,40 +69,6 @@ FILES_PER_PARTITION = 5
 PARTITION_SHARE_OF_OPEN_FILES = 0.75
 
 
-def _parse_topics_file(text: str) -> dict[str, Any]:
-    """Check the shape of `tidelog-topics.json`; raises ValueError saying what is wrong."""
-    data = json.loads(text)
-    if not isinstance(data, dict) or not isinstance(data.get("topics"), dict):
-        raise ValueError("expected an object with a 'topics' object")
-    if not isinstance(data.get("generation", 0), int):
-        raise ValueError("'generation' is not an integer")
-    topics = {}
-    for name, meta in data["topics"].items():
-        if not (
-            isinstance(meta, dict)
-            and isinstance(meta.get("topic_id"), str)
-            and isinstance(meta.get("partitions"), int)
-            and meta["partitions"] >= 1
-            and isinstance(meta.get("configs", {}), dict)
-        ):
-            raise ValueError(f"topic {name!r} needs topic_id, a positive partition count and a configs object")
-        topics[name] = {
-            "topic_id": meta["topic_id"],
-            "partitions": meta["partitions"],
-            "configs": dict(meta.get("configs", {})),
-        }
-    return {"generation": data.get("generation", 0), "topics": topics}
-
-
-def validate_topic_name(name: str) -> None:
-    if not name or name in (".", ".."):
-        raise InvalidTopicError(f"topic name {name!r} is not allowed")
-    if len(name) > MAX_TOPIC_NAME_LENGTH:
-        raise InvalidTopicError(f"topic name is {len(name)} characters long; the maximum is {MAX_TOPIC_NAME_LENGTH}")
-    if not LEGAL_TOPIC.match(name):
-        raise InvalidTopicError(f"topic name {name!r} may only contain ASCII letters, digits, '.', '_' and '-'")
-
-
 class KafkaEngine(StorageEngine):
     def __init__(self, config: EngineConfig, *, background: bool = True, clock: Callable[[], int] = now_ms) -> None:
         self.config = config
@@ -125,7 +80,7 @@ class KafkaEngine(StorageEngine):
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self.key_indexes: dict[tuple[str, int], PartitionKeyIndex] = {}  # tidelog.index.keys=true
         self._log_dir_of: dict[tuple[str, int], Path] = {}
-        self.topic_meta: dict[str, dict[str, Any]] = {}
+        self.registry = TopicRegistry(self.log_dirs)
         self._flush_check_ms = LONG_MAX  # the interval of the running chain of time-based flush checks
         self._flush_check_chain = 0
         try:
@@ -140,7 +95,8 @@ class KafkaEngine(StorageEngine):
             self.cleaner_scheduler = Scheduler("tidelog-log-cleaner") if background and config.cleaner.enabled else None
             for log_dir in self.log_dirs:
                 self.cleaner.load_checkpoint(log_dir)
-            self._load_topics_file()
+            self.registry.load(damaged_is_fatal=False, check_configs=self._log_config_for)
+            self.deleter = DirectoryDeleter(self.scheduler, config.log_defaults.file_delete_delay_ms)
             for log_dir in self.log_dirs:
                 self._load_log_dir(log_dir)
             self._create_missing_partitions()
@@ -148,6 +104,10 @@ class KafkaEngine(StorageEngine):
             self._release_dir_locks()
             raise
         self._schedule_background_tasks()
+
+    @property
+    def compacts_topics(self) -> bool:
+        return self.config.cleaner.enabled
 
     # --- opening ----------------------------------------------------------------------------------------------
 
@@ -177,7 +137,7 @@ class KafkaEngine(StorageEngine):
         cluster_ids = {p["cluster.id"] for p in existing.values() if "cluster.id" in p}
         if len(cluster_ids) > 1:
             raise KafkaStorageError(f"log directories belong to different clusters: {', '.join(sorted(cluster_ids))}")
-        cluster_id = cluster_ids.pop() if cluster_ids else checkpoints.new_kafka_uuid()
+        cluster_id = cluster_ids.pop() if cluster_ids else new_kafka_uuid()
         for log_dir, properties in existing.items():
             stored_node = properties.get("node.id", properties.get("broker.id"))
             if stored_node is not None and stored_node != str(self.config.node_id):
@@ -194,52 +154,14 @@ class KafkaEngine(StorageEngine):
                         "version": "1",
                         "cluster.id": cluster_id,
                         "node.id": str(self.config.node_id),
-                        "directory.id": checkpoints.new_kafka_uuid(),
+                        "directory.id": new_kafka_uuid(),
                     },
                 )
         self.cluster_id = cluster_id
 
-    def _load_topics_file(self) -> None:
-        """Topic settings from the newest readable `tidelog-topics.json`; damaged entries are reported and skipped."""
-        newest: dict[str, Any] | None = None
-        self._topics_file_dirty = False
-        for log_dir in self.log_dirs:
-            path = log_dir / TOPICS_FILE
-            if not path.exists():
-                continue
-            try:
-                data = _parse_topics_file(path.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as exc:
-                log.warning(
-                    "%s is unreadable (%s); topics are adopted from the partition directories "
-                    "and their configs fall back to the broker defaults",
-                    path,
-                    exc,
-                )
-                self._topics_file_dirty = True
-                continue
-            if newest is None or data["generation"] >= newest["generation"]:
-                newest = data
-        newest = newest or {"generation": 0, "topics": {}}
-        self._generation = newest["generation"]
-        for name, meta in newest["topics"].items():
-            try:
-                self._log_config_for(meta["configs"])
-            except ConfigError as exc:
-                log.warning("topic %s: stored config is invalid (%s); using the broker defaults", name, exc)
-                meta["configs"] = {}
-                self._topics_file_dirty = True
-            self.topic_meta[name] = meta
-
-    def _save_topics_file(self) -> None:
-        self._generation += 1
-        text = json.dumps({"generation": self._generation, "topics": self.topic_meta}, indent=1, sort_keys=True)
-        for log_dir in self.log_dirs:
-            checkpoints.write_atomically(log_dir / TOPICS_FILE, text + "\n")
-
     def _read_checkpoint(self, path: Path) -> dict[tuple[str, int], int]:
         try:
-            return checkpoints.read_offset_checkpoint(path)
+            return read_offset_checkpoint(path)
         except CorruptCheckpointError as exc:
             log.warning("%s; falling back to full recovery", exc)
             return {}
@@ -250,12 +172,9 @@ class KafkaEngine(StorageEngine):
             log.info("%s: no clean-shutdown marker; recovering unflushed segments", log_dir)
         recovery_points = self._read_checkpoint(log_dir / checkpoints.RECOVERY_POINT_CHECKPOINT)
         start_offsets = self._read_checkpoint(log_dir / checkpoints.LOG_START_OFFSET_CHECKPOINT)
+        finish_deletions(log_dir)
         for path in sorted(log_dir.iterdir()):
             name = path.name
-            if path.is_dir() and name.endswith(DELETE_DIR_SUFFIX):
-                log.info("%s: finishing the deletion of %s", log_dir, name)
-                shutil.rmtree(path, ignore_errors=True)
-                continue
             match = PARTITION_DIR.match(name) if path.is_dir() else None
             if match is None or name in FOREIGN_PARTITION_DIRS:
                 if name not in KNOWN_LOG_DIR_FILES and name.removesuffix(".tmp") not in KNOWN_LOG_DIR_FILES:
@@ -267,12 +186,11 @@ class KafkaEngine(StorageEngine):
                     f"partition {name} exists in two log directories: "
                     f"{self._log_dir_of[(topic, partition)]} and {log_dir}"
                 )
-            meta = self.topic_meta.get(topic)
-            if meta is None:
-                meta = {"topic_id": self._topic_id_on_disk(topic), "partitions": 0, "configs": {}}
-                self.topic_meta[topic] = meta
+            record = self.registry.topics.get(topic)
+            if record is None:
+                record = self.registry.topics[topic] = TopicRecord(self._topic_id_on_disk(topic), 0)
                 log.info("%s: adopting topic %s found on disk", log_dir, topic)
-            meta["partitions"] = max(meta["partitions"], partition + 1)
+            record.partitions = max(record.partitions, partition + 1)
             self._open_partition(
                 log_dir,
                 topic,
@@ -294,18 +212,18 @@ class KafkaEngine(StorageEngine):
                         found = None
                     if found is not None:
                         votes[found] = votes.get(found, 0) + 1
-        return max(votes, key=lambda topic_id: votes[topic_id]) if votes else checkpoints.new_kafka_uuid()
+        return max(votes, key=lambda topic_id: votes[topic_id]) if votes else new_kafka_uuid()
 
     def _create_missing_partitions(self) -> None:
         changed = False
-        for topic, meta in self.topic_meta.items():
-            for partition in range(meta["partitions"]):
+        for topic, record in self.registry.topics.items():
+            for partition in range(record.partitions):
                 if (topic, partition) not in self.logs:
                     self._open_partition(self._least_loaded_dir(), topic, partition)
                     changed = True
-        missing_file = self.topic_meta and any(not (d / TOPICS_FILE).exists() for d in self.log_dirs)
-        if changed or missing_file or self._topics_file_dirty:
-            self._save_topics_file()
+        missing_file = self.registry.topics and self.registry.copies_missing()
+        if changed or missing_file or self.registry.dirty:
+            self.registry.save()
 
     def _open_partition(
         self,
@@ -317,13 +235,13 @@ class KafkaEngine(StorageEngine):
         log_start_offset: int = 0,
         had_clean_shutdown: bool = True,
     ) -> PartitionLog:
-        meta = self.topic_meta[topic]
+        record = self.registry.topics[topic]
         partition_log = PartitionLog(
             log_dir / partition_dir_name(topic, partition),
             topic,
             partition,
-            meta["topic_id"],
-            self._log_config_for(meta.get("configs", {})),
+            record.topic_id,
+            self._log_config_for(record.configs),
             recovery_point=recovery_point,
             log_start_offset=log_start_offset,
             had_clean_shutdown=had_clean_shutdown,
@@ -472,14 +390,13 @@ class KafkaEngine(StorageEngine):
             for key, partition_log in self.logs.items():
                 by_dir[self._log_dir_of[key]][key] = value(partition_log)
         for log_dir, offsets in by_dir.items():
-            checkpoints.write_offset_checkpoint(log_dir / file_name, offsets)
+            write_offset_checkpoint(log_dir / file_name, offsets)
 
     # --- topics -----------------------------------------------------------------------------------------------
 
     def create_topic(
         self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None
     ) -> TopicDescription:
-        validate_topic_name(name)
         count = self.config.num_partitions if partitions is None else partitions
         if count < 1:
             raise InvalidPartitionsError(f"topic {name}: the partition count must be at least 1, got {count}")
@@ -487,24 +404,14 @@ class KafkaEngine(StorageEngine):
         self._log_config_for(overrides)  # raises ConfigError naming a bad key before anything is created
         with self._lock:
             self._check_open()
-            if name in self.topic_meta:
-                raise TopicExistsError(f"topic {name!r} already exists")
+            self.registry.check_new(name)
             self._check_open_file_budget(name, count)
-            collision = next((t for t in self.topic_meta if t.replace(".", "_") == name.replace(".", "_")), None)
-            if collision is not None:
-                raise InvalidTopicError(
-                    f"topic {name!r} collides with existing topic {collision!r} ('.' and '_' clash)"
-                )
-            self.topic_meta[name] = {
-                "topic_id": checkpoints.new_kafka_uuid(),
-                "partitions": count,
-                "configs": {k: str(v) for k, v in overrides.items()},
-            }
+            self.registry.add(name, count, overrides)
             for partition in range(count):
                 self._open_partition(self._least_loaded_dir(), name, partition)
-            self._save_topics_file()
+            self.registry.save()
             self._schedule_flush_check()
-            return self._describe(name)
+            return self.registry.describe(name)
 
     def _check_open_file_budget(self, topic: str, new_partitions: int) -> None:
         """Refuse partitions the process could not keep open (a CreateTopics asking for 2^31 of them)."""
@@ -521,11 +428,8 @@ class KafkaEngine(StorageEngine):
     def delete_topic(self, name: str) -> None:
         with self._lock:
             self._check_open()
-            meta = self.topic_meta.pop(name, None)
-            if meta is None:
-                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-            doomed = []
-            for partition in range(meta["partitions"]):
+            record = self.registry.remove(name)
+            for partition in range(record.partitions):
                 partition_log = self.logs.pop((name, partition))
                 self._log_dir_of.pop((name, partition))
                 self.cleaner.forget((name, partition))
@@ -533,53 +437,37 @@ class KafkaEngine(StorageEngine):
                 if key_index is not None:
                     key_index.close()
                 partition_log.close(flush=False)
-                target = partition_log.directory.with_name(
-                    f"{partition_log.directory.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
-                )
-                os.rename(partition_log.directory, target)
-                doomed.append(target)
-            self._save_topics_file()
-        for path in doomed:
-            shutil.rmtree(path, ignore_errors=True)
+                self.deleter.delete_later(partition_log.directory)
+            self.registry.save()
 
     def create_partitions(self, name: str, total: int) -> None:
         with self._lock:
             self._check_open()
-            meta = self._meta(name)
-            if total <= meta["partitions"]:
+            record = self.registry.get(name)
+            if total <= record.partitions:
                 raise InvalidPartitionsError(
-                    f"topic {name} has {meta['partitions']} partitions; the new count {total} must be larger"
+                    f"topic {name} has {record.partitions} partitions; the new count {total} must be larger"
                 )
-            self._check_open_file_budget(name, total - meta["partitions"])
-            for partition in range(meta["partitions"], total):
+            self._check_open_file_budget(name, total - record.partitions)
+            for partition in range(record.partitions, total):
                 self._open_partition(self._least_loaded_dir(), name, partition)
-            meta["partitions"] = total
-            self._save_topics_file()
+            record.partitions = total
+            self.registry.save()
 
     def alter_topic_configs(self, name: str, configs: Mapping[str, Any]) -> None:
         """Replace a topic's overrides (as IncrementalAlterConfigs would leave them)."""
         with self._lock:
-            meta = self._meta(name)
+            record = self.registry.get(name)
             new_config = self._log_config_for(configs)
-            meta["configs"] = {k: str(v) for k, v in configs.items()}
-            for partition in range(meta["partitions"]):
+            record.configs = {k: str(v) for k, v in configs.items()}
+            for partition in range(record.partitions):
                 self.logs[(name, partition)].config = new_config
-            self._save_topics_file()
+            self.registry.save()
             self._schedule_flush_check()
 
     def topics(self) -> dict[str, TopicDescription]:
         with self._lock:
-            return {name: self._describe(name) for name in sorted(self.topic_meta)}
-
-    def _describe(self, name: str) -> TopicDescription:
-        meta = self.topic_meta[name]
-        return TopicDescription(name, meta["topic_id"], meta["partitions"], dict(meta.get("configs", {})))
-
-    def _meta(self, name: str) -> dict[str, Any]:
-        meta = self.topic_meta.get(name)
-        if meta is None:
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        return meta
+            return self.registry.descriptions()
 
     # --- data -------------------------------------------------------------------------------------------------
 
@@ -588,42 +476,13 @@ class KafkaEngine(StorageEngine):
             return self.logs[(topic, partition)]
         except KeyError:
             self._check_open()
-            if topic in self.topic_meta:
-                raise UnknownTopicOrPartitionError(
-                    f"topic {topic!r} has no partition {partition} (it has {self.topic_meta[topic]['partitions']})"
-                ) from None
-            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist") from None
+            raise self.registry.unknown_partition(topic, partition) from None
 
     def partition(self, topic: str, partition: int) -> PartitionLog:
         return self.partition_log(topic, partition)
 
     def partitions(self) -> dict[tuple[str, int], PartitionLog]:
         return dict(self.logs)
-
-    def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult:
-        partition_log = self.partition_log(topic, partition)
-        result = partition_log.append(batch_bytes)
-        if partition_log.flush_due():
-            partition_log.flush()
-        return result
-
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices:
-        return self.partition_log(topic, partition).read(offset, max_bytes)
-
-    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> TimestampAndOffset | None:
-        return self.partition_log(topic, partition).offset_for_timestamp(timestamp_ms)
-
-    def log_start_offset(self, topic: str, partition: int) -> int:
-        return self.partition_log(topic, partition).log_start_offset
-
-    def log_end_offset(self, topic: str, partition: int) -> int:
-        return self.partition_log(topic, partition).log_end_offset
-
-    def high_watermark(self, topic: str, partition: int) -> int:
-        return self.partition_log(topic, partition).high_watermark
-
-    def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
-        return self.partition_log(topic, partition).delete_records(before_offset)
 
     def flush(self, topic: str | None = None, partition: int | None = None) -> None:
         if topic is not None and partition is not None:
@@ -638,7 +497,7 @@ class KafkaEngine(StorageEngine):
         per-partition key index; each candidate is read back and its key compared (the index keeps hashes)."""
         if not self.config.key_index.enabled:
             raise KeyIndexDisabledError("the Kafka engine answers key lookups only with tidelog.index.keys=true")
-        partitions = self._meta(topic)["partitions"]
+        partitions = self.registry.get(topic).partitions
         found: list[KeyLocation] = []
         for partition in range(partitions):
             partition_log = self.partition_log(topic, partition)
@@ -671,6 +530,7 @@ class KafkaEngine(StorageEngine):
             self.cleaner_scheduler.shutdown()
         if self.scheduler is not None:
             self.scheduler.shutdown()
+        self.deleter.close()
         clean = True
         try:
             for key, key_index in self.key_indexes.items():

@@ -1,5 +1,5 @@
 """The Kafka engine's optional key index (`tidelog.index.keys=true`): per partition, RocketMQ IndexFiles in the
-subdirectory `<topic>-<partition>/tidelog-keyindex/` (format: storage/rocketmq/index_file.py), so the Kafka engine
+subdirectory `<topic>-<partition>/tidelog-keyindex/` (format: storage/common/index_file.py), so the Kafka engine
 answers "where are the records with key K" as the RocketMQ engine does.
 
 Kafka has no such index. The directory stays out of Kafka's way: Kafka's LogLoader only looks at regular files of a
@@ -28,7 +28,7 @@ from tidelog.codec.rocketmq_message import index_key
 from tidelog.config import KeyIndexConfig
 from tidelog.errors import TidelogError
 from tidelog.storage.api import Partition
-from tidelog.storage.rocketmq.index_file import IndexService
+from tidelog.storage.common.index_file import IndexService
 
 log = logging.getLogger("tidelog.storage")
 

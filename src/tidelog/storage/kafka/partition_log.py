@@ -61,10 +61,11 @@ from tidelog.storage.api import (
     Partition,
     TimestampAndOffset,
 )
+from tidelog.storage.common.files import fsync_directory, fsync_file
+from tidelog.storage.common.producer_state import ProducerStateManager
+from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.key_index import KEY_INDEX_DIR
-from tidelog.storage.kafka.producer_state import ProducerStateManager
-from tidelog.storage.kafka.scheduler import Scheduler
 from tidelog.storage.kafka.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -430,7 +431,7 @@ class PartitionLog(Partition):
                 path.unlink()
         log.info("%s: completing the interrupted swap of %s", self.name, swap_name)
         os.replace(swap_path, self.directory / swap_name[: -len(SWAP_SUFFIX)])
-        checkpoints.fsync_directory(self.directory)
+        fsync_directory(self.directory)
         return base
 
     def _last_offset_in(self, segment: LogSegment, previous_last: int) -> int:
@@ -846,7 +847,7 @@ class PartitionLog(Partition):
                 epochs = self._take_unwritten_epochs()
             try:
                 for _offset, path in snapshots:
-                    checkpoints.fsync_file(path)
+                    fsync_file(path)
                 if epochs is not None:
                     self._write_leader_epochs(epochs)
                     epochs = None
@@ -855,7 +856,7 @@ class PartitionLog(Partition):
                     # so the active segment's indexes need no msync here; rolled segments' indexes do.
                     segment.flush(indexes=segment is not active)
                 if new_files:  # a segment or snapshot was created since the last flush: make its entry durable
-                    checkpoints.fsync_directory(self.directory)
+                    fsync_directory(self.directory)
             except BaseException:
                 with self._lock:  # nothing was promised: the next flush does it all again
                     self._new_files |= new_files
@@ -979,11 +980,11 @@ class PartitionLog(Partition):
                 new.delete_files()
                 return False
             new.change_file_suffix(SWAP_SUFFIX)
-            checkpoints.fsync_directory(self.directory)
+            fsync_directory(self.directory)
             for segment in old:
                 segment.rename_to_deleted()
             new.change_file_suffix("")
-            checkpoints.fsync_directory(self.directory)
+            fsync_directory(self.directory)
             self.segments[slot : slot + len(old)] = [new]
             self._bases = [s.base_offset for s in self.segments]
         self._schedule_file_deletion(old)

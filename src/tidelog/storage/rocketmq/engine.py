@@ -26,14 +26,11 @@ is still stored - its produce succeeded - and the index catches up from the Comm
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import struct
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,26 +44,23 @@ from tidelog.errors import (
     ConfigError,
     CorruptCheckpointError,
     InvalidPartitionsError,
-    InvalidTopicError,
     KafkaStorageError,
     KeyIndexDisabledError,
     LogClosedError,
     OffsetOutOfRangeError,
-    TopicExistsError,
-    UnknownTopicOrPartitionError,
 )
 from tidelog.storage.api import (
-    AppendResult,
-    FileSlices,
     KeyLocation,
     StorageEngine,
-    TimestampAndOffset,
     TopicDescription,
 )
-from tidelog.storage.kafka import checkpoints
-from tidelog.storage.kafka.engine import validate_topic_name
-from tidelog.storage.kafka.scheduler import Scheduler
-from tidelog.storage.kafka.segment import now_ms
+from tidelog.storage.common.clock import now_ms
+from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
+from tidelog.storage.common.index_file import IndexService
+from tidelog.storage.common.kafka_uuid import new_kafka_uuid
+from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
+from tidelog.storage.common.scheduler import Scheduler
+from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRegistry
 from tidelog.storage.rocketmq.checkpoint import (
     CHECKPOINT_FILE,
     StoreCheckpoint,
@@ -84,14 +78,13 @@ from tidelog.storage.rocketmq.consume_queue import (
 )
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, Dispatcher, ReputMessageService
 from tidelog.storage.rocketmq.flush import CommitLogFlusher
-from tidelog.storage.rocketmq.index_file import INDEX_DIR, IndexService, message_index_keys
+from tidelog.storage.rocketmq.index_builder import INDEX_DIR, build_index, message_index_keys
 from tidelog.storage.rocketmq.mapped_file import OS_PAGE_SIZE, AllocateMappedFileService
 from tidelog.storage.rocketmq.message_queue import MessageQueue
 from tidelog.storage.rocketmq.retention import CleanCommitLogService
 
 log = logging.getLogger("tidelog.storage.rocketmq")
 
-TOPICS_FILE = "tidelog-topics.json"
 START_OFFSETS_FILE = "tidelog-log-start-offsets"
 PRODUCER_SNAPSHOTS_DIR = "tidelog-producer-snapshots"
 PRODUCER_SNAPSHOT_INTERVAL_MS = 1000  # how often the queues are asked whether their producer state needs a snapshot
@@ -100,26 +93,6 @@ INDEX_RETRY_SECONDS = 1.0  # an index that could not be written is tried again a
 LONG_MAX = (1 << 63) - 1
 FLUSH_THREADS = 8  # threads syncing ConsumeQueue files when many are dirty
 _UNIT_CHECK = struct.Struct(">i8xi4xq")  # a message's TOTALSIZE, QUEUEID and QUEUEOFFSET
-
-
-def _parse_topics_file(text: str) -> dict[str, Any]:
-    """Check the shape of `tidelog-topics.json`; raises ValueError saying what is wrong."""
-    data = json.loads(text)
-    if not isinstance(data, dict) or not isinstance(data.get("topics"), dict):
-        raise ValueError("expected an object with a 'topics' object")
-    if not isinstance(data.get("cluster_id"), str):
-        raise ValueError("'cluster_id' is missing")
-    for name, meta in data["topics"].items():
-        if not (
-            isinstance(meta, dict)
-            and isinstance(meta.get("topic_id"), str)
-            and isinstance(meta.get("partitions"), int)
-            and meta["partitions"] >= 1
-            and isinstance(meta.get("configs", {}), dict)
-            and isinstance(meta.get("since", 0), int)
-        ):
-            raise ValueError(f"topic {name!r} needs topic_id, a positive partition count, configs and since")
-    return data
 
 
 def _flush_queues(consume_queues: list[ConsumeQueue]) -> None:
@@ -213,12 +186,16 @@ class RocketMQEngine(StorageEngine):
         self.commitlog.load()
         for directory in (self.commitlog.directory, self.root / CONSUME_QUEUE_DIR):
             directory.mkdir(exist_ok=True)  # created at start, as RocketMQ does: they mark the store
-        self.topic_meta: dict[str, dict[str, Any]] = {}
         self.queues: dict[tuple[str, int], MessageQueue] = {}
-        self._load_topics_file()
+        self.registry = TopicRegistry([self.root])
+        self.registry.load(damaged_is_fatal=True, check_configs=self._log_config_for)
+        self.cluster_id = self.registry.cluster_id or new_kafka_uuid()
+        for directory in (self.root / CONSUME_QUEUE_DIR, self.root / PRODUCER_SNAPSHOTS_DIR):
+            if directory.is_dir():
+                finish_deletions(directory)
         start_offsets = self._read_start_offsets()
-        for topic, meta in self.topic_meta.items():
-            for queue_id in range(meta["partitions"]):
+        for topic, record in self.registry.topics.items():
+            for queue_id in range(record.partitions):
                 self._open_queue(topic, queue_id, start_floor=start_offsets.get((topic, queue_id), 0))
         self._report_foreign_queues()
         if not self.clean_start:
@@ -261,6 +238,7 @@ class RocketMQEngine(StorageEngine):
         self.flusher.start()
         self.dispatcher.start()
         self.scheduler = Scheduler("tidelog-rocketmq-scheduler") if background else None
+        self.deleter = DirectoryDeleter(self.scheduler, self.config.log_defaults.file_delete_delay_ms)
         if self.scheduler is not None:
             self.scheduler.schedule(
                 "flush consume queues", self._scheduled_consume_queue_flush, store.flush_interval_consume_queue,
@@ -278,6 +256,10 @@ class RocketMQEngine(StorageEngine):
                 "snapshot producer state", self._snapshot_producer_states, PRODUCER_SNAPSHOT_INTERVAL_MS,
                 PRODUCER_SNAPSHOT_INTERVAL_MS,
             )  # fmt: skip
+
+    @property
+    def compacts_topics(self) -> bool:
+        return False  # the CommitLog holds every topic; nothing rewrites it
 
     def producer_snapshot_dir(self, topic: str, queue_id: int) -> Path:
         return self.root / PRODUCER_SNAPSHOTS_DIR / f"{topic}-{queue_id}"
@@ -297,38 +279,13 @@ class RocketMQEngine(StorageEngine):
 
     # --- topics file and start offsets ----------------------------------------------------------------------------
 
-    def _load_topics_file(self) -> None:
-        path = self.root / TOPICS_FILE
-        self.cluster_id = checkpoints.new_kafka_uuid()
-        if not path.exists():
-            return
-        try:
-            data = _parse_topics_file(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise KafkaStorageError(
-                f"{path} is unreadable ({exc}); without it the store's topics are unknown - restore it from a backup"
-            ) from None
-        self.cluster_id = data["cluster_id"]
-        for name, meta in data["topics"].items():
-            try:
-                self._log_config_for(meta.get("configs", {}))
-            except ConfigError as exc:
-                log.warning("topic %s: stored config is invalid (%s); using the broker defaults", name, exc)
-                meta["configs"] = {}
-            self.topic_meta[name] = {
-                "topic_id": meta["topic_id"],
-                "partitions": meta["partitions"],
-                "configs": dict(meta.get("configs", {})),
-                "since": meta.get("since", 0),
-            }
-
     def _save_topics_file(self) -> None:
-        text = json.dumps({"cluster_id": self.cluster_id, "topics": self.topic_meta}, indent=1, sort_keys=True)
-        checkpoints.write_atomically(self.root / TOPICS_FILE, text + "\n")
+        self.registry.cluster_id = self.cluster_id
+        self.registry.save()
 
     def _read_start_offsets(self) -> dict[tuple[str, int], int]:
         try:
-            return checkpoints.read_offset_checkpoint(self.root / START_OFFSETS_FILE)
+            return read_offset_checkpoint(self.root / START_OFFSETS_FILE)
         except CorruptCheckpointError as exc:
             log.warning("%s; log start offsets fall back to the ConsumeQueues' minimums", exc)
             return {}
@@ -336,13 +293,13 @@ class RocketMQEngine(StorageEngine):
     def save_start_offsets(self) -> None:
         with self._lock:
             floors = {key: q.start_floor for key, q in self.queues.items() if q.start_floor > 0}
-        checkpoints.write_offset_checkpoint(self.root / START_OFFSETS_FILE, floors)
+        write_offset_checkpoint(self.root / START_OFFSETS_FILE, floors)
 
     def _report_foreign_queues(self) -> None:
         directory = self.root / CONSUME_QUEUE_DIR
         if directory.is_dir():
             for topic_dir in directory.iterdir():
-                if topic_dir.name not in self.topic_meta:
+                if topic_dir.name not in self.registry:
                     log.warning("%s: topic %s is not in %s; leaving it alone", directory, topic_dir.name, TOPICS_FILE)
 
     def _open_queue(self, topic: str, queue_id: int, *, start_floor: int = 0) -> MessageQueue:
@@ -351,7 +308,7 @@ class RocketMQEngine(StorageEngine):
         )
         consume_queue.load()
         queue = MessageQueue(
-            self, topic, queue_id, consume_queue, self._log_config_for(self.topic_meta[topic]["configs"]),
+            self, topic, queue_id, consume_queue, self._log_config_for(self.registry.topics[topic].configs),
             start_floor=start_floor,
         )  # fmt: skip
         self.queues[(topic, queue_id)] = queue
@@ -442,10 +399,10 @@ class RocketMQEngine(StorageEngine):
         for item in self.commitlog.iter_dispatch(max(start, self.commitlog.min_offset), end):
             batch.append(item)
             if len(batch) >= REINDEX_BATCH:
-                self.index.build_index(DispatchBatch.from_infos(batch))
+                build_index(self.index, DispatchBatch.from_infos(batch))
                 batch = []
         if batch:
-            self.index.build_index(DispatchBatch.from_infos(batch))
+            build_index(self.index, DispatchBatch.from_infos(batch))
 
     # --- the dispatch chain -------------------------------------------------------------------------------------
 
@@ -468,7 +425,7 @@ class RocketMQEngine(StorageEngine):
             if self._index_behind_from is not None:
                 self._reindex(self._index_behind_from, end)
             if batch is not None:
-                self.index.build_index(batch)
+                build_index(self.index, batch)
         except (KafkaStorageError, OSError) as exc:
             if self._index_error is None:
                 log.error(
@@ -523,7 +480,7 @@ class RocketMQEngine(StorageEngine):
                 queue = self.queues.get(key)
                 if queue is None:
                     continue  # a deleted topic
-                since = self.topic_meta[key[0]]["since"]
+                since = self.registry.topics[key[0]].since
                 try:
                     if round_units is not None and len(spans) == 1 and round_units.put_run(queue, *spans[0], since):
                         continue
@@ -633,7 +590,7 @@ class RocketMQEngine(StorageEngine):
             raise KeyIndexDisabledError(
                 "the RocketMQ engine keeps no index with tidelog.rocketmq.messageIndexEnable=false"
             )
-        meta = self._meta(topic)
+        since = self.registry.get(topic).since
         self.catch_up()
         self._catch_up_index()
         indexed = rm.index_key(key)
@@ -643,7 +600,7 @@ class RocketMQEngine(StorageEngine):
         found: list[KeyLocation] = []
         for offset in dict.fromkeys(candidates):
             message = self._message_at(offset)
-            if message is None or message.topic != topic or offset < meta["since"]:
+            if message is None or message.topic != topic or offset < since:
                 continue
             if indexed not in message_index_keys(message.properties_bytes):
                 continue
@@ -670,7 +627,6 @@ class RocketMQEngine(StorageEngine):
     def create_topic(
         self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None
     ) -> TopicDescription:
-        validate_topic_name(name)
         count = self.config.num_partitions if partitions is None else partitions
         if count < 1:
             raise InvalidPartitionsError(f"topic {name}: the partition count must be at least 1, got {count}")
@@ -678,85 +634,57 @@ class RocketMQEngine(StorageEngine):
         self._log_config_for(overrides)  # raises ConfigError naming a bad key before anything is created
         with self._lock:
             self._check_open()
-            if name in self.topic_meta:
-                raise TopicExistsError(f"topic {name!r} already exists")
-            collision = next((t for t in self.topic_meta if t.replace(".", "_") == name.replace(".", "_")), None)
-            if collision is not None:
-                raise InvalidTopicError(
-                    f"topic {name!r} collides with existing topic {collision!r} ('.' and '_' clash)"
-                )
+            self.registry.check_new(name)
             since = self.commitlog.max_offset  # no message of the new topic can be older
             stale = self.root / CONSUME_QUEUE_DIR / name
-            if stale.exists():  # left by a deletion that did not finish
-                shutil.rmtree(stale, ignore_errors=True)
+            self.deleter.delete_later(stale)  # queues of a topic not in the topics file (reported at start)
             for queue_id in range(count):
-                shutil.rmtree(self.producer_snapshot_dir(name, queue_id), ignore_errors=True)
-            self.topic_meta[name] = {
-                "topic_id": checkpoints.new_kafka_uuid(),
-                "partitions": count,
-                "configs": {k: str(v) for k, v in overrides.items()},
-                "since": since,
-            }
+                self.deleter.delete_later(self.producer_snapshot_dir(name, queue_id))
+            self.registry.add(name, count, overrides, since=since)
             for queue_id in range(count):
                 self._open_queue(name, queue_id)
             self._save_topics_file()
-            return self._describe(name)
+            return self.registry.describe(name)
 
     def delete_topic(self, name: str) -> None:
         """The topic's ConsumeQueues go; its messages stay in the CommitLog until retention (as in RocketMQ)."""
         with self._lock:
             self._check_open()
-            meta = self.topic_meta.pop(name, None)
-            if meta is None:
-                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-            for queue_id in range(meta["partitions"]):
+            record = self.registry.remove(name)
+            for queue_id in range(record.partitions):
                 queue = self.queues.pop((name, queue_id))
                 queue.closed = True
-                queue.consume_queue.destroy()
-                shutil.rmtree(queue.producer_state.directory, ignore_errors=True)
+                queue.consume_queue.close()
+                self.deleter.delete_later(queue.producer_state.directory)
+            self.deleter.delete_later(self.root / CONSUME_QUEUE_DIR / name)
             self._save_topics_file()
             self.save_start_offsets()
-        doomed = self.root / CONSUME_QUEUE_DIR / name
-        target = doomed.with_name(f"{name}.{uuid.uuid4().hex}-delete")
-        if doomed.exists():
-            doomed.rename(target)
-            shutil.rmtree(target, ignore_errors=True)
 
     def create_partitions(self, name: str, total: int) -> None:
         with self._lock:
             self._check_open()
-            meta = self._meta(name)
-            if total <= meta["partitions"]:
+            record = self.registry.get(name)
+            if total <= record.partitions:
                 raise InvalidPartitionsError(
-                    f"topic {name} has {meta['partitions']} partitions; the new count {total} must be larger"
+                    f"topic {name} has {record.partitions} partitions; the new count {total} must be larger"
                 )
-            for queue_id in range(meta["partitions"], total):
+            for queue_id in range(record.partitions, total):
                 self._open_queue(name, queue_id)
-            meta["partitions"] = total
+            record.partitions = total
             self._save_topics_file()
 
     def alter_topic_configs(self, name: str, configs: Mapping[str, Any]) -> None:
         with self._lock:
-            meta = self._meta(name)
+            record = self.registry.get(name)
             new_config = self._log_config_for(configs)
-            meta["configs"] = {k: str(v) for k, v in configs.items()}
-            for queue_id in range(meta["partitions"]):
+            record.configs = {k: str(v) for k, v in configs.items()}
+            for queue_id in range(record.partitions):
                 self.queues[(name, queue_id)].config = new_config
             self._save_topics_file()
 
     def topics(self) -> dict[str, TopicDescription]:
         with self._lock:
-            return {name: self._describe(name) for name in sorted(self.topic_meta)}
-
-    def _describe(self, name: str) -> TopicDescription:
-        meta = self.topic_meta[name]
-        return TopicDescription(name, meta["topic_id"], meta["partitions"], dict(meta["configs"]))
-
-    def _meta(self, name: str) -> dict[str, Any]:
-        meta = self.topic_meta.get(name)
-        if meta is None:
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        return meta
+            return self.registry.descriptions()
 
     # --- data -------------------------------------------------------------------------------------------------
 
@@ -765,22 +693,10 @@ class RocketMQEngine(StorageEngine):
             return self.queues[(topic, partition)]
         except KeyError:
             self._check_open()
-            if topic in self.topic_meta:
-                raise UnknownTopicOrPartitionError(
-                    f"topic {topic!r} has no partition {partition} (it has {self.topic_meta[topic]['partitions']})"
-                ) from None
-            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist") from None
+            raise self.registry.unknown_partition(topic, partition) from None
 
     def partitions(self) -> dict[tuple[str, int], MessageQueue]:
         return dict(self.queues)
-
-    def append(self, topic: str, partition: int, batch_bytes: bytes | bytearray | memoryview) -> AppendResult:
-        """The embedded append: under SYNC_FLUSH it returns once a group commit covers the batch."""
-        queue = self.partition(topic, partition)
-        result = queue.append(batch_bytes)
-        if queue.flush_due():
-            queue.flush(result.last_offset + 1)
-        return result
 
     def check_writable(self) -> None:
         """Refuse appends while the disk is over diskSpaceWarningLevelRatio (RocketMQ's 'disk full')."""
@@ -790,24 +706,6 @@ class RocketMQEngine(StorageEngine):
                 f"tidelog.rocketmq.diskSpaceWarningLevelRatio={self.store_config.disk_space_warning_level_ratio}; "
                 "writes are refused until retention frees space"
             )
-
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> FileSlices:
-        return self.partition(topic, partition).read(offset, max_bytes)
-
-    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> TimestampAndOffset | None:
-        return self.partition(topic, partition).offset_for_timestamp(timestamp_ms)
-
-    def log_start_offset(self, topic: str, partition: int) -> int:
-        return self.partition(topic, partition).log_start_offset
-
-    def log_end_offset(self, topic: str, partition: int) -> int:
-        return self.partition(topic, partition).log_end_offset
-
-    def high_watermark(self, topic: str, partition: int) -> int:
-        return self.partition(topic, partition).high_watermark
-
-    def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
-        return self.partition(topic, partition).delete_records(before_offset)
 
     def flush(self, topic: str | None = None, partition: int | None = None) -> None:
         """Flush the CommitLog (it holds every queue); a whole-store flush also syncs the ConsumeQueues."""
@@ -839,6 +737,7 @@ class RocketMQEngine(StorageEngine):
         try:
             if self.scheduler is not None:
                 self.scheduler.shutdown(run_pending_one_shots=False)
+            self.deleter.close()
             self.flusher.shutdown()
             self.dispatcher.shutdown()
             self.dispatcher.catch_up()

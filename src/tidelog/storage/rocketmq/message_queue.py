@@ -60,7 +60,7 @@ from tidelog.storage.api import (
     Partition,
     TimestampAndOffset,
 )
-from tidelog.storage.kafka.producer_state import ProducerStateManager
+from tidelog.storage.common.producer_state import ProducerStateManager
 from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, QueueRun
 

@@ -1,5 +1,7 @@
-"""The message-key index: `index/<yyyyMMddHHmmssSSS>` files, an on-disk hash map from `topic#key` to CommitLog offsets
-(RocketMQ's IndexFile, IndexHeader and IndexService; reference/rocketmq-storage.md §3).
+"""The message-key index: `<yyyyMMddHHmmssSSS>` files, an on-disk hash map from `topic#key` to log positions
+(RocketMQ's IndexFile, IndexHeader and IndexService). The RocketMQ engine keeps one in `index/` keyed by CommitLog
+offsets (storage/rocketmq/index_builder.py feeds it); the Kafka engine keeps one per partition keyed by record
+offsets (storage/kafka/key_index.py). "Offset" below is whichever position the owner indexes.
 
 One file, big-endian, sizes from tidelog.rocketmq.maxHashSlotNum / maxIndexNum (RocketMQ's defaults: 5,000,000 and
 20,000,000, so 420,000,040 bytes):
@@ -45,23 +47,13 @@ import numpy as np
 
 from tidelog.codec.rocketmq_message import (
     HASH_MASK,
-    KEY_SEPARATOR,
     POW31,
-    PROPERTY_KEY64,
-    PROPERTY_KEYS,
-    PROPERTY_UNIQ_KEY,
-    SYSFLAG_TRANSACTION_MASK,
-    SYSFLAG_TRANSACTION_ROLLBACK,
-    java_hash_and_units,
     java_string_hash,
-    property_value,
 )
 from tidelog.errors import KafkaStorageError
-from tidelog.storage.rocketmq.dispatcher import DispatchBatch
 
-log = logging.getLogger("tidelog.storage.rocketmq")
+log = logging.getLogger("tidelog.storage.index")
 
-INDEX_DIR = "index"
 HEADER = struct.Struct(">qqqqii")
 HEADER_SIZE = HEADER.size  # 40
 HASH_SLOT = struct.Struct(">i")
@@ -134,22 +126,6 @@ class KeyHasher:
 def build_key(topic: str, key: str) -> str:
     """IndexService.buildKey."""
     return f"{topic}#{key}"
-
-
-def message_index_keys(properties: bytes | bytearray | memoryview) -> list[str]:
-    """The keys a message is indexed under (without the topic): UNIQ_KEY, then each space-separated KEYS entry; a
-    Kafka key that is not plain text (KAFKA_KEY64) under the `base64:` form of codec.rocketmq_message.index_key."""
-    keys: list[str] = []
-    uniq_key = property_value(properties, PROPERTY_UNIQ_KEY)
-    if uniq_key:
-        keys.append(uniq_key)
-    text = property_value(properties, PROPERTY_KEYS)
-    if text:
-        keys.extend(key for key in text.split(KEY_SEPARATOR) if key)
-    key64 = property_value(properties, PROPERTY_KEY64)
-    if key64:
-        keys.append("base64:" + ("" if key64 == "-" else key64))
-    return keys
 
 
 def index_file_size(hash_slot_num: int, index_num: int) -> int:
@@ -524,35 +500,35 @@ class IndexService:
 
     # --- building ---------------------------------------------------------------------------------------------
 
-    def build_index(self, batch: DispatchBatch) -> int:
-        """Index a dispatched batch: `topic#UNIQ_KEY` and `topic#key` for each key (IndexService.buildIndex), all
-        keys of the batch hashed at once (index_key_hashes). Messages already indexed (by CommitLog offset) and
-        rolled-back transactions are skipped. Returns the number of entries written."""
-        if not len(batch):
+    def put_messages(
+        self,
+        prefixes: np.ndarray | int,
+        key_hashes: np.ndarray,
+        key_units: np.ndarray,
+        key_counts: np.ndarray,
+        offsets: np.ndarray,
+        timestamps: np.ndarray,
+        excluded: np.ndarray | None = None,
+    ) -> int:
+        """Index a run of messages at once (IndexService.buildIndex): message i (at `offsets[i]`, stored at
+        `timestamps[i]`) has `key_counts[i]` keys, each given by String.hashCode mod 2^32 and UTF-16 length, under
+        the `topic#` prefix hash `prefixes` (one for all, or one per key; KeyHasher.prefix). Messages already
+        indexed (by offset) and those `excluded` marks are skipped. Returns the number of entries written."""
+        if not len(offsets):
             return 0
         with self.lock:
             indexed_until = self.rebuild_from
             resume = self._resume
-            key_hashes, key_units, key_counts = self._key_columns(batch)
-            offsets = batch.offsets
-            topics = {run.topic for run in batch.runs}
-            if len(topics) == 1:
-                prefixes: np.ndarray | int = self.hasher.prefix(topics.pop())
-            else:
-                prefixes = np.repeat(
-                    np.array([self.hasher.prefix(run.topic) for run in batch.runs], dtype=np.uint64),
-                    [int(key_counts[run.start : run.stop].sum()) for run in batch.runs],
-                )
             hashes = index_key_hashes(prefixes, key_hashes, key_units)
             key_offsets = offsets.repeat(key_counts)
-            key_timestamps = batch.store_timestamps.repeat(key_counts)
-            if offsets[0] < indexed_until or np.count_nonzero(batch.sys_flags):  # else every key is indexed
-                rolled_back = batch.sys_flags & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_ROLLBACK
-                wanted = ((offsets >= indexed_until) & ~rolled_back).repeat(key_counts)
+            key_timestamps = timestamps.repeat(key_counts)
+            skipped = np.zeros(len(offsets), dtype=bool) if excluded is None else excluded
+            if offsets[0] < indexed_until or np.count_nonzero(skipped):  # else every key is indexed
+                wanted = ((offsets >= indexed_until) & ~skipped).repeat(key_counts)
                 if resume is not None and resume[0] < indexed_until:
                     # the message whose first keys the kept files hold: the others
                     (partly,) = (offsets == resume[0]).nonzero()[0][:1].tolist() or (None,)
-                    if partly is not None and not rolled_back[partly]:
+                    if partly is not None and not skipped[partly]:
                         first = int(key_counts[:partly].sum())
                         wanted[first + resume[1] : first + int(key_counts[partly])] = True
                 hashes, key_offsets, key_timestamps = hashes[wanted], key_offsets[wanted], key_timestamps[wanted]
@@ -560,17 +536,6 @@ class IndexService:
             if resume is not None and int(offsets[-1]) >= resume[0]:
                 self._resume = None
             return written
-
-    def _key_columns(self, batch: DispatchBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(hashes, UTF-16 lengths, count per message) of the batch's index keys: as the appender computed them, or
-        from the properties of messages read back from the CommitLog."""
-        if batch.keys is not None:
-            return batch.keys.hashed()
-        keys = [message_index_keys(properties) for properties in batch.properties or ()]
-        pairs = [java_hash_and_units(key) for message_keys in keys for key in message_keys]
-        columns = np.array(pairs, dtype=np.int64).reshape(-1, 2)
-        counts = np.array([len(message_keys) for message_keys in keys], dtype=np.int64)
-        return columns[:, 0].astype(np.uint64), columns[:, 1].copy(), counts
 
     def put_keys(self, keys: Sequence[tuple[int, int, int]]) -> int:
         """Add (keyHash, offset, timestamp) entries in order, starting new files as they fill up."""

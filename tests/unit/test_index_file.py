@@ -13,17 +13,16 @@ import pytest
 
 from tidelog.codec import rocketmq_message as rm
 from tidelog.errors import KafkaStorageError
-from tidelog.storage.rocketmq.dispatcher import DispatchBatch
-from tidelog.storage.rocketmq.index_file import (
-    INDEX_DIR,
+from tidelog.storage.common.index_file import (
     IndexFile,
     IndexService,
     KeyHasher,
     index_file_size,
     index_key_hash,
-    message_index_keys,
     time_to_file_name,
 )
+from tidelog.storage.rocketmq.dispatcher import DispatchBatch
+from tidelog.storage.rocketmq.index_builder import INDEX_DIR, build_index, message_index_keys
 
 TS = 1_700_000_000_000
 SLOTS = 16
@@ -77,7 +76,7 @@ def test_file_bytes_field_by_field(tmp_path: Path) -> None:
         (0, dispatch(0, "t", "UNIQ_KEY\x01U0\x02KEYS\x01k1 k2\x02", TS)),
         (150, dispatch(150, "t", "UNIQ_KEY\x01U1\x02", TS + 2500)),
     ]
-    assert index.build_index(batch_of(batch)) == 4
+    assert build_index(index, batch_of(batch)) == 4
     index.flush()
     (path,) = (tmp_path / INDEX_DIR).iterdir()
     assert re.fullmatch(r"\d{17}", path.name) and path.name == time_to_file_name(TS)
@@ -106,7 +105,7 @@ def test_colliding_keys_share_a_chain_and_queries_filter_by_hash(tmp_path: Path)
     # "Aa" and "BB" have the same Java hash, so t#Aa and t#BB do too; "x"/"y"... land in slots by hash % 4
     names = ["Aa", "BB", "k0", "k1", "k2", "k3", "k4", "k5"]
     batch = [(i * 100, dispatch(i * 100, "t", f"KEYS\x01{name}\x02", TS + i * 1000)) for i, name in enumerate(names)]
-    index.build_index(batch_of(batch))
+    build_index(index, batch_of(batch))
     assert index.query_offsets("t", "Aa", 64, 0, TS * 2).phy_offsets == [100, 0]  # hash duplicates, newest first
     assert index.query_offsets("t", "BB", 64, 0, TS * 2).phy_offsets == [100, 0]
     for i, name in enumerate(names[2:], start=2):
@@ -129,7 +128,7 @@ def test_colliding_keys_share_a_chain_and_queries_filter_by_hash(tmp_path: Path)
 def test_time_range_and_max_count(tmp_path: Path) -> None:
     index = service(tmp_path, entries=64)
     batch = [(i * 10, dispatch(i * 10, "t", "KEYS\x01same\x02", TS + i * 1000)) for i in range(10)]
-    index.build_index(batch_of(batch))
+    build_index(index, batch_of(batch))
     query = index.query_offsets
     assert query("t", "same", 64, TS, TS + 9000).phy_offsets == [90, 80, 70, 60, 50, 40, 30, 20, 10, 0]
     assert query("t", "same", 64, TS + 3000, TS + 5000).phy_offsets == [50, 40, 30]
@@ -145,7 +144,7 @@ def test_full_file_rolls_to_a_new_file_that_inherits_its_end(tmp_path: Path) -> 
     full_at: list[int] = []
     index = service(tmp_path, entries=4, on_file_full=full_at.append)  # 3 entries per file
     batch = [(i * 10, dispatch(i * 10, "t", f"KEYS\x01k{i % 2}\x02", TS + i * 1000)) for i in range(7)]
-    assert index.build_index(batch_of(batch)) == 7
+    assert build_index(index, batch_of(batch)) == 7
     names = sorted(p.name for p in (tmp_path / INDEX_DIR).iterdir())
     assert names == [time_to_file_name(TS), time_to_file_name(TS + 1000), time_to_file_name(TS + 2000)]
     headers = [f.header for f in index.files]
@@ -169,7 +168,7 @@ def test_full_file_rolls_to_a_new_file_that_inherits_its_end(tmp_path: Path) -> 
 def test_reopen_after_clean_and_crashed_runs(tmp_path: Path) -> None:
     index = service(tmp_path, entries=4)
     batch = [(i * 10, dispatch(i * 10, "t", f"UNIQ_KEY\x01U{i}\x02", TS + i * 1000)) for i in range(5)]
-    index.build_index(batch_of(batch))
+    build_index(index, batch_of(batch))
     index.flush()
     index.close()
     reopened = service(tmp_path, entries=4)
@@ -177,14 +176,14 @@ def test_reopen_after_clean_and_crashed_runs(tmp_path: Path) -> None:
     assert [f.header.index_count for f in reopened.files] == [4, 3]
     assert reopened.query_offsets("t", "U1", 64, 0, TS * 2).phy_offsets == [10]
     assert reopened.rebuild_from == 41
-    assert reopened.build_index(batch_of(batch)) == 0  # everything is indexed already
-    assert reopened.build_index(batch_of([*batch, (50, dispatch(50, "t", "UNIQ_KEY\x01U5\x02", TS + 5000))])) == 1
+    assert build_index(reopened, batch_of(batch)) == 0  # everything is indexed already
+    assert build_index(reopened, batch_of([*batch, (50, dispatch(50, "t", "UNIQ_KEY\x01U5\x02", TS + 5000))])) == 1
     reopened.close()
     crashed = service(tmp_path, entries=4)
     crashed.load(clean_shutdown=False, index_checkpoint_timestamp=TS + 2000)  # the first file was full and flushed
     assert len(crashed.files) == 1 and len(list((tmp_path / INDEX_DIR).iterdir())) == 1
     assert crashed.rebuild_from == 21
-    assert crashed.build_index(batch_of(batch)) == 2
+    assert build_index(crashed, batch_of(batch)) == 2
     assert crashed.query_offsets("t", "U4", 64, 0, TS * 2).phy_offsets == [40]
     crashed.drop_beyond(30)  # the CommitLog was cut at 30: the file holding 30 and 40 goes
     assert crashed.rebuild_from == 21
@@ -201,7 +200,7 @@ def test_keys_of_a_message_and_skipped_messages(tmp_path: Path) -> None:
     assert message_index_keys(stored) == ["U", rm.index_key(b"\x00\x01")]
     index = service(tmp_path)
     rollback = dispatch(0, "t", "KEYS\x01gone\x02", TS, sys_flag=rm.SYSFLAG_TRANSACTION_ROLLBACK)
-    assert index.build_index(batch_of([(0, rollback)])) == 0
+    assert build_index(index, batch_of([(0, rollback)])) == 0
     assert index.files == []
     index.close()
 
@@ -212,7 +211,7 @@ def test_a_short_file_is_rebuilt_a_long_one_refused(tmp_path: Path) -> None:
     A longer file was written with larger sizes: a clear error."""
     index = service(tmp_path)
     for n in range(3 * (ENTRIES - 1)):  # three full files
-        index.build_index(batch_of([(100 * n, dispatch(100 * n, "t", f"KEYS\x01k{n}\x02", TS + 1000 * n))]))
+        build_index(index, batch_of([(100 * n, dispatch(100 * n, "t", f"KEYS\x01k{n}\x02", TS + 1000 * n))]))
     index.close()
     names = sorted(p.name for p in (tmp_path / INDEX_DIR).iterdir())
     assert len(names) == 3
