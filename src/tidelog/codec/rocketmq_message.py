@@ -800,7 +800,7 @@ def encode_records(
 
     # PROPERTIES: UNIQ_KEY | (KEYS) | (KAFKA_NULL_VALUE) | (KAFKA_BATCH) | (KAFKA_PRODUCER)
     uniq_part = f"{PROPERTY_UNIQ_KEY}\x01{uniq_prefix}%04X\x02%b%b%b".encode()
-    counters = range(uniq_first, uniq_first + count)
+    counters: Iterable[int] = range(uniq_first, uniq_first + count)
     if uniq_first + count > 0x10000:
         counters = [counter & 0xFFFF for counter in counters]  # the counter wraps (rarely)
     fields = [counters, map(_KEYS_NAMES.__getitem__, variants), keys, map(_KEY_ENDS.__getitem__, variants)]
@@ -839,7 +839,7 @@ def encode_records(
     headers["body_crc"] = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=count) & 0x7FFFFFFF
     headers["born_timestamp"] = born_timestamps
     headers["body_length"] = body_bytes
-    header_view = memoryview(header_rows).cast("B")
+    header_view = header_rows.data.cast("B")
     header_slices = map(
         slice, range(0, count * FIXED_SIZE, FIXED_SIZE), range(FIXED_SIZE, (count + 1) * FIXED_SIZE, FIXED_SIZE)
     )
@@ -937,9 +937,11 @@ def message_to_record(message: Message) -> Record:
     )
 
 
+# Fields named `index` and `count` shadow tuple's methods (mypy flags each as an incompatible override); kept, as
+# ProducerInfo.count is read by name (storage/rocketmq) and the two types name their count alike.
 class BatchPosition(NamedTuple):
-    index: int
-    count: int
+    index: int  # type: ignore[assignment]  # see above
+    count: int  # type: ignore[assignment]
 
 
 def batch_position(properties: bytes | bytearray | memoryview) -> BatchPosition:
@@ -964,7 +966,7 @@ class ProducerInfo(NamedTuple):
     producer_id: int
     epoch: int
     base_sequence: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as BatchPosition's
 
 
 def producer_info(properties: bytes | bytearray | memoryview) -> ProducerInfo | None:
