@@ -40,7 +40,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
 
-# mypy over src, as configured in pyproject.toml [tool.mypy]. Not yet part of `test`: storage/ and broker/ still have errors.
+# mypy over src, as pyproject.toml's [tool.mypy] configures it. Not yet part of `test`: src/tidelog/storage/,
+# src/tidelog/broker/ and src/tidelog/config.py still have errors.
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
@@ -90,4 +91,4 @@ bench-compaction: $(STAMP)
 	$(PY) bench/compaction.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis tidelog-demo-data
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .hypothesis tidelog-demo-data
