@@ -22,7 +22,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypedDict
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -269,6 +269,13 @@ def _users_dispatch(args: argparse.Namespace) -> int:
     return _users(args)
 
 
+class _Repeatable(TypedDict):
+    """The add_argument keywords of a repeatable option (typed, so that `**repeatable` checks against argparse)."""
+
+    action: str
+    default: list[str]
+
+
 def _add_acls_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     acls = commands.add_parser(
         "acls",
@@ -281,7 +288,7 @@ def _add_acls_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     actions = acls.add_mutually_exclusive_group(required=True)
     for action, text in [("add", "add ACLs"), ("remove", "remove ACLs"), ("list", "list ACLs")]:
         actions.add_argument(f"--{action}", dest="action", action="store_const", const=action, help=text)
-    repeatable = {"action": "append", "default": []}
+    repeatable: _Repeatable = {"action": "append", "default": []}
     acls.add_argument("--allow-principal", metavar="PRINCIPAL", help="e.g. User:alice (repeatable)", **repeatable)
     acls.add_argument("--deny-principal", metavar="PRINCIPAL", help="e.g. User:mallory (repeatable)", **repeatable)
     acls.add_argument(

@@ -131,6 +131,7 @@ def _show_lookups(console: Console, log: tidelog.StorageEngine) -> None:
     segment = plog.segments[slot]
     entry = segment.index.lookup(offset)
     record = next(log.consume(TOPIC, 0, offset))
+    assert record.value is not None  # every demo event has a value
     console.print(
         f"offset {offset}: segment {segment.base_offset:020d}.log (bisect) -> index entry "
         f"(offset {entry.offset}, position {entry.position}) -> scan -> {record.key!r} {record.value.decode()}"
@@ -139,6 +140,7 @@ def _show_lookups(console: Console, log: tidelog.StorageEngine) -> None:
     found = log.offset_for_timestamp(TOPIC, 0, target)
     assert found is not None
     record = next(log.consume(TOPIC, 0, found.offset))
+    assert record.value is not None
     console.print(
         f"timestamp {target}: time index -> first record at or after it is offset {found.offset} "
         f"(ts {found.timestamp}) {record.value.decode()}"

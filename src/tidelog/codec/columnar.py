@@ -1130,7 +1130,7 @@ SHORT_RUNS_MAX = 3
 def _offset_delta_codes(width: int) -> np.ndarray:
     """The `width`-byte varints of the offset deltas that take that width, each read as one big-endian number."""
     zigzag = 2 * np.arange(_DELTA_WIDTH_ENDS[width - 1], _DELTA_WIDTH_ENDS[width], dtype=np.uint32)
-    code = np.zeros(len(zigzag), dtype=np.uint32)
+    code: np.ndarray = np.zeros(len(zigzag), dtype=np.uint32)  # uint32 throughout; the stubs type `| int` as signed
     for k in range(width):
         code = (code << 8) | ((zigzag >> (7 * k)) & 0x7F) | (0x80 if k < width - 1 else 0)
     return code.astype(_DELTA_DTYPES[width].newbyteorder("="))
@@ -1342,7 +1342,9 @@ def _offset_delta_bytes_before(k: np.ndarray) -> np.ndarray:
     return k + np.maximum(k - 64, 0) + np.maximum(k - 8192, 0)
 
 
-def _frame_batch(data: bytes, arr: np.ndarray, end: int, count: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
+def _frame_batch(
+    data: bytes | bytearray | memoryview, arr: np.ndarray, end: int, count: int, pos: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Body start and body length of each of the `count` records that must fill data[0:end] (one batch).
 
     As _frame_runs, for one batch: from the record at the cursor, all later records are predicted at once to have

@@ -419,8 +419,8 @@ def build_batch(
     `offset_deltas` lets a rewriter (compaction) keep gaps; otherwise record i gets delta i.
     An empty batch needs an explicit `last_offset_delta` (the range it stands for).
     """
-    if now_ms is None and any(r.timestamp_ms is None for r in records):
-        now_ms = int(time.time() * 1000)
+    if now_ms is None:  # the clock only if some record needs it (NO_TIMESTAMP goes unused otherwise)
+        now_ms = int(time.time() * 1000) if any(r.timestamp_ms is None for r in records) else NO_TIMESTAMP
     timestamps = [now_ms if r.timestamp_ms is None else r.timestamp_ms for r in records]
     deltas = list(range(len(records))) if offset_deltas is None else list(offset_deltas)
     if len(deltas) != len(records):

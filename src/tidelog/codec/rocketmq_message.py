@@ -41,6 +41,7 @@ import base64
 import calendar
 import functools
 import itertools
+import mmap
 import os
 import socket
 import struct
@@ -55,6 +56,9 @@ import numpy as np
 
 from tidelog.codec.columnar import RecordColumns
 from tidelog.codec.record_batch import Record
+
+# What messages are decoded from: a CommitLog file's mapping, or bytes (or a view of them).
+MessageBuffer = bytes | bytearray | memoryview | mmap.mmap
 
 MAGIC_V1 = -626843481  # 0xDAA320A7
 MAGIC_V2 = -626843477  # 0xDAA320AB: 2-byte topic length
@@ -386,12 +390,12 @@ class Blank(NamedTuple):
     remaining: int
 
 
-def peek_total_size_and_magic(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+def peek_total_size_and_magic(buf: MessageBuffer, pos: int) -> tuple[int, int]:
     return BLANK.unpack_from(buf, pos)
 
 
 def decode_message(
-    buf: bytes | bytearray | memoryview, pos: int = 0, *, check_crc: bool = True, read_body: bool = True
+    buf: MessageBuffer, pos: int = 0, *, check_crc: bool = True, read_body: bool = True
 ) -> Message | Blank:
     """The message or BLANK marker at `pos` (CommitLog.checkMessageAndReturnSize). Raises InvalidMessage for bytes
     that are not a message: unknown magic, impossible sizes, a size that disagrees with the fields, a bad body CRC,
@@ -402,7 +406,7 @@ def decode_message(
         raise InvalidMessage(f"message at {pos} does not decode: {exc}") from None
 
 
-def _decode_message(buf: bytes | bytearray | memoryview, pos: int, check_crc: bool, read_body: bool) -> Message | Blank:
+def _decode_message(buf: MessageBuffer, pos: int, check_crc: bool, read_body: bool) -> Message | Blank:
     end = len(buf)
     if end - pos < 8:
         raise InvalidMessage(f"only {end - pos} bytes left at {pos}, less than a message header")
@@ -445,7 +449,7 @@ def _decode_message(buf: bytes | bytearray | memoryview, pos: int, check_crc: bo
 
 
 def _decode_with_ipv6(
-    buf: bytes | bytearray | memoryview,
+    buf: MessageBuffer,
     pos: int,
     total: int,
     magic: int,
@@ -477,7 +481,7 @@ def _decode_with_ipv6(
 
 
 def _decode_tail(
-    buf: bytes | bytearray | memoryview,
+    buf: MessageBuffer,
     pos: int,
     total: int,
     magic: int,
@@ -528,9 +532,7 @@ def _decode_tail(
     )  # fmt: skip
 
 
-def iter_messages(
-    buf: bytes | bytearray | memoryview, pos: int = 0, *, check_crc: bool = True
-) -> Iterable[Message | Blank]:
+def iter_messages(buf: MessageBuffer, pos: int = 0, *, check_crc: bool = True) -> Iterable[Message | Blank]:
     """Messages from `pos` until a BLANK marker (included), the end of `buf`, or an invalid message (raised)."""
     end = len(buf)
     while pos < end:
@@ -800,7 +802,7 @@ def encode_records(
 
     # PROPERTIES: UNIQ_KEY | (KEYS) | (KAFKA_NULL_VALUE) | (KAFKA_BATCH) | (KAFKA_PRODUCER)
     uniq_part = f"{PROPERTY_UNIQ_KEY}\x01{uniq_prefix}%04X\x02%b%b%b".encode()
-    counters = range(uniq_first, uniq_first + count)
+    counters: Iterable[int] = range(uniq_first, uniq_first + count)
     if uniq_first + count > 0x10000:
         counters = [counter & 0xFFFF for counter in counters]  # the counter wraps (rarely)
     fields = [counters, map(_KEYS_NAMES.__getitem__, variants), keys, map(_KEY_ENDS.__getitem__, variants)]
@@ -839,7 +841,7 @@ def encode_records(
     headers["body_crc"] = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=count) & 0x7FFFFFFF
     headers["born_timestamp"] = born_timestamps
     headers["body_length"] = body_bytes
-    header_view = memoryview(header_rows).cast("B")
+    header_view = header_rows.data.cast("B")
     header_slices = map(
         slice, range(0, count * FIXED_SIZE, FIXED_SIZE), range(FIXED_SIZE, (count + 1) * FIXED_SIZE, FIXED_SIZE)
     )
@@ -937,9 +939,11 @@ def message_to_record(message: Message) -> Record:
     )
 
 
+# Fields named `index` and `count` shadow tuple's methods (mypy flags each as an incompatible override); kept, as
+# ProducerInfo.count is read by name (storage/rocketmq) and the two types name their count alike.
 class BatchPosition(NamedTuple):
-    index: int
-    count: int
+    index: int  # type: ignore[assignment]  # see above
+    count: int  # type: ignore[assignment]
 
 
 def batch_position(properties: bytes | bytearray | memoryview) -> BatchPosition:
@@ -964,7 +968,7 @@ class ProducerInfo(NamedTuple):
     producer_id: int
     epoch: int
     base_sequence: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as BatchPosition's
 
 
 def producer_info(properties: bytes | bytearray | memoryview) -> ProducerInfo | None:
@@ -991,7 +995,7 @@ class DispatchInfo(NamedTuple):
 _DISPATCH_HEAD = struct.Struct(">iiiiiqqi")  # TOTALSIZE .. SYSFLAG
 
 
-def decode_dispatch_info(buf: bytes | bytearray | memoryview, pos: int, end: int) -> DispatchInfo | Blank:
+def decode_dispatch_info(buf: MessageBuffer, pos: int, end: int) -> DispatchInfo | Blank:
     """The fields the dispatcher needs of the message at `pos`, which must end by `end`; no CRC check (the reput
     service's checkMessageAndReturnSize(checkCRC=false, readBody=false)). Raises InvalidMessage."""
     try:
@@ -1000,7 +1004,7 @@ def decode_dispatch_info(buf: bytes | bytearray | memoryview, pos: int, end: int
         raise InvalidMessage(f"message at {pos} does not decode: {exc}") from None
 
 
-def _decode_dispatch_info(buf: bytes | bytearray | memoryview, pos: int, end: int) -> DispatchInfo | Blank:
+def _decode_dispatch_info(buf: MessageBuffer, pos: int, end: int) -> DispatchInfo | Blank:
     if end - pos < 8:
         raise InvalidMessage(f"only {end - pos} bytes left at {pos}")
     total, magic = BLANK.unpack_from(buf, pos)

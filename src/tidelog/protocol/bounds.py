@@ -110,7 +110,7 @@ def _layout(cls: type) -> _Layout:
         spec = _Field(
             field.name,
             field.metadata.get("kafka_type", ""),
-            element if dataclasses.is_dataclass(element) else None,
+            element if isinstance(element, type) and dataclasses.is_dataclass(element) else None,
             is_array,
             nullable,
             cls.__name__ == "RequestHeader" and field.name == "client_id",

@@ -130,10 +130,11 @@ def response_header(api_key: int, api_version: int, correlation_id: int) -> byte
     return buffer.getvalue()
 
 
-def _null_array(entity: Any, path: str = "") -> str | None:
+def _null_array(entity: object, path: str = "") -> str | None:
     """The path of the first array that is null where the schema says it may not be (kio reads any array of
     length -1 as None; Kafka's own parser refuses it), or None. Strings are checked by kio itself."""
-    for spec in _fields(type(entity)):
+    entity_class: type = type(entity)  # `type`: mypy does not take type[object] as Hashable (mypy issue 11470)
+    for spec in _fields(entity_class):
         if not spec.is_array and spec.entity is None:
             continue
         value = getattr(entity, spec.name)
@@ -160,12 +161,12 @@ def _response_class(api_key: int, api_version: int) -> Any:
 
 @cache
 def _reader(cls: type) -> Callable[[bytes, int], tuple[Any, int]]:
-    return entity_reader(cls)  # type: ignore[no-any-return]
+    return entity_reader(cls)
 
 
 @cache
 def _writer(cls: type) -> Callable[[Any, Any], None]:
-    return entity_writer(cls)  # type: ignore[no-any-return]
+    return entity_writer(cls)
 
 
 # --- dict -> entity ------------------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ def _fields(cls: type) -> tuple[_FieldSpec, ...]:
             args = [a for a in typing.get_args(field_type) if a is not NoneType]
             optional = True
             field_type = args[0]
-        entity = field_type if dataclasses.is_dataclass(field_type) else None
+        entity = field_type if isinstance(field_type, type) and dataclasses.is_dataclass(field_type) else None
         has_default = field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
         specs.append(_FieldSpec(field.name, field.metadata.get("kafka_type"), entity, is_array, optional, has_default))
     return tuple(specs)

@@ -63,7 +63,7 @@ class KafkaBackend:
             self._consumer = Consumer(consumer_config(self.options))
         return self._consumer
 
-    def _fail(self, what: str, exc: BaseException) -> KafkaClientError:
+    def _fail(self, what: str, exc: KafkaException | KafkaError) -> KafkaClientError:
         return KafkaClientError(f"kafka.bootstrap.servers={self.options.bootstrap_servers}: {what} failed: {exc}")
 
     def topic_partitions(self) -> dict[str, list[int]]:
@@ -154,6 +154,7 @@ def read_columns(options: ReadOptions, r: OffsetRange) -> Iterator[RecordColumns
                     position = _handle_error(consumer, options, r, position, error, message.offset())
                     continue
                 offset = message.offset()
+                assert offset is not None  # only error events have none
                 if offset >= r.end:
                     position = r.end
                     break

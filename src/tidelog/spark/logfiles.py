@@ -360,7 +360,7 @@ def _read_padded(fd: int, path: Path, length: int, position: int) -> tuple[memor
     """`length` bytes at `position` (fewer at the end of the file) in a buffer with PADDING spare bytes after them,
     which lets the columnar decoder read its varint windows without copying the chunk. (An uninitialised numpy
     buffer: a bytearray would first be zero-filled.)"""
-    view = memoryview(np.empty(length + PADDING, dtype=np.uint8))
+    view = np.empty(length + PADDING, dtype=np.uint8).data  # its memoryview (typed, unlike memoryview(array))
     done = 0
     while done < length:
         try:

@@ -209,7 +209,7 @@ def _file_columns(options: ReadOptions, part: TidelogPartition, stats: ReadStats
             yield _legacy_columns(chunk.data, table.take(old), options.check_crcs, chunk.describe)
 
 
-def _check_crcs(data: bytes, table: BatchTable, describe: Any) -> None:
+def _check_crcs(data: bytes | bytearray | memoryview, table: BatchTable, describe: Any) -> None:
     view = memoryview(data)
     crcs = table.header["crc"].tolist()
     for pos, size, expected in zip(table.position.tolist(), table.size.tolist(), crcs, strict=True):
@@ -221,7 +221,9 @@ def _check_crcs(data: bytes, table: BatchTable, describe: Any) -> None:
             )
 
 
-def _legacy_columns(data: bytes, table: BatchTable, check_crcs: bool, describe: Any) -> RecordColumns:
+def _legacy_columns(
+    data: bytes | bytearray | memoryview, table: BatchTable, check_crcs: bool, describe: Any
+) -> RecordColumns:
     """Magic 0/1 entries (old segments) through the row decoder: rare, so simplicity wins."""
     records = []
     types = []
@@ -256,7 +258,7 @@ def apply_filters(filters: Sequence[Filter]) -> tuple[PushedFilters, list[Filter
     rejected: list[Filter] = []
     for f in filters:
         kind = _FILTER_KINDS.get(type(f))
-        attribute = getattr(f, "attribute", ())
+        attribute: tuple[str, ...] = getattr(f, "attribute", ())  # a column's name path
         if kind is None or len(attribute) != 1:
             rejected.append(f)
             continue

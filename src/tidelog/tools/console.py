@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -282,15 +282,21 @@ class ConsumedRecord:
 
     @classmethod
     def from_message(cls, message: Message) -> ConsumedRecord:
+        """A record poll() returned (not an error event: only those lack a partition and offset)."""
+        partition, offset = message.partition(), message.offset()
+        if partition is None or offset is None:
+            raise ValueError(f"not a consumed record: {message.error()}")
         timestamp_type, timestamp = message.timestamp()
+        # A consumed message's headers are (name, bytes | None) pairs; the stubs type all that produce() accepts.
+        headers = cast("list[Header] | None", message.headers())
         return cls(
-            partition=message.partition(),
-            offset=message.offset(),
+            partition=partition,
+            offset=offset,
             timestamp_type=timestamp_type,
             timestamp=timestamp,
             key=message.key(),
             value=message.value(),
-            headers=list(message.headers() or []),
+            headers=list(headers or []),
         )
 
 
@@ -721,11 +727,17 @@ def _prompted(lines: Iterator[str], prompt: bool) -> Iterator[str]:
         yield line
 
 
+def _produce_headers(record: LineRecord) -> list[tuple[str, str | bytes | None]] | None:
+    """The record's headers as produce() takes them (None for none). The stubs declare a list of the wider pair type,
+    and list is invariant: the cast only widens."""
+    return cast("list[tuple[str, str | bytes | None]]", record.headers) or None
+
+
 def _send(producer: Producer, options: ProduceOptions, record: LineRecord, deliveries: _Deliveries) -> None:
     extra: dict[str, Any] = {"partition": options.partition} if options.partition is not None else {}
     while True:
         try:
-            producer.produce(options.topic, record.value, record.key, headers=record.headers or None, **extra)
+            producer.produce(options.topic, record.value, record.key, headers=_produce_headers(record), **extra)
             break
         except BufferError:  # the local queue is full: serve delivery reports until there is room
             producer.poll(POLL_INTERVAL_S)

@@ -221,6 +221,7 @@ def _record_lines(data: memoryview, info: BatchInfo, options: DumpOptions) -> It
         return
     assert isinstance(header, legacy.LegacyMessage)
     wrapper_time = header.timestamp if info.timestamp_type is TimestampType.LOG_APPEND_TIME else None
+    inner_data: bytes | memoryview  # the set the messages' positions index into: the log, or the decompressed wrapper
     if header.compression is Compression.NONE:
         inner, inner_data = [header], data
     else:
