@@ -126,10 +126,14 @@ class Partition(ABC):
     """One partition (Kafka) or queue (RocketMQ) as the broker drives it. Offsets below `flushed_offset` are
     on disk; the broker calls `flush` from a worker thread (group commit) when `flush_due` says so."""
 
-    name: str
     log_start_offset: int  # first readable offset
     log_end_offset: int  # next offset to assign
     high_watermark: int  # readable up to here (== log end on a single node)
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """`<topic>-<partition>`, for messages."""
 
     @property
     @abstractmethod
@@ -195,7 +199,7 @@ class StorageEngine(ABC):
         """The partition's handle; raises UnknownTopicOrPartitionError."""
 
     @abstractmethod
-    def partitions(self) -> dict[tuple[str, int], Partition]:
+    def partitions(self) -> Mapping[tuple[str, int], Partition]:
         """Every partition of every topic."""
 
     # The data calls address one partition; they are bounded (no call scans a whole log) and safe to make on an

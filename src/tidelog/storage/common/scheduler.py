@@ -19,7 +19,7 @@ log = logging.getLogger("tidelog.storage")
 
 class Scheduler:
     def __init__(self, name: str = "tidelog-scheduler") -> None:
-        self._queue: list[tuple[float, int, str, Callable[[], None], float | None]] = []
+        self._queue: list[tuple[float, int, str, Callable[[], object], float | None]] = []
         self._sequence = itertools.count()
         self._wakeup = threading.Condition()
         self._running = True
@@ -27,7 +27,7 @@ class Scheduler:
         self._thread.start()
 
     def schedule(
-        self, name: str, task: Callable[[], None], delay_ms: float = 0, period_ms: float | None = None
+        self, name: str, task: Callable[[], object], delay_ms: float = 0, period_ms: float | None = None
     ) -> None:
         """Run `task` after `delay_ms`, then every `period_ms` if given."""
         with self._wakeup:

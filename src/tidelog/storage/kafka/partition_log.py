@@ -976,7 +976,7 @@ class PartitionLog(Partition):
         with self._lock:
             slot = next((i for i, s in enumerate(self.segments) if s is old[0]), None)
             unchanged = slot is not None and self.segments[slot : slot + len(old)] == old
-            if self._closed or not unchanged or old[-1] is self.active_segment:
+            if self._closed or slot is None or not unchanged or old[-1] is self.active_segment:
                 new.delete_files()
                 return False
             new.change_file_suffix(SWAP_SUFFIX)

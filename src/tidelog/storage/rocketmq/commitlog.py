@@ -101,7 +101,7 @@ class CommitLog:
 
     # --- appending --------------------------------------------------------------------------------------------
 
-    def put(self, size: int, encode: Callable[[int], bytes], store_timestamp: int) -> int:
+    def put(self, size: int, encode: Callable[[int], bytes | bytearray], store_timestamp: int) -> int:
         """Append `size` bytes made by `encode(physical_offset)` (called under the put lock, which the caller may
         already hold); returns the physical offset. A BLANK marker ends the current file if they do not fit."""
         if size + END_FILE_MIN_BLANK_LENGTH > self.file_size:

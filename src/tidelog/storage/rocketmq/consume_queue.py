@@ -167,8 +167,8 @@ class ConsumeQueue:
                 self._write(at, units.tobytes())
                 self.max_physic_offset = int(offsets[-1]) + int(sizes[-1])
                 return int(sizes.sum())
-            units = zip(offsets.tolist(), sizes.tolist(), tags_codes.tolist(), queue_offsets.tolist(), strict=True)
-            return self._put(units)
+            rows = zip(offsets.tolist(), sizes.tolist(), tags_codes.tolist(), queue_offsets.tolist(), strict=True)
+            return self._put(rows)
         except (KafkaStorageError, OSError):
             self._end_at_last_unit()
             raise
@@ -236,7 +236,7 @@ class ConsumeQueue:
             self._write(pending_at, pending)
         return written
 
-    def _write(self, at: int, data: bytes | bytearray) -> None:
+    def _write(self, at: int, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
         if not self.queue.files:

@@ -100,7 +100,11 @@ class DispatchBatch:
             ],
             dtype=np.int64,
         ).reshape(-1, 6)
-        return cls(*columns.T.copy(), runs, properties=[info.properties for _offset, info in items])  # type: ignore[arg-type]
+        offsets, sizes, queue_offsets, store_timestamps, sys_flags, tags_codes = columns.T.copy()
+        return cls(
+            offsets, sizes, queue_offsets, store_timestamps, sys_flags, tags_codes, runs,
+            properties=[info.properties for _offset, info in items],
+        )  # fmt: skip
 
     def head(self, count: int) -> DispatchBatch:
         """The first `count` messages."""

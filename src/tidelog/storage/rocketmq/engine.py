@@ -275,7 +275,8 @@ class RocketMQEngine(StorageEngine):
     def _dispatch_targets(self) -> list[Dispatcher]:
         """The dispatch chain (CommitLogDispatcher list): each gets every dispatched batch of messages, in order.
         The IndexFile builder is the second (CommitLogDispatcherBuildIndex), with messageIndexEnable."""
-        return [self._build_consume_queues] + ([self._build_index] if self.index is not None else [])
+        targets: list[Dispatcher] = [self._build_consume_queues]
+        return targets + ([self._build_index] if self.index is not None else [])
 
     # --- topics file and start offsets ----------------------------------------------------------------------------
 

@@ -165,7 +165,7 @@ class MessageQueue(Partition):
     # --- offsets ----------------------------------------------------------------------------------------------
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:
         return f"{self.topic}-{self.queue_id}"
 
     @property
