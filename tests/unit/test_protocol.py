@@ -266,3 +266,19 @@ def test_an_unknown_tag_larger_than_the_request_is_malformed() -> None:
     payload = request_header(3, 12, 7, "cli", False) + b"\x01\x63\x7f" + b"hi" + b"\x01\x01\x00\x00"
     with pytest.raises(MalformedRequestError, match="tagged field"):
         decode_request(payload, SUPPORTED)
+
+
+def test_a_response_field_no_version_has_is_an_error_not_dropped() -> None:
+    """Handlers answer with dicts; a key the negotiated version lacks is left out (older clients), but a key that
+    no version of the message has is a misspelling and must not vanish silently."""
+    from kio.index import load_response_schema
+
+    from tidelog.protocol.messages import build
+
+    create_topics_v2 = load_response_schema(ApiKey.CREATE_TOPICS, 2)
+    built = build(create_topics_v2, {"topics": [{"name": "t", "error_code": 0, "num_partitions": 3}]})
+    assert built.topics[0].name == "t"  # num_partitions is a v5 field: dropped for v2
+    with pytest.raises(ValueError, match="no version has field"):
+        build(create_topics_v2, {"topcs": []})
+    with pytest.raises(ValueError, match="CreatableTopicResult: no version has field"):
+        build(create_topics_v2, {"topics": [{"nme": "t"}]})

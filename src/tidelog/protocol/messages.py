@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
+import importlib
 import io
 import struct
 import typing
@@ -31,6 +32,7 @@ from tidelog.errors import MalformedRequestError, UnsupportedVersionError
 from tidelog.protocol.bounds import check_sizes_and_strip_unknown_tags
 
 _API_KEY_VERSION = struct.Struct(">hh")
+MAX_SCHEMA_VERSION = 20  # above the highest version of any message kio generates
 
 
 class ApiKey(IntEnum):
@@ -204,7 +206,11 @@ def _fields(cls: type) -> tuple[_FieldSpec, ...]:
 
 
 def build(cls: type, data: Mapping[str, Any]) -> Any:
-    """An instance of kio entity `cls` from a dict; keys the version lacks are ignored."""
+    """An instance of kio entity `cls` from a dict; keys the version lacks are ignored, but a key that no version
+    of the message has (a misspelt field) raises ValueError, so it cannot be dropped silently."""
+    if not data.keys() <= _names_in_any_version(cls):
+        unknown = sorted(data.keys() - _names_in_any_version(cls))
+        raise ValueError(f"{cls.__module__}.{cls.__qualname__}: no version has field(s) {', '.join(unknown)}")
     kwargs: dict[str, Any] = {}
     for spec in _fields(cls):
         if spec.name in data:
@@ -218,6 +224,26 @@ def build(cls: type, data: Mapping[str, Any]) -> Any:
         elif not spec.has_default:
             kwargs[spec.name] = _zero(spec)
     return cls(**kwargs)
+
+
+@cache
+def _names_in_any_version(cls: type) -> frozenset[str]:
+    """The field names of entity `cls` in every version of its message: kio generates one module per version
+    (`kio.schema.<api>.v<N>.<request|response>`), each with a class of the same qualified name."""
+    parts = cls.__module__.split(".")
+    names = {spec.name for spec in _fields(cls)}
+    if len(parts) == 5 and parts[3].startswith("v") and parts[3][1:].isdigit():
+        for version in range(MAX_SCHEMA_VERSION + 1):
+            try:
+                module = importlib.import_module(".".join([*parts[:3], f"v{version}", parts[4]]))
+            except ImportError:
+                continue
+            sibling = module
+            for attribute in cls.__qualname__.split("."):
+                sibling = getattr(sibling, attribute, None)
+            if isinstance(sibling, type) and dataclasses.is_dataclass(sibling):
+                names.update(field.name for field in dataclasses.fields(sibling))
+    return frozenset(names)
 
 
 def _convert(spec: _FieldSpec, value: Any) -> Any:
