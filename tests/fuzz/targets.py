@@ -192,13 +192,14 @@ MAX_FRAME_BYTES = 104_857_600  # socket.request.max.bytes default
 @cache
 def broker_supported_versions() -> dict[int, tuple[int, int]]:
     """The broker's own table of API versions (from its handlers), read from a Broker on a scratch log dir."""
-    from tidelog.broker.server import Broker
+    from tidelog.broker.broker import Broker
 
     with tempfile.TemporaryDirectory(prefix="tidelog-fuzz-") as log_dir:
         broker = Broker(BrokerConfig.from_mapping({"log.dirs": log_dir}))
         try:
-            return dict(broker.supported)
+            return dict(broker.server.supported)
         finally:
+            broker.admin.close()
             broker.engine.close()
 
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
+from tidelog.broker.broker import Broker
 from tidelog.broker.config import BrokerConfig
-from tidelog.broker.server import SENDFILE_MIN_BYTES, Broker
+from tidelog.broker.server import SENDFILE_MIN_BYTES
 from tidelog.codec.record_batch import Record, build_batch
 
 TOPIC = "zero-copy"

@@ -15,18 +15,16 @@ import asyncio
 import logging
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tidelog.broker import acl
 from tidelog.broker.acl import CLUSTER_NAME, AclBinding, AclFilter, AclPolicy, Operation, PatternType, ResourceType
 from tidelog.broker.acl import PermissionType as Permission
 from tidelog.broker.config import SecurityConfig
+from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, Response
 from tidelog.broker.security_store import AclStore
 from tidelog.errors import ErrorCode, InvalidAclError, TidelogError
 from tidelog.protocol.messages import ApiKey
-
-if TYPE_CHECKING:
-    from tidelog.broker.server import ApiHandler, Broker, Connection, Response
 
 log = logging.getLogger("tidelog.authorizer")
 
@@ -129,13 +127,10 @@ def _binding_fields(binding: AclBinding) -> dict[str, Any]:
 
 
 class AclApis:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.authorizer: Authorizer = broker.authorizer
+    def __init__(self, authorizer: Authorizer) -> None:
+        self.authorizer = authorizer
 
-    def handlers(self) -> dict[int, ApiHandler]:
-        from tidelog.broker.server import ApiHandler
-
+    def handlers(self) -> HandlerTable:
         return {
             ApiKey.DESCRIBE_ACLS: ApiHandler(1, 3, self.handle_describe_acls),
             ApiKey.CREATE_ACLS: ApiHandler(1, 3, self.handle_create_acls),

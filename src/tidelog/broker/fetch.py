@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import Operation, ResourceType
+from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, RawResponse, Response
 from tidelog.errors import ErrorCode, TidelogError
 from tidelog.protocol.fetch_response import PartitionData, TopicData, encode_fetch_response
 from tidelog.protocol.messages import ApiKey, Request, millis, response_header
-from tidelog.storage.api import EARLIEST_TIMESTAMP
+from tidelog.storage.api import EARLIEST_TIMESTAMP, StorageEngine
 
 if TYPE_CHECKING:
-    from tidelog.broker.server import ApiHandler, Broker, Connection, Response
+    from tidelog.broker.authorizer import Authorizer
+    from tidelog.broker.metrics import Metrics
 
 INT_MAX = (1 << 31) - 1
 EARLIEST_LOCAL_TIMESTAMP = -4  # ListOffsets v8+ (KIP-405): the first offset kept on local disk
@@ -65,13 +67,18 @@ class AppendNotifier:
 
 
 class FetchApis:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    """Fetch and ListOffsets: reads of the engine's data calls, long polls woken by `notifier`."""
+
+    def __init__(
+        self, engine: StorageEngine, authorizer: Authorizer, metrics: Metrics, is_stopping: Callable[[], bool]
+    ) -> None:
+        self.engine = engine
+        self.authorizer = authorizer
+        self.metrics = metrics
+        self.is_stopping = is_stopping
         self.notifier = AppendNotifier()
 
-    def handlers(self) -> dict[int, ApiHandler]:
-        from tidelog.broker.server import ApiHandler
-
+    def handlers(self) -> HandlerTable:
         return {
             ApiKey.FETCH: ApiHandler(4, 12, self.handle_fetch),
             ApiKey.LIST_OFFSETS: ApiHandler(1, 8, self.handle_list_offsets),
@@ -83,14 +90,12 @@ class FetchApis:
     # --- Fetch ------------------------------------------------------------------------------------------------
 
     async def handle_fetch(self, request: Request, connection: Connection) -> Response:
-        from tidelog.broker.server import RawResponse
-
         body = request.body
         loop = asyncio.get_running_loop()
         deadline = loop.time() + millis(body.max_wait) / 1000
         min_bytes = body.min_bytes
         max_bytes = getattr(body, "max_bytes", INT_MAX)
-        authorize = self.broker.authorizer.authorize
+        authorize = self.authorizer.authorize
         denied = {
             t.topic for t in body.topics if not authorize(connection, Operation.READ, ResourceType.TOPIC, t.topic)
         }
@@ -98,19 +103,19 @@ class FetchApis:
         while True:
             topics, total, failed = self._read(body, max_bytes, denied)
             remaining = deadline - loop.time()
-            if total >= min_bytes or failed or not keys or remaining <= 0 or self.broker.stopping:
+            if total >= min_bytes or failed or not keys or remaining <= 0 or self.is_stopping():
                 break  # (nothing to wait for without partitions: answered at once, as Kafka does)
             await self.notifier.wait(keys, remaining)
         for topic in topics:
             sent = sum(p.records_size for p in topic.partitions)
             if sent:
-                self.broker.metrics.of_topic(topic.name)[2].inc(sent)
+                self.metrics.of_topic(topic.name)[2].inc(sent)
         header = response_header(ApiKey.FETCH, request.api_version, request.correlation_id)
         parts, size = encode_fetch_response(request.api_version, header, topics)
         return RawResponse(parts, size)
 
     def _read(self, body: Any, max_bytes: int, denied: set[str]) -> tuple[list[TopicData], int, bool]:
-        engine = self.broker.engine
+        engine = self.engine
         remaining = max_bytes
         total = 0
         failed = False
@@ -145,12 +150,10 @@ class FetchApis:
     # --- ListOffsets ------------------------------------------------------------------------------------------
 
     async def handle_list_offsets(self, request: Request, connection: Connection) -> Response:
-        engine = self.broker.engine
+        engine = self.engine
         topics = []
         for list_topic in request.body.topics:
-            authorized = self.broker.authorizer.authorize(
-                connection, Operation.DESCRIBE, ResourceType.TOPIC, list_topic.name
-            )
+            authorized = self.authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.TOPIC, list_topic.name)
             partitions = []
             for list_partition in list_topic.partitions:
                 answer: dict[str, Any] = {

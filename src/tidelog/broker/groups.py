@@ -21,18 +21,22 @@ import struct
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import Operation, ResourceType
+from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, Response
 from tidelog.codec import group_records as records
 from tidelog.errors import ErrorCode, UnknownTopicOrPartitionError
 from tidelog.protocol.messages import ApiKey, Request, millis
+from tidelog.storage.api import StorageEngine
 
 if TYPE_CHECKING:
+    from tidelog.broker.authorizer import Authorizer
+    from tidelog.broker.config import BrokerConfig
     from tidelog.broker.offset_store import OffsetStore
-    from tidelog.broker.server import ApiHandler, Broker, Connection, Response
 
 log = logging.getLogger("tidelog.broker")
 
@@ -118,17 +122,24 @@ class Group:
 
 
 class GroupCoordinator:
-    def __init__(self, broker: Broker, store: OffsetStore) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        config: BrokerConfig,
+        engine: StorageEngine,
+        authorizer: Authorizer,
+        store: OffsetStore,
+        is_stopping: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.authorizer = authorizer
         self.store = store
-        self.config = broker.config
+        self.is_stopping = is_stopping
         self.groups: dict[str, Group] = {}
         self._expiry_task: asyncio.Task[None] | None = None
         self._offsets_task: asyncio.Task[None] | None = None
 
-    def handlers(self) -> dict[int, ApiHandler]:
-        from tidelog.broker.server import ApiHandler
-
+    def handlers(self) -> HandlerTable:
         return {
             ApiKey.FIND_COORDINATOR: ApiHandler(0, 5, self.handle_find_coordinator),
             ApiKey.JOIN_GROUP: ApiHandler(0, 9, self.handle_join_group),
@@ -193,12 +204,10 @@ class GroupCoordinator:
         return group
 
     def _may(self, connection: Connection, operation: Operation, group_id: str, *, log_denied: bool = True) -> bool:
-        return self.broker.authorizer.authorize(
-            connection, operation, ResourceType.GROUP, group_id, log_denied=log_denied
-        )
+        return self.authorizer.authorize(connection, operation, ResourceType.GROUP, group_id, log_denied=log_denied)
 
     def _may_topic(self, connection: Connection, operation: Operation, topic: str) -> bool:
-        return self.broker.authorizer.authorize(connection, operation, ResourceType.TOPIC, topic)
+        return self.authorizer.authorize(connection, operation, ResourceType.TOPIC, topic)
 
     # --- FindCoordinator --------------------------------------------------------------------------------------
 
@@ -297,7 +306,7 @@ class GroupCoordinator:
             return self._join_response(group, member)  # nothing to rebalance: the current generation stands
         if member.join_future is not None and not member.join_future.done():
             member.join_future.set_result(self._join_error(UNKNOWN_MEMBER_ID, member_id))  # superseded
-        if self.broker.stopping:  # nobody would complete the rebalance
+        if self.is_stopping():  # nobody would complete the rebalance
             return self._join_error(NOT_COORDINATOR, member_id)
         future = member.join_future = asyncio.get_running_loop().create_future()
         if group.state is not GroupState.PREPARING_REBALANCE:
@@ -442,7 +451,7 @@ class GroupCoordinator:
         if group.state is GroupState.STABLE:
             return self._sync_response(NONE, group, member.assignment)
         member.last_heartbeat = time.monotonic()
-        if self.broker.stopping:  # the group's waiters were answered already; this one would wait for nothing
+        if self.is_stopping():  # the group's waiters were answered already; this one would wait for nothing
             return self._sync_response(NOT_COORDINATOR)
         member.sync_future = asyncio.get_running_loop().create_future()
         future = member.sync_future
@@ -622,9 +631,7 @@ class GroupCoordinator:
 
     def _persist_group_later(self, group: Group) -> None:
         task = asyncio.ensure_future(self._persist_group(group))
-        task.add_done_callback(
-            lambda done: done.exception() and log.error("persisting group failed: %s", done.exception())
-        )
+        task.add_done_callback(_log_persist_failure)
 
     # --- offsets ----------------------------------------------------------------------------------------------
 
@@ -688,7 +695,7 @@ class GroupCoordinator:
 
     def _partition_exists(self, topic: str, partition: int) -> bool:
         try:
-            self.broker.engine.partition(topic, partition)
+            self.engine.partition(topic, partition)
         except UnknownTopicOrPartitionError:
             return False
         return True
@@ -715,7 +722,7 @@ class GroupCoordinator:
     def _fetch_offsets(self, connection: Connection, group_id: str, requested: Any) -> list[dict[str, Any]]:
         """Committed offsets; topics the client may not DESCRIBE answer TOPIC_AUTHORIZATION_FAILED when named,
         and are left out when the request asks for all of the group's offsets (Kafka's rule)."""
-        authorizer = self.broker.authorizer
+        authorizer = self.authorizer
         stored = self.store.groups.get(group_id)
         offsets = stored.offsets if stored is not None else {}
         denied: set[str] = set()
@@ -810,7 +817,7 @@ class GroupCoordinator:
                 continue
             operations = -(1 << 31)
             if include_operations:
-                operations = self.broker.authorizer.authorized_operations(connection, ResourceType.GROUP, group_id)
+                operations = self.authorizer.authorized_operations(connection, ResourceType.GROUP, group_id)
             if group is None:
                 described.append(
                     {
@@ -852,7 +859,7 @@ class GroupCoordinator:
     async def handle_list_groups(self, request: Request, connection: Connection) -> Response:
         wanted = {s.lower() for s in getattr(request.body, "states_filter", ()) or ()}
         names = set(self.groups) | set(self.store.groups)
-        if not self.broker.authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.CLUSTER, log_denied=False):
+        if not self.authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.CLUSTER, log_denied=False):
             names = {n for n in names if self._may(connection, Operation.DESCRIBE, n, log_denied=False)}
         listed = []
         for group_id in sorted(names):
@@ -901,3 +908,8 @@ def _subscription_topics(metadata: bytes) -> set[str]:
         return topics
     except struct.error:
         return set()
+
+
+def _log_persist_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("persisting group failed: %s", task.exception())

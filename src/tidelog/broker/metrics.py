@@ -13,15 +13,16 @@ serves nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from tidelog.broker.server import Broker
+from tidelog.protocol.messages import ApiKey
+from tidelog.storage.api import Partition
 
 log = logging.getLogger("tidelog.broker")
 
@@ -29,8 +30,15 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 
 class _StateCollector(Collector):
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        partitions: Callable[[], Mapping[tuple[str, int], Partition]],
+        group_count: Callable[[], int],
+        connection_count: Callable[[], int],
+    ) -> None:
+        self.partitions = partitions
+        self.group_count = group_count
+        self.connection_count = connection_count
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         sizes = GaugeMetricFamily(
@@ -39,21 +47,21 @@ class _StateCollector(Collector):
         ends = GaugeMetricFamily(
             "tidelog_partition_log_end_offset", "Next offset of a partition", labels=["topic", "partition"]
         )
-        for (topic, partition), partition_log in self.broker.engine.partitions().items():
+        for (topic, partition), partition_log in self.partitions().items():
             sizes.add_metric([topic, str(partition)], partition_log.size_in_bytes)
             ends.add_metric([topic, str(partition)], partition_log.log_end_offset)
         yield sizes
         yield ends
         groups = GaugeMetricFamily("tidelog_consumer_groups", "Consumer groups known to the coordinator")
-        groups.add_metric([], len(self.broker.groups.groups))
+        groups.add_metric([], self.group_count())
         yield groups
         connections = GaugeMetricFamily("tidelog_connections", "Open client connections")
-        connections.add_metric([], self.broker.connection_count)
+        connections.add_metric([], self.connection_count())
         yield connections
 
 
 class Metrics:
-    def __init__(self, broker: Broker, api_names: dict[int, str]) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.bytes_in = Counter(
             "tidelog_bytes_in", "Record bytes appended by producers", ["topic"], registry=self.registry
@@ -71,14 +79,30 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_StateCollector(broker))
-        self._latency_by_api = {key: self.request_latency.labels(name) for key, name in api_names.items()}
+        self._latency_by_api: dict[int, Any] = {}
         self._topic_counters: dict[str, tuple[Any, Any, Any]] = {}
-        self._server = None
+        self._server: WSGIServer | None = None
         self.port: int | None = None
 
+    def watch(
+        self,
+        partitions: Callable[[], Mapping[tuple[str, int], Partition]],
+        group_count: Callable[[], int],
+        connection_count: Callable[[], int],
+    ) -> None:
+        """Report the broker's state at each scrape: partition sizes and ends, groups, connections."""
+        self.registry.register(_StateCollector(partitions, group_count, connection_count))
+
+    def expect_apis(self, api_keys: Iterable[int]) -> None:
+        """Export a latency series for each API the broker serves from the start, before any request."""
+        for api_key in api_keys:
+            self.latency_of(api_key)
+
     def latency_of(self, api_key: int) -> Any:
-        return self._latency_by_api[api_key]
+        latency = self._latency_by_api.get(api_key)
+        if latency is None:
+            latency = self._latency_by_api[api_key] = self.request_latency.labels(ApiKey(api_key).name.lower())
+        return latency
 
     def of_topic(self, topic: str) -> tuple[Any, Any, Any]:
         """(bytes in, messages in, bytes out) counters of a topic; labelled children are cached."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import Operation, ResourceType
-from tidelog.broker.server import Deferred
+from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, Response
 from tidelog.codec.record_batch import read_header
 from tidelog.errors import (
     ErrorCode,
@@ -31,11 +31,13 @@ from tidelog.errors import (
     TransactionsUnsupportedError,
 )
 from tidelog.protocol.messages import ApiKey, Request
-from tidelog.storage.api import Partition
+from tidelog.storage.api import Partition, StorageEngine
 from tidelog.storage.common.files import write_atomically
 
 if TYPE_CHECKING:
-    from tidelog.broker.server import ApiHandler, Broker, Connection, Response
+    from tidelog.broker.authorizer import Authorizer
+    from tidelog.broker.fetch import AppendNotifier
+    from tidelog.broker.metrics import Metrics
 
 log = logging.getLogger("tidelog.broker")
 
@@ -67,7 +69,7 @@ class Flusher:
         `on_done` runs after the round."""
         if partition_log.flushed_offset < partition_log.log_end_offset:
             future = self._enqueue(partition_log, partition_log.log_end_offset)
-            future.add_done_callback(lambda done: (done.exception(), on_done()))  # the round logs failures
+            future.add_done_callback(lambda _done: on_done())  # the round itself logs a failure
 
     def _enqueue(self, partition_log: Partition, offset: int) -> asyncio.Future[None]:
         waiter = _Waiter(partition_log, offset, asyncio.get_running_loop().create_future())
@@ -130,14 +132,26 @@ class ProducerIdAllocator:
 
 
 class ProduceApis:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.flusher = Flusher()
-        self.producer_ids = ProducerIdAllocator(broker.engine.log_dirs[0])
+    """Produce and InitProducerId: appends through the engine's data calls, fsyncs grouped by `flusher`, waiting
+    fetches woken through `notifier`."""
 
-    def handlers(self) -> dict[int, ApiHandler]:
-        from tidelog.broker.server import ApiHandler
+    def __init__(
+        self,
+        engine: StorageEngine,
+        authorizer: Authorizer,
+        metrics: Metrics,
+        flusher: Flusher,
+        notifier: AppendNotifier,
+        producer_ids: ProducerIdAllocator,
+    ) -> None:
+        self.engine = engine
+        self.authorizer = authorizer
+        self.metrics = metrics
+        self.flusher = flusher
+        self.notifier = notifier
+        self.producer_ids = producer_ids
 
+    def handlers(self) -> HandlerTable:
         return {
             ApiKey.PRODUCE: ApiHandler(3, 11, self.handle_produce),
             ApiKey.INIT_PRODUCER_ID: ApiHandler(0, 5, self.handle_init_producer_id),
@@ -150,9 +164,7 @@ class ProduceApis:
         responses = []
         for topic_data in body.topic_data:
             partition_responses = []
-            authorized = self.broker.authorizer.authorize(
-                connection, Operation.WRITE, ResourceType.TOPIC, topic_data.name
-            )
+            authorized = self.authorizer.authorize(connection, Operation.WRITE, ResourceType.TOPIC, topic_data.name)
             for partition_data in topic_data.partition_data:
                 answer: dict[str, Any] = {
                     "index": partition_data.index,
@@ -181,7 +193,7 @@ class ProduceApis:
                     if acks == -1:
                         pending.append((answer, partition_log, partition_log.log_end_offset, key))
                     else:
-                        self.flusher.flush_later(partition_log, partial(self.broker.fetch.notifier.notify, key))
+                        self.flusher.flush_later(partition_log, partial(self.notifier.notify, key))
             responses.append({"name": topic_data.name, "partition_responses": partition_responses})
         if acks == 0:
             return None
@@ -201,7 +213,7 @@ class ProduceApis:
             except Exception as exc:
                 answer["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
                 answer["error_message"] = str(exc)
-            self.broker.fetch.notifier.notify(key)  # an engine may show only flushed data (RocketMQ SYNC_FLUSH)
+            self.notifier.notify(key)  # an engine may show only flushed data (RocketMQ SYNC_FLUSH)
         return body
 
     def _append(
@@ -214,15 +226,15 @@ class ProduceApis:
         header = read_header(records)
         if header.is_transactional or transactional_id is not None:
             raise InvalidTxnStateError("transactions are not supported by this broker yet")
-        partition_log = self.broker.engine.partition(topic, partition)
+        partition_log = self.engine.partition(topic, partition)
         result = partition_log.append(records)
         answer["base_offset"] = result.base_offset
         answer["log_start_offset"] = result.log_start_offset
         if result.log_append_time_ms >= 0:
             answer["log_append_time"] = result.log_append_time_ms
         if result.size_in_bytes:
-            self.broker.fetch.notifier.notify((topic, partition))
-            bytes_in, messages_in, _ = self.broker.metrics.of_topic(topic)
+            self.notifier.notify((topic, partition))
+            bytes_in, messages_in, _ = self.metrics.of_topic(topic)
             bytes_in.inc(result.size_in_bytes)
             messages_in.inc(result.record_count)
         return partition_log
@@ -238,7 +250,7 @@ class ProduceApis:
                 body.transactional_id,
             )
             return answer
-        authorizer = self.broker.authorizer
+        authorizer = self.authorizer
         if not authorizer.authorize(
             connection, Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, log_denied=False
         ) and not authorizer.authorize_any(connection, Operation.WRITE, ResourceType.TOPIC):

@@ -10,8 +10,8 @@ import asyncio
 import logging
 import signal
 
+from tidelog.broker.broker import Broker
 from tidelog.broker.config import BrokerConfig
-from tidelog.broker.server import Broker
 from tidelog.config import load_properties
 from tidelog.errors import ConfigError, TidelogError
 

@@ -19,20 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tidelog.broker import scram
+from tidelog.broker.config import Listener, SecurityConfig
+from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, Response
 from tidelog.broker.security_store import UserStore
 from tidelog.broker.tls import ANONYMOUS, certificate_principal
 from tidelog.errors import ErrorCode, SaslAuthenticationError
 from tidelog.protocol.messages import ApiKey
-
-if TYPE_CHECKING:
-    from tidelog.broker.server import ApiHandler, Broker, Connection, Response
 
 log = logging.getLogger("tidelog.security")
 
@@ -86,21 +86,20 @@ def parse_plain(auth_bytes: bytes) -> tuple[str, str, str]:
 
 
 class SaslApis:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.config = broker.config.security
+    """SaslHandshake and SaslAuthenticate (PLAIN, SCRAM) against the users file in `log_dir`."""
+
+    def __init__(self, config: SecurityConfig, listeners: Sequence[Listener], log_dir: Path) -> None:
+        self.config = config
         self.mechanisms = list(self.config.sasl_enabled_mechanisms)
-        self._log_dir = Path(broker.config.engine.log_dirs[0]).resolve()
-        if any(listener.sasl for listener in broker.config.listeners):
+        self._log_dir = log_dir
+        if any(listener.sasl for listener in listeners):
             _ = self.users  # a users file that does not parse stops the start, naming the file
 
     @cached_property
     def users(self) -> UserStore:
         return UserStore(self._log_dir)
 
-    def handlers(self) -> dict[int, ApiHandler]:
-        from tidelog.broker.server import ApiHandler
-
+    def handlers(self) -> HandlerTable:
         return {
             ApiKey.SASL_HANDSHAKE: ApiHandler(1, 1, self.handle_handshake),
             ApiKey.SASL_AUTHENTICATE: ApiHandler(0, 2, self.handle_authenticate),

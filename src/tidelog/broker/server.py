@@ -1,12 +1,14 @@
-"""`tidelog serve`: an asyncio server that speaks the Kafka protocol over the storage engine.
+"""The Kafka protocol server: listeners, connections, framing, routing through the handler table, sending.
+
+It knows nothing of what the handlers do: the broker's composition root (broker.py) builds the table and owns the
+parts. The server answers ApiVersions itself, from the table it was given.
 
 Each connection reads frames one at a time and answers them in order (as Kafka does, a connection's
 next request waits for the current response; clients pipeline across connections). A frame that is
 too large, too small or does not decode closes that connection and is logged; a handler failure
 closes that connection too. Nothing a client sends stops the broker or touches stored data.
-Shutdown (SIGTERM/SIGINT or `stop()`): stop accepting, wake long polls, answer JoinGroup/SyncGroup requests
-waiting for a rebalance (COORDINATOR_NOT_AVAILABLE), let in-flight requests finish, then flush and close the
-engine, which writes the clean-shutdown marker.
+Shutdown (broker.py drives it): stop accepting, then - once the broker has woken what waits inside handlers - let
+in-flight requests finish for up to shutdown.timeout.ms and close the connections.
 Zero-copy: a Fetch response's record bytes are file slices; on plain TCP each slice of at least SENDFILE_MIN_BYTES
 (64 KiB) goes out with `loop.sendfile` (os.sendfile) straight from the segment file, a smaller one with one pread and
 a buffered write. sendfile first drains the transport and costs a loop round trip, ~45-70 us per slice whatever its
@@ -14,7 +16,7 @@ size here; pread+write costs 4 us at 1 KiB and 42 us at 64 KiB; the two cross be
 loopback, one connection). So small fetches (a consumer at the tail) skip the round trip, large ones copy nothing.
 Security: SSL and SASL_SSL listeners wrap connections in TLS; each connection carries its principal, set by
 sasl.py (SASL listeners start unauthenticated and may only authenticate) or from the client certificate, and
-handlers check it with `broker.authorizer.authorize(...)` (authorizer.py).
+handlers check it with their authorizer (authorizer.py).
 """
 
 from __future__ import annotations
@@ -25,43 +27,21 @@ import functools
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tidelog.broker import tls
 from tidelog.broker.config import BrokerConfig, Listener
+from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, RawResponse, Response
 from tidelog.broker.metrics import Metrics
-from tidelog.broker.sasl import PRE_AUTHENTICATION_APIS, SaslSession, open_session
+from tidelog.broker.sasl import PRE_AUTHENTICATION_APIS, open_session
 from tidelog.errors import FrameError, MalformedRequestError, UnsupportedVersionError
-from tidelog.protocol.fetch_response import Part
 from tidelog.protocol.framing import SIZE, check_frame_size
 from tidelog.protocol.messages import ApiKey, Request, decode_request, encode_response
-from tidelog.storage import open_engine
 from tidelog.storage.api import FileSlice
 
 log = logging.getLogger("tidelog.broker")
 
 
-@dataclass
-class RawResponse:
-    """A response encoded by its handler: bytes and file slices, already framed."""
-
-    parts: list[Part]
-    size: int
-
-
-@dataclass
-class Deferred:
-    """A response that is ready later (an acks=all produce waiting for its fsync). The connection reads the
-    next request meanwhile and still answers in order."""
-
-    body: Awaitable[dict[str, Any] | None]
-
-
-Response = dict[str, Any] | RawResponse | Deferred | None
-Handler = Callable[[Request, "Connection"], Awaitable[Response]]
 _Pending = bytes | RawResponse | None | asyncio.Task[bytes | RawResponse | None]
 _END_OF_REQUESTS: Any = object()
 MAX_PIPELINED_RESPONSES = 128
@@ -70,66 +50,15 @@ TLS_WRITE_CHUNK_BYTES = 1024 * 1024  # over TLS (no sendfile) slices are pread a
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
-@dataclass
-class ApiHandler:
-    min_version: int
-    max_version: int
-    handle: Handler
-
-
-@dataclass(eq=False)
-class Connection:
-    listener: Listener
-    advertised_host: str
-    advertised_port: int
-    peer: str
-    host: str = ""  # the client's address, which ACL host fields match
-    in_flight: int = 0  # requests read whose response has not been written yet
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
-    principal: str = tls.ANONYMOUS
-    authenticated: bool = True  # False on a SASL listener until SaslAuthenticate succeeds
-    sasl: SaslSession | None = None
-    closing: bool = False  # answer what is pending, then close (failed authentication)
-
-    @property
-    def busy(self) -> bool:
-        return self.in_flight > 0
-
-
-class Broker:
-    def __init__(self, config: BrokerConfig) -> None:
-        from tidelog.broker.authorizer import AclApis, Authorizer
-        from tidelog.broker.fetch import FetchApis
-        from tidelog.broker.groups import GroupCoordinator
-        from tidelog.broker.offset_store import OffsetStore
-        from tidelog.broker.produce import ProduceApis
-        from tidelog.broker.sasl import SaslApis
-        from tidelog.broker.topics import TopicApis
-
+class KafkaServer:
+    def __init__(self, config: BrokerConfig, handlers: HandlerTable, metrics: Metrics) -> None:
         self.config = config
-        self.engine = open_engine(config.engine)
+        self.metrics = metrics
+        self.handlers: HandlerTable = {ApiKey.API_VERSIONS: ApiHandler(0, 4, self._api_versions), **handlers}
+        self.supported = {key: (h.min_version, h.max_version) for key, h in self.handlers.items()}
         self.stopping = False
         self._servers: list[tuple[Listener, asyncio.Server, int]] = []
         self._connections: set[Connection] = set()
-        self.fetch = FetchApis(self)
-        self.produce = ProduceApis(self)
-        self.topics = TopicApis(self)
-        self.offset_store = OffsetStore(
-            self.engine,
-            config.offsets_topic_num_partitions,
-            config.offsets_topic_segment_bytes,
-            self.produce.flusher,
-            engine_compacts=self.engine.compacts_topics,
-        )
-        self.groups = GroupCoordinator(self, self.offset_store)
-        self.authorizer = Authorizer(config.security, Path(config.engine.log_dirs[0]).resolve())
-        self.sasl = SaslApis(self)
-        self.acls = AclApis(self)
-        self.handlers: dict[int, ApiHandler] = {ApiKey.API_VERSIONS: ApiHandler(0, 4, self._api_versions)}
-        for area in (self.fetch, self.produce, self.topics, self.groups, self.sasl, self.acls):
-            self.handlers.update(area.handlers())
-        self.supported = {key: (h.min_version, h.max_version) for key, h in self.handlers.items()}
-        self.metrics = Metrics(self, {key: _api_name(key) for key in self.handlers})
 
     @property
     def connection_count(self) -> int:
@@ -138,13 +67,10 @@ class Broker:
     # --- lifecycle --------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.offset_store.open()
-        self.groups.start()
-        self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
         context = self._ssl_context() if any(listener.tls for listener in self.config.listeners) else None
         for listener in self.config.listeners:
             server = await asyncio.start_server(
-                lambda r, w, listener=listener: self._accept(listener, r, w),
+                functools.partial(self._accept, listener),
                 listener.host,
                 listener.port,
                 reuse_address=True,
@@ -171,16 +97,14 @@ class Broker:
     def bound_ports(self) -> list[int]:
         return [port for _, _, port in self._servers]
 
-    async def stop(self) -> None:
-        """Stop accepting, finish in-flight requests, close connections, flush and close the log."""
-        if self.stopping:
-            return
+    def stop_accepting(self) -> None:
         self.stopping = True
         for _, server, _ in self._servers:
             server.close()
-        self.fetch.wake_all()
-        await self.groups.stop()  # answers joins and syncs parked in a rebalance, which would hold their connection
-        deadline = asyncio.get_running_loop().time() + self.config.shutdown_timeout_ms / 1000
+
+    async def close_connections(self, timeout_s: float) -> None:
+        """Let in-flight requests finish for up to `timeout_s`, then close every connection."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
         for connection in list(self._connections):
             if not connection.busy and connection.task is not None:
                 connection.task.cancel()
@@ -191,10 +115,6 @@ class Broker:
                 connection.task.cancel()
         for _, server, _ in self._servers:
             await server.wait_closed()
-        self.metrics.close()
-        await self.produce.flusher.drain()
-        await asyncio.to_thread(self.engine.close)
-        log.info("stopped cleanly")
 
     # --- connections ------------------------------------------------------------------------------------------
 
@@ -205,7 +125,7 @@ class Broker:
         connection = Connection(
             listener, host, advertised_port, f"{peer[0]}:{peer[1]}" if peer else "?", host=peer[0] if peer else ""
         )
-        connection.task = asyncio.current_task()  # type: ignore[assignment]
+        connection.task = asyncio.current_task()
         open_session(connection, writer.get_extra_info("ssl_object"))
         self._connections.add(connection)
         try:
@@ -299,6 +219,7 @@ class Broker:
         return self._encode(request, await deferred.body, started)
 
     def _encode(self, request: Request, body: Response, started: float) -> bytes | RawResponse | None:
+        response: bytes | RawResponse | None
         if body is None or isinstance(body, RawResponse):
             response = body
         else:

@@ -12,9 +12,11 @@ delete records from it (INVALID_TOPIC_EXCEPTION, as Kafka answers).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import CLUSTER_NAME, Operation, ResourceType
+from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, Response
 from tidelog.config import TOPIC_KEYS
 from tidelog.errors import (
     ConfigError,
@@ -28,17 +30,20 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.protocol.messages import ApiKey, Request, uuid_to_kafka
-from tidelog.storage.api import validate_topic_name
+from tidelog.storage.api import StorageEngine, validate_topic_name
 
 if TYPE_CHECKING:
-    from tidelog.broker.server import ApiHandler, Broker, Connection, Response
+    from tidelog.broker.admin import AdminExecutor
+    from tidelog.broker.authorizer import Authorizer
+    from tidelog.broker.config import BrokerConfig
 
 log = logging.getLogger("tidelog.broker")
 
 AUTHORIZED_OPERATIONS_OMITTED = -(1 << 31)
 INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
-# Creating a partition takes the event loop ~5-10 ms (files, index mappings, checkpoints): one request may add at
-# most this many, so no CreateTopics or CreatePartitions stalls every other client for more than seconds.
+# Creating a partition takes ~5-10 ms (files, index mappings, checkpoints) on the admin thread (admin.py): one
+# request may add at most this many, so it holds that thread - and the admin requests queued behind it - for seconds
+# at most.
 MAX_NEW_PARTITIONS_PER_REQUEST = 1000
 
 
@@ -52,12 +57,24 @@ def _take_partition_budget(budget: list[int], topic: str, count: int) -> None:
 
 
 class TopicApis:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    """Metadata, topic administration, DeleteRecords and DescribeConfigs. Topic changes run on the admin thread;
+    `on_topic_deleted` lets the group coordinator drop the topic's committed offsets."""
 
-    def handlers(self) -> dict[int, ApiHandler]:
-        from tidelog.broker.server import ApiHandler
+    def __init__(
+        self,
+        engine: StorageEngine,
+        config: BrokerConfig,
+        authorizer: Authorizer,
+        admin: AdminExecutor,
+        on_topic_deleted: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.authorizer = authorizer
+        self.admin = admin
+        self.on_topic_deleted = on_topic_deleted
 
+    def handlers(self) -> HandlerTable:
         return {
             ApiKey.METADATA: ApiHandler(0, 12, self.handle_metadata),
             ApiKey.CREATE_TOPICS: ApiHandler(2, 7, self.handle_create_topics),
@@ -71,10 +88,10 @@ class TopicApis:
 
     async def handle_metadata(self, request: Request, connection: Connection) -> Response:
         body = request.body
-        engine = self.broker.engine
-        node_id = self.broker.config.node_id
+        engine = self.engine
+        node_id = self.config.node_id
         requested = body.topics
-        authorizer = self.broker.authorizer
+        authorizer = self.authorizer
         if requested is None or (request.api_version == 0 and not requested):
             # internal topics too, marked is_internal, as Kafka answers; only those the client may describe
             names = [
@@ -88,7 +105,7 @@ class TopicApis:
             denied = {
                 n for n in names if not authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.TOPIC, n)
             }
-        allow_create = getattr(body, "allow_auto_topic_creation", True) and self.broker.config.auto_create_topics_enable
+        allow_create = getattr(body, "allow_auto_topic_creation", True) and self.config.auto_create_topics_enable
         if allow_create and not authorizer.authorize(
             connection, Operation.CREATE, ResourceType.CLUSTER, log_denied=False
         ):
@@ -104,14 +121,14 @@ class TopicApis:
         topics = [
             {"error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED, "name": name, "partitions": []}
             if name in denied
-            else self._describe_topic(name, allow_create, node_id, budget)
+            else await self._describe_topic(name, allow_create, node_id, budget)
             for name in names
         ]
         if getattr(body, "include_topic_authorized_operations", False):
             for topic in topics:
                 if topic["error_code"] == 0:
                     topic["topic_authorized_operations"] = authorizer.authorized_operations(
-                        connection, ResourceType.TOPIC, topic["name"]
+                        connection, ResourceType.TOPIC, str(topic["name"])
                     )
         cluster_operations = AUTHORIZED_OPERATIONS_OMITTED
         if getattr(body, "include_cluster_authorized_operations", False):
@@ -132,14 +149,14 @@ class TopicApis:
             "cluster_authorized_operations": cluster_operations,
         }
 
-    def _describe_topic(self, name: str, allow_create: bool, node_id: int, budget: list[int]) -> dict[str, Any]:
-        engine = self.broker.engine
+    async def _describe_topic(self, name: str, allow_create: bool, node_id: int, budget: list[int]) -> dict[str, Any]:
+        engine = self.engine
         description = engine.topics().get(name)
         if description is None and allow_create:
             try:
                 validate_topic_name(name)
-                _take_partition_budget(budget, name, self.broker.config.engine.num_partitions)
-                description = engine.create_topic(name)
+                _take_partition_budget(budget, name, self.config.engine.num_partitions)
+                description = await self.admin.run(engine.create_topic, name)
                 log.info("auto-created topic %s with %d partition(s)", name, description.partitions)
             except TidelogError as exc:
                 return {"error_code": exc.kafka_error_code, "name": name, "partitions": []}
@@ -169,8 +186,8 @@ class TopicApis:
 
     async def handle_create_topics(self, request: Request, connection: Connection) -> Response:
         body = request.body
-        engine = self.broker.engine
-        authorizer = self.broker.authorizer
+        engine = self.engine
+        authorizer = self.authorizer
         may_create_any = authorizer.authorize(connection, Operation.CREATE, ResourceType.CLUSTER, log_denied=False)
         results = []
         budget = [MAX_NEW_PARTITIONS_PER_REQUEST]
@@ -200,13 +217,13 @@ class TopicApis:
                 validate_topic_name(topic.name)
                 if topic.name in engine.topics():
                     raise TopicExistsError(f"topic {topic.name!r} already exists")
-                self.broker.config.engine.log_defaults.with_overrides(configs)
-                count = partitions if partitions is not None else self.broker.config.engine.num_partitions
+                self.config.engine.log_defaults.with_overrides(configs)
+                count = partitions if partitions is not None else self.config.engine.num_partitions
                 if getattr(body, "validate_only", False):
                     result.update(num_partitions=count, replication_factor=1)
                     continue
                 _take_partition_budget(budget, topic.name, count)
-                description = engine.create_topic(topic.name, partitions, configs)
+                description = await self.admin.run(engine.create_topic, topic.name, partitions, configs)
                 result.update(
                     topic_id=description.topic_id,
                     num_partitions=description.partitions,
@@ -226,7 +243,7 @@ class TopicApis:
 
     async def handle_delete_topics(self, request: Request, connection: Connection) -> Response:
         body = request.body
-        engine = self.broker.engine
+        engine = self.engine
         if request.api_version >= 6:
             by_id = {d.topic_id: name for name, d in engine.topics().items()}
             names = [t.name if t.name is not None else by_id.get(uuid_to_kafka(t.topic_id), "") for t in body.topics]
@@ -235,20 +252,20 @@ class TopicApis:
         responses = []
         for name in names:
             result: dict[str, Any] = {"name": name, "error_code": 0, "error_message": None}
-            if not self.broker.authorizer.authorize(connection, Operation.DELETE, ResourceType.TOPIC, name):
+            if not self.authorizer.authorize(connection, Operation.DELETE, ResourceType.TOPIC, name):
                 result.update(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
                 responses.append(result)
                 continue
             try:
-                if not self.broker.config.delete_topic_enable:
+                if not self.config.delete_topic_enable:
                     raise TopicDeletionDisabledError("topic deletion is disabled (delete.topic.enable=false)")
                 if name in INTERNAL_TOPICS:
                     raise InvalidTopicError(f"the internal topic {name} cannot be deleted")
                 description = engine.topics().get(name)
                 if description is not None:
                     result["topic_id"] = description.topic_id
-                engine.delete_topic(name)
-                await self.broker.groups.forget_topic(name)
+                await self.admin.run(engine.delete_topic, name)
+                await self.on_topic_deleted(name)
             except TidelogError as exc:
                 result.update(error_code=exc.kafka_error_code, error_message=str(exc))
             responses.append(result)
@@ -258,13 +275,13 @@ class TopicApis:
 
     async def handle_create_partitions(self, request: Request, connection: Connection) -> Response:
         body = request.body
-        engine = self.broker.engine
+        engine = self.engine
         results = []
         budget = [MAX_NEW_PARTITIONS_PER_REQUEST]
         for topic in body.topics:
             result: dict[str, Any] = {"name": topic.name, "error_code": 0, "error_message": None}
             results.append(result)
-            if not self.broker.authorizer.authorize(connection, Operation.ALTER, ResourceType.TOPIC, topic.name):
+            if not self.authorizer.authorize(connection, Operation.ALTER, ResourceType.TOPIC, topic.name):
                 result.update(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
                 continue
             try:
@@ -279,17 +296,17 @@ class TopicApis:
                     )
                 if not body.validate_only:
                     _take_partition_budget(budget, topic.name, topic.count - current.partitions)
-                    engine.create_partitions(topic.name, topic.count)
+                    await self.admin.run(engine.create_partitions, topic.name, topic.count)
             except TidelogError as exc:
                 result.update(error_code=exc.kafka_error_code, error_message=str(exc))
         return {"throttle_time": 0, "results": results}
 
     async def handle_delete_records(self, request: Request, connection: Connection) -> Response:
-        engine = self.broker.engine
+        engine = self.engine
         topics = []
         for topic in request.body.topics:
             partitions = []
-            authorized = self.broker.authorizer.authorize(connection, Operation.DELETE, ResourceType.TOPIC, topic.name)
+            authorized = self.authorizer.authorize(connection, Operation.DELETE, ResourceType.TOPIC, topic.name)
             for partition in topic.partitions:
                 result: dict[str, Any] = {
                     "partition_index": partition.partition_index,
@@ -325,16 +342,16 @@ class TopicApis:
                 "configs": [],
             }
             wanted = set(resource.configuration_keys) if resource.configuration_keys is not None else None
-            if resource.resource_type == RESOURCE_TOPIC and not self.broker.authorizer.authorize(
+            if resource.resource_type == RESOURCE_TOPIC and not self.authorizer.authorize(
                 connection, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, resource.resource_name
             ):
                 result.update(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
-            elif resource.resource_type == RESOURCE_BROKER and not self.broker.authorizer.authorize(
+            elif resource.resource_type == RESOURCE_BROKER and not self.authorizer.authorize(
                 connection, Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER
             ):
                 result.update(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message="Authorization failed.")
             elif resource.resource_type == RESOURCE_TOPIC:
-                description = self.broker.engine.topics().get(resource.resource_name)
+                description = self.engine.topics().get(resource.resource_name)
                 if description is None:
                     result.update(
                         error_code=UnknownTopicOrPartitionError.kafka_error_code,
@@ -352,8 +369,8 @@ class TopicApis:
             results.append(result)
         return {"throttle_time": 0, "results": results}
 
-    def _topic_configs(self, overrides: dict[str, Any], wanted: set[str] | None) -> list[dict[str, Any]]:
-        effective = self.broker.config.engine.log_defaults.with_overrides(overrides)
+    def _topic_configs(self, overrides: Mapping[str, Any], wanted: set[str] | None) -> list[dict[str, Any]]:
+        effective = self.config.engine.log_defaults.with_overrides(overrides)
         configs = []
         for name in sorted(TOPIC_KEYS):
             if wanted is not None and name not in wanted:
@@ -376,7 +393,7 @@ class TopicApis:
         return configs
 
     def _broker_configs(self, wanted: set[str] | None) -> list[dict[str, Any]]:
-        config = self.broker.config
+        config = self.config
         values = {
             "node.id": config.node_id,
             "log.dirs": ",".join(config.engine.log_dirs),

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tidelog.codec.varint import encode_unsigned_varint
-from tidelog.storage.api import FileSlice
+from tidelog.storage.api import FileSlice, MemorySlice
 
 FLEXIBLE_FROM = 12
 _I16 = struct.Struct(">h")
@@ -37,7 +37,7 @@ class PartitionData:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    slices: Sequence[FileSlice] = ()
+    slices: Sequence[FileSlice | MemorySlice] = ()
     records: bytes | None = None  # used instead of slices when the bytes are already in memory
 
     @property

@@ -238,7 +238,7 @@ def _names_in_any_version(cls: type) -> frozenset[str]:
                 module = importlib.import_module(".".join([*parts[:3], f"v{version}", parts[4]]))
             except ImportError:
                 continue
-            sibling = module
+            sibling: Any = module
             for attribute in cls.__qualname__.split("."):
                 sibling = getattr(sibling, attribute, None)
             if isinstance(sibling, type) and dataclasses.is_dataclass(sibling):

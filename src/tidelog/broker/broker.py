@@ -1,0 +1,111 @@
+"""The broker's composition root: it opens the engine, builds every part with exactly the collaborators it uses,
+builds the one handler table, and starts and stops the parts in order. No part holds a pointer back to the broker.
+
+    engine (storage/api.py)          the partitions; data calls on the loop, topic calls on the admin thread
+    admin (admin.py)                 the thread topic changes run on
+    authorizer (authorizer.py)       ACL checks every handler makes
+    metrics (metrics.py)             counters handlers bump, the state gauges, the /metrics endpoint
+    flusher (produce.py)             group commit of fsyncs for acks=all produces and offset commits
+    fetch, produce, topics, groups, sasl, acls    the handlers of one area each
+    offset_store (offset_store.py)   __consumer_offsets, which the group coordinator writes and replays
+    server (server.py)               listeners, framing, routing through the table, sending
+
+What comes next plugs in here: a controller (the topic calls' owner instead of `admin`), a replica manager (between
+produce/fetch and the engine: leader checks, the high watermark, ISR), follower fetchers (its clients of other
+brokers' Fetch) and a transaction coordinator (beside the group coordinator, over its own internal topic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from tidelog.broker.admin import AdminExecutor
+from tidelog.broker.authorizer import AclApis, Authorizer
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.fetch import FetchApis
+from tidelog.broker.groups import GroupCoordinator
+from tidelog.broker.handler import HandlerTable
+from tidelog.broker.metrics import Metrics
+from tidelog.broker.offset_store import OffsetStore
+from tidelog.broker.produce import Flusher, ProduceApis, ProducerIdAllocator
+from tidelog.broker.sasl import SaslApis
+from tidelog.broker.server import KafkaServer
+from tidelog.broker.topics import TopicApis
+from tidelog.storage import open_engine
+
+log = logging.getLogger("tidelog.broker")
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.stopping = False
+        self.engine = open_engine(config.engine)
+        log_dir = Path(config.engine.log_dirs[0]).resolve()  # where the broker keeps its own files
+        self.admin = AdminExecutor()
+        self.metrics = Metrics()
+        self.authorizer = Authorizer(config.security, log_dir)
+        self.flusher = Flusher()
+        self.fetch = FetchApis(self.engine, self.authorizer, self.metrics, self.is_stopping)
+        self.produce = ProduceApis(
+            self.engine, self.authorizer, self.metrics, self.flusher, self.fetch.notifier, ProducerIdAllocator(log_dir)
+        )
+        self.offset_store = OffsetStore(
+            self.engine,
+            config.offsets_topic_num_partitions,
+            config.offsets_topic_segment_bytes,
+            self.flusher,
+            engine_compacts=self.engine.compacts_topics,
+        )
+        self.groups = GroupCoordinator(config, self.engine, self.authorizer, self.offset_store, self.is_stopping)
+        self.topics = TopicApis(self.engine, config, self.authorizer, self.admin, self.groups.forget_topic)
+        self.sasl = SaslApis(config.security, config.listeners, log_dir)
+        self.acls = AclApis(self.authorizer)
+        self.server = KafkaServer(config, self._handler_table(), self.metrics)
+        self.metrics.expect_apis(self.server.handlers)
+        self.metrics.watch(self.engine.partitions, lambda: len(self.groups.groups), lambda: self.connection_count)
+
+    def _handler_table(self) -> HandlerTable:
+        """Every API the broker serves (ApiVersions aside, which the server answers from this table)."""
+        table: HandlerTable = {}
+        for area in (self.fetch, self.produce, self.topics, self.groups, self.sasl, self.acls):
+            handlers = area.handlers()
+            clash = table.keys() & handlers.keys()
+            assert not clash, f"API keys served twice: {sorted(clash)}"
+            table.update(handlers)
+        return table
+
+    def is_stopping(self) -> bool:
+        return self.stopping
+
+    @property
+    def connection_count(self) -> int:
+        return self.server.connection_count
+
+    @property
+    def bound_ports(self) -> list[int]:
+        return self.server.bound_ports
+
+    async def start(self) -> None:
+        self.offset_store.open()
+        self.groups.start()
+        self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+        await self.server.start()
+
+    async def stop(self) -> None:
+        """Stop accepting, wake long polls and parked rebalances, finish in-flight requests, close connections,
+        then flush and close the engine (which writes the clean-shutdown marker)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.server.stop_accepting()
+        self.fetch.wake_all()
+        await self.groups.stop()  # answers joins and syncs parked in a rebalance, which would hold their connection
+        await self.server.close_connections(self.config.shutdown_timeout_ms / 1000)
+        self.metrics.close()
+        await self.flusher.drain()
+        await asyncio.to_thread(self.admin.close)
+        await asyncio.to_thread(self.engine.close)
+        log.info("stopped cleanly")

@@ -1,0 +1,79 @@
+"""What a request handler sees and returns: the leaf types every part of the broker shares.
+
+A handler is `async (request, connection) -> Response` for one API key, registered with the versions it serves
+(`ApiHandler`); the broker's composition root (broker.py) builds the one table of them, and the server (server.py)
+routes each decoded request through it. A handler answers with:
+
+- a dict: the response body, kio field names as keys (protocol/messages.py builds the negotiated version);
+- a RawResponse: bytes and file slices the handler encoded itself (Fetch, so record bytes go out by sendfile);
+- a Deferred: an awaitable of the body, for an answer that waits (acks=all waits for its fsync) - the connection
+  reads its next request meanwhile and still answers in order;
+- None: no response (acks=0).
+
+`Connection` is the per-client state handlers read: the listener, the principal, SASL progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tidelog.broker.config import Listener
+from tidelog.broker.tls import ANONYMOUS
+from tidelog.protocol.fetch_response import Part
+from tidelog.protocol.messages import Request
+
+if TYPE_CHECKING:
+    from tidelog.broker.sasl import SaslSession
+
+
+@dataclass
+class RawResponse:
+    """A response encoded by its handler: bytes and file slices, already framed."""
+
+    parts: list[Part]
+    size: int
+
+
+@dataclass
+class Deferred:
+    """A response that is ready later (an acks=all produce waiting for its fsync)."""
+
+    body: Awaitable[dict[str, Any] | None]
+
+
+Response = dict[str, Any] | RawResponse | Deferred | None
+
+
+@dataclass(eq=False)
+class Connection:
+    listener: Listener
+    advertised_host: str
+    advertised_port: int
+    peer: str
+    host: str = ""  # the client's address, which ACL host fields match
+    in_flight: int = 0  # requests read whose response has not been written yet
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+    principal: str = ANONYMOUS
+    authenticated: bool = True  # False on a SASL listener until SaslAuthenticate succeeds
+    sasl: SaslSession | None = None
+    closing: bool = False  # answer what is pending, then close (failed authentication)
+
+    @property
+    def busy(self) -> bool:
+        return self.in_flight > 0
+
+
+Handler = Callable[[Request, Connection], Awaitable[Response]]
+
+
+@dataclass
+class ApiHandler:
+    min_version: int
+    max_version: int
+    handle: Handler
+
+
+HandlerTable = dict[int, ApiHandler]
