@@ -9,6 +9,17 @@ slices, so a server can send them with sendfile and a reader can decode them in 
     log_start_offset / log_end_offset / high_watermark, delete_records, flush, close
 
 `produce` and `consume` are the library face built on those calls, the same for every engine.
+
+Two kinds of call, and where a server may make them:
+- data calls (partition(), append, read, offsets, delete_records, topics()): bounded work on one partition, no
+  engine-wide lock held for long - safe on an event loop;
+- topic calls (create_topic, delete_topic, create_partitions, alter_topic_configs) and close: many files, the
+  engine lock held throughout - a server runs them on a thread of their own (broker/admin.py). Deletion renames
+  the directories at once and removes the files after log.segment.delete.delay.ms (storage/common/deletion.py).
+
+Engines: storage/kafka (Kafka's log directory layout) and storage/rocketmq (RocketMQ's CommitLog and
+ConsumeQueues). They share storage/common and never import each other; nothing above storage imports them
+except `open_engine` in storage/__init__.py.
 """
 
 from __future__ import annotations
@@ -191,7 +202,9 @@ class StorageEngine(ABC):
         bad key, UnknownTopicOrPartitionError for an unknown topic."""
 
     @abstractmethod
-    def topics(self) -> dict[str, TopicDescription]: ...
+    def topics(self) -> dict[str, TopicDescription]:
+        """Every topic by name, as of the last completed topic change; does not wait for one in progress, so it is
+        safe on an event loop."""
 
     # --- data ---
     @abstractmethod

@@ -91,8 +91,9 @@ class TopicsFile:
 
 
 class TopicRegistry:
-    """The topics of one store, kept in a `tidelog-topics.json` in each of `directories`. Not thread-safe: the
-    engine calls it under its own lock."""
+    """The topics of one store, kept in a `tidelog-topics.json` in each of `directories`. Changes are made under
+    the engine's lock; `descriptions` reads the state last published (at load and by every save) without it, so
+    a server can list topics while a long topic change holds the lock."""
 
     def __init__(self, directories: list[Path]) -> None:
         self.paths = [directory / TOPICS_FILE for directory in directories]
@@ -100,6 +101,7 @@ class TopicRegistry:
         self.cluster_id: str | None = None
         self.generation = 0
         self.dirty = False  # a copy was damaged or a stored config was dropped: the next save repairs it
+        self._published: dict[str, TopicDescription] = {}
 
     def load(self, *, damaged_is_fatal: bool, check_configs: Callable[[Mapping[str, str]], object]) -> None:
         """Read the newest readable copy. A damaged copy raises KafkaStorageError when `damaged_is_fatal`, else is
@@ -146,6 +148,14 @@ class TopicRegistry:
         for path in self.paths:
             write_atomically(path, text)
         self.dirty = False
+        self.publish()
+
+    def publish(self) -> None:
+        """Make the current topics what `descriptions` answers (a new dict: readers keep the one they have)."""
+        self._published = {
+            name: TopicDescription(name, t.topic_id, t.partitions, dict(t.configs))
+            for name, t in sorted(self.topics.items())
+        }
 
     # --- lookups -----------------------------------------------------------------------------------------------
 
@@ -172,7 +182,8 @@ class TopicRegistry:
         return TopicDescription(name, record.topic_id, record.partitions, dict(record.configs))
 
     def descriptions(self) -> dict[str, TopicDescription]:
-        return {name: self.describe(name) for name in sorted(self.topics)}
+        """The topics as last published, by name; safe to call without the engine lock."""
+        return dict(self._published)
 
     # --- changes -----------------------------------------------------------------------------------------------
 

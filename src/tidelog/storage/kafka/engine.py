@@ -100,6 +100,7 @@ class KafkaEngine(StorageEngine):
             for log_dir in self.log_dirs:
                 self._load_log_dir(log_dir)
             self._create_missing_partitions()
+            self.registry.publish()
         except BaseException:
             self._release_dir_locks()
             raise
@@ -466,8 +467,7 @@ class KafkaEngine(StorageEngine):
             self._schedule_flush_check()
 
     def topics(self) -> dict[str, TopicDescription]:
-        with self._lock:
-            return self.registry.descriptions()
+        return self.registry.descriptions()
 
     # --- data -------------------------------------------------------------------------------------------------
 

@@ -190,6 +190,7 @@ class RocketMQEngine(StorageEngine):
         self.registry = TopicRegistry([self.root])
         self.registry.load(damaged_is_fatal=True, check_configs=self._log_config_for)
         self.cluster_id = self.registry.cluster_id or new_kafka_uuid()
+        self.registry.publish()
         for directory in (self.root / CONSUME_QUEUE_DIR, self.root / PRODUCER_SNAPSHOTS_DIR):
             if directory.is_dir():
                 finish_deletions(directory)
@@ -684,8 +685,7 @@ class RocketMQEngine(StorageEngine):
             self._save_topics_file()
 
     def topics(self) -> dict[str, TopicDescription]:
-        with self._lock:
-            return self.registry.descriptions()
+        return self.registry.descriptions()
 
     # --- data -------------------------------------------------------------------------------------------------
 
