@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test system-deps java bench-peers lint typecheck crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long clean
+.PHONY: demo test system-deps java bench-peers lint typecheck lint-imports crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,8 @@ java:
 
 test: $(STAMP) system-deps java
 	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q tests -m "not slow"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$status
 
@@ -40,10 +42,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
 
-# mypy over src, as pyproject.toml's [tool.mypy] configures it. Not yet part of `test`: src/tidelog/storage/,
-# src/tidelog/broker/ and src/tidelog/config.py still have errors.
+# mypy over src, as pyproject.toml's [tool.mypy] configures it; part of `test`.
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+# the layer contracts in .importlinter (engines independent, the broker only through storage/api.py); part of `test`.
+lint-imports: $(STAMP)
+	$(VENV)/bin/lint-imports
 
 # the long variants of the crash suites (tests/crash, marker `slow`): 100 kill -9 trials, 1,000 torn-write trials
 crash-long: $(STAMP)

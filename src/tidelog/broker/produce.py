@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidelog.atomic_files import write_atomically
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, Response
 from tidelog.codec.record_batch import read_header
@@ -32,7 +33,6 @@ from tidelog.errors import (
 )
 from tidelog.protocol.messages import ApiKey, Request
 from tidelog.storage.api import Partition, StorageEngine
-from tidelog.storage.common.files import write_atomically
 
 if TYPE_CHECKING:
     from tidelog.broker.authorizer import Authorizer

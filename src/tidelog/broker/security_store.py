@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from tidelog.atomic_files import fsync_directory
 from tidelog.broker.acl import AclBinding, AclFilter
 from tidelog.broker.scram import MECHANISMS, ScramCredential
 from tidelog.errors import SecurityStoreError
-from tidelog.storage.common.files import fsync_directory
 
 log = logging.getLogger("tidelog.security")
 

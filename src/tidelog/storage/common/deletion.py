@@ -17,7 +17,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from tidelog.storage.common.files import fsync_directory
+from tidelog.atomic_files import fsync_directory
 from tidelog.storage.common.scheduler import Scheduler
 
 log = logging.getLogger("tidelog.storage")

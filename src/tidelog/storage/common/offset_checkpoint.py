@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from tidelog.atomic_files import write_atomically
 from tidelog.errors import CorruptCheckpointError
-from tidelog.storage.common.files import write_atomically
 
 CHECKPOINT_VERSION = 0
 

@@ -9,7 +9,7 @@ file (at the top of each Kafka log dir, or of the RocketMQ store), which Kafka's
                            "since": 0}}}   RocketMQ: the CommitLog offset the topic was created at
 
 `generation`, `cluster_id` and `since` may be absent (files written by earlier versions). Each save replaces every
-copy atomically (storage/common/files.py). A copy that does not parse is reported; the caller decides whether that
+copy atomically (atomic_files.py). A copy that does not parse is reported; the caller decides whether that
 is fatal (the RocketMQ store has no other record of its topics) or recoverable (Kafka partition directories name
 their topic, and their partition.metadata its id).
 """
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidelog.atomic_files import write_atomically
 from tidelog.errors import (
     ConfigError,
     InvalidTopicError,
@@ -31,7 +32,6 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.storage.api import TopicDescription, validate_topic_name
-from tidelog.storage.common.files import write_atomically
 from tidelog.storage.common.kafka_uuid import new_kafka_uuid
 
 log = logging.getLogger("tidelog.storage")

@@ -1,4 +1,4 @@
-"""Kafka's small state files, in Kafka's text formats, each replaced atomically (storage/common/files.py).
+"""Kafka's small state files, in Kafka's text formats, each replaced atomically (atomic_files.py).
 
 - recovery-point-offset-checkpoint, log-start-offset-checkpoint (log-dir level): offset checkpoints
   (storage/common/offset_checkpoint.py).
@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from tidelog.atomic_files import fsync_directory, write_atomically
 from tidelog.errors import CorruptCheckpointError
-from tidelog.storage.common.files import fsync_directory, write_atomically
 from tidelog.storage.common.kafka_uuid import is_kafka_uuid
 from tidelog.storage.common.offset_checkpoint import read_framed, write_framed
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty, SimpleQueue
 
+from tidelog.atomic_files import fsync_directory, fsync_file
 from tidelog.codec.columnar import RecordsCheck, check_batch_records
 from tidelog.codec.record_batch import (
     HEADER_SIZE,
@@ -61,7 +62,6 @@ from tidelog.storage.api import (
     Partition,
     TimestampAndOffset,
 )
-from tidelog.storage.common.files import fsync_directory, fsync_file
 from tidelog.storage.common.producer_state import ProducerStateManager
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka import checkpoints
