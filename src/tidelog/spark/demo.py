@@ -377,14 +377,18 @@ def _report(
 ) -> None:
     files = {"path": str(broker.log_dir)}
     top = pipeline.top_pages(spark, files, n=len(PAGES))
-    windowed = {
-        row["page"]: row["visits"]
-        for row in spark.read.parquet(parquet_dir)
-        .groupBy("page")
-        .agg({"count": "sum"})
-        .withColumnRenamed("sum(count)", "visits")
-        .collect()
-    }
+    windowed = (
+        {
+            row["page"]: row["visits"]
+            for row in spark.read.parquet(parquet_dir)
+            .groupBy("page")
+            .agg({"count": "sum"})
+            .withColumnRenamed("sum(count)", "visits")
+            .collect()
+        }
+        if Path(parquet_dir).exists()  # a run cut short before its first window closed wrote none
+        else {}
+    )
     table = Table(title="top pages (batch read of page_visits from the broker's log files)")
     for column in ("page", "visits", "sum of windows (Parquet)"):
         table.add_column(column, justify="right" if column != "page" else "left")
