@@ -21,7 +21,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from tidelog.errors import CorruptCheckpointError
+from tidelog.config import parse_properties
+from tidelog.errors import ConfigError, CorruptCheckpointError
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
@@ -176,17 +177,17 @@ def write_meta_properties(path: Path, properties: Mapping[str, str]) -> None:
 
 
 def read_meta_properties(path: Path) -> dict[str, str]:
+    """Read as java.util.Properties does (tidelog.config.parse_properties; bytes that are not UTF-8 are replaced,
+    as in a comment they do no harm). A key without a value (a torn line) or a bad escape makes the file corrupt."""
     if not path.exists():
         return {}
-    properties = {}
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        line = line.strip()
-        if not line or line[0] in "#!":
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise CorruptCheckpointError(f"{path}: malformed line {line!r}")
-        properties[key.strip()] = value.strip()
+    try:
+        properties = dict(parse_properties(path.read_text(encoding="utf-8", errors="replace"), str(path)))
+    except ConfigError as exc:
+        raise CorruptCheckpointError(str(exc)) from None
+    for key, value in properties.items():
+        if not value:
+            raise CorruptCheckpointError(f"{path}: {key!r} has no value")
     return properties
 
 
