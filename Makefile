@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test system-deps java bench-peers lint typecheck lint-imports crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long clean
+.PHONY: demo test system-deps java bench-peers lint typecheck lint-imports crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long docs-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,10 @@ soak-long: $(STAMP)
 
 bench-compaction: $(STAMP)
 	$(PY) bench/compaction.py
+
+# docs/configuration.md from the config key tables (tests/unit/test_configuration_doc.py checks it is current)
+docs-config: $(STAMP)
+	$(PY) -m tidelog.tools.config_reference --output docs/configuration.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .hypothesis tidelog-demo-data

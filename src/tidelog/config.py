@@ -3,16 +3,23 @@
 Two levels, as in Kafka: broker keys (`log.segment.bytes`, `log.dirs`, ...) and per-topic overrides
 (`segment.bytes`, `retention.ms`, ...). A broker key that sets a topic default maps to its topic key
 (`log.roll.hours` -> `segment.ms`). Values may be Python values or the strings of a properties file.
-An unknown key, a value of the wrong type or out of range raises ConfigError naming the key.
+An unknown key, a value of the wrong type or out of range raises ConfigError naming the key, and for a key read
+from a properties file (load_properties, through the javaproperties library) its file and line.
+
+Every key is declared once, as a Key in one of the tables below (TOPIC_KEYS, TOPIC_DEFAULT_KEYS, ENGINE_KEYS,
+ROCKETMQ_KEYS; the broker's own in tidelog.broker.config.SERVER_KEYS) with its checks, default, engines and a
+one-line description; `python -m tidelog.tools.config_reference` renders the tables as docs/configuration.md.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import javaproperties
 
 from tidelog.errors import ConfigError
 
@@ -74,13 +81,27 @@ def parse_list(key: str, raw: Any) -> list[str]:
     return items
 
 
+ENGINES = ("kafka", "rocketmq")  # the storage engines (tidelog.storage.engine)
+
+
 @dataclass(frozen=True)
 class Key:
+    """One config key: how its value is parsed and checked, and what docs/configuration.md says about it.
+
+    `default` is the value as a properties file would spell it (None: unset, with the effect `doc` gives);
+    `engines` are the storage engines the key has an effect on; `valid` describes the accepted values where
+    `minimum`/`maximum`/`choices` do not say it all.
+    """
+
     name: str
     parse: Callable[[str, Any], Any]
     minimum: int | None = None
     maximum: int | None = None
     choices: tuple[str, ...] | None = None
+    doc: str = ""
+    default: str | None = None
+    engines: tuple[str, ...] = ENGINES
+    valid: str = ""
 
     def convert(self, raw: Any) -> Any:
         value = self.parse(self.name, raw)
@@ -96,30 +117,169 @@ class Key:
         return value
 
 
+# The value types of docs/configuration.md, by parser (tidelog.broker.config adds its own parsers).
+VALUE_TYPES: dict[Callable[[str, Any], Any], str] = {
+    parse_int: "long",
+    parse_bool: "boolean",
+    parse_float: "double",
+    parse_str: "string",
+    parse_list: "list",
+}
+
+
+def _keys(*keys: Key) -> dict[str, Key]:
+    return {key.name: key for key in keys}
+
+
 # --- per-topic keys (Kafka's TopicConfig names) ---------------------------------------------------------------
 
-TOPIC_KEYS: dict[str, Key] = {
-    k.name: k
-    for k in [
-        Key("segment.bytes", parse_int, minimum=14, maximum=INT_MAX),
-        Key("segment.ms", parse_int, minimum=1),
-        Key("segment.jitter.ms", parse_int, minimum=0),
-        Key("segment.index.bytes", parse_int, minimum=4, maximum=INT_MAX),
-        Key("index.interval.bytes", parse_int, minimum=0, maximum=INT_MAX),
-        Key("flush.messages", parse_int, minimum=1),
-        Key("flush.ms", parse_int, minimum=0),
-        Key("retention.ms", parse_int, minimum=-1),
-        Key("retention.bytes", parse_int, minimum=-1),
-        Key("file.delete.delay.ms", parse_int, minimum=0),
-        Key("max.message.bytes", parse_int, minimum=0, maximum=INT_MAX),
-        Key("message.timestamp.type", parse_str, choices=("CreateTime", "LogAppendTime")),
-        Key("cleanup.policy", parse_list, choices=("delete", "compact")),
-        Key("min.cleanable.dirty.ratio", parse_float, minimum=0, maximum=1),
-        Key("min.compaction.lag.ms", parse_int, minimum=0),
-        Key("max.compaction.lag.ms", parse_int, minimum=1),
-        Key("delete.retention.ms", parse_int, minimum=0),
-    ]
-}
+KAFKA = ("kafka",)
+ROCKETMQ = ("rocketmq",)
+
+TOPIC_KEYS: dict[str, Key] = _keys(
+    Key(
+        "segment.bytes",
+        parse_int,
+        minimum=14,
+        maximum=INT_MAX,
+        default="1073741824",
+        engines=KAFKA,
+        doc="Size at which the active segment is closed and a new one started.",
+    ),
+    Key(
+        "segment.ms",
+        parse_int,
+        minimum=1,
+        default="604800000",
+        engines=KAFKA,
+        doc="Age after which the active segment rolls even if not full (on a compacted topic `max.compaction.lag.ms` "
+        "if that is shorter).",
+    ),
+    Key(
+        "segment.jitter.ms",
+        parse_int,
+        minimum=0,
+        default="0",
+        engines=KAFKA,
+        doc="Up to this much random time is taken off `segment.ms`, so that partitions do not all roll at once.",
+    ),
+    Key(
+        "segment.index.bytes",
+        parse_int,
+        minimum=4,
+        maximum=INT_MAX,
+        default="10485760",
+        engines=KAFKA,
+        doc="Size preallocated for a segment's offset and time index; a segment whose index is full rolls.",
+    ),
+    Key(
+        "index.interval.bytes",
+        parse_int,
+        minimum=0,
+        maximum=INT_MAX,
+        default="4096",
+        engines=KAFKA,
+        doc="Bytes of batches between two entries of the offset and time indexes.",
+    ),
+    Key(
+        "flush.messages",
+        parse_int,
+        minimum=1,
+        default=str(LONG_MAX),
+        engines=KAFKA,
+        doc="fsync the log every this many messages (`1`: an `acks=all` producer waits for an fsync, shared by a "
+        "group commit); the default leaves flushing to the OS.",
+    ),
+    Key(
+        "flush.ms",
+        parse_int,
+        minimum=0,
+        default=str(LONG_MAX),
+        engines=KAFKA,
+        doc="fsync the log when its last flush is this old (checked every `log.flush.scheduler.interval.ms`).",
+    ),
+    Key(
+        "retention.ms",
+        parse_int,
+        minimum=-1,
+        default="604800000",
+        doc="Delete segments whose newest record is older than this; `-1`: no time limit. The RocketMQ engine only "
+        "reads `-1`, which keeps the newest record of every key when its CommitLog file goes.",
+    ),
+    Key(
+        "retention.bytes",
+        parse_int,
+        minimum=-1,
+        default="-1",
+        engines=KAFKA,
+        doc="Delete the oldest segments while the partition is larger than this; `-1`: no size limit.",
+    ),
+    Key(
+        "file.delete.delay.ms",
+        parse_int,
+        minimum=0,
+        default="60000",
+        engines=KAFKA,
+        doc="How long a deleted segment's files stay on disk (renamed `.deleted`) before they are removed.",
+    ),
+    Key(
+        "max.message.bytes",
+        parse_int,
+        minimum=0,
+        maximum=INT_MAX,
+        default="1048588",
+        doc="Largest record batch (as sent, compressed) a producer may append; larger ones get `MESSAGE_TOO_LARGE`.",
+    ),
+    Key(
+        "message.timestamp.type",
+        parse_str,
+        choices=("CreateTime", "LogAppendTime"),
+        default="CreateTime",
+        doc="`CreateTime` keeps the producer's timestamps; `LogAppendTime` stamps records with the broker's clock.",
+    ),
+    Key(
+        "cleanup.policy",
+        parse_list,
+        choices=("delete", "compact"),
+        default="delete",
+        engines=KAFKA,
+        doc="`delete`: retention by time and size; `compact`: the log cleaner keeps the newest record of each key; "
+        "`compact,delete`: both.",
+    ),
+    Key(
+        "min.cleanable.dirty.ratio",
+        parse_float,
+        minimum=0,
+        maximum=1,
+        default="0.5",
+        engines=KAFKA,
+        doc="A compacted log is cleaned once its not yet cleaned part is at least this fraction of it.",
+    ),
+    Key(
+        "min.compaction.lag.ms",
+        parse_int,
+        minimum=0,
+        default="0",
+        engines=KAFKA,
+        doc="A record stays uncompacted for at least this long after it is written.",
+    ),
+    Key(
+        "max.compaction.lag.ms",
+        parse_int,
+        minimum=1,
+        default=str(LONG_MAX),
+        engines=KAFKA,
+        doc="A record becomes cleanable at most this long after it is written, whatever the dirty ratio.",
+    ),
+    Key(
+        "delete.retention.ms",
+        parse_int,
+        minimum=0,
+        default="86400000",
+        engines=KAFKA,
+        doc="How long a tombstone (null value) stays after the first cleaning pass that sees it.",
+    ),
+)
 
 # Broker keys that set a topic default: broker name -> (topic name, unit multiplier).
 # Where Kafka has several spellings (ms / minutes / hours) the finer one wins, as in KafkaConfig.
@@ -146,34 +306,153 @@ BROKER_TO_TOPIC: dict[str, tuple[str, int]] = {
     "log.cleaner.min.compaction.lag.ms": ("min.compaction.lag.ms", 1),
     "log.cleaner.max.compaction.lag.ms": ("max.compaction.lag.ms", 1),
 }
+_UNITS = {1: "", 60_000: "minutes", 3_600_000: "hours"}
 
-BROKER_KEYS: dict[str, Key] = {
-    k.name: k
-    for k in [
-        Key("log.dirs", parse_list),
-        Key("log.dir", parse_list),
-        Key("num.partitions", parse_int, minimum=1),
-        Key("node.id", parse_int, minimum=0),
-        Key("broker.id", parse_int, minimum=0),
-        Key("log.retention.check.interval.ms", parse_int, minimum=1),
-        Key("log.flush.scheduler.interval.ms", parse_int, minimum=1),
-        Key("log.flush.offset.checkpoint.interval.ms", parse_int, minimum=1),
-        Key("log.flush.start.offset.checkpoint.interval.ms", parse_int, minimum=1),
-        Key("log.cleaner.enable", parse_bool),
-        Key("log.cleaner.backoff.ms", parse_int, minimum=0),
-        Key("log.cleaner.dedupe.buffer.size", parse_int, minimum=24),
-        Key("tidelog.storage.engine", parse_str, choices=("kafka", "rocketmq")),
-        Key("tidelog.index.keys", parse_bool),
-        Key("tidelog.index.keys.maxHashSlotNum", parse_int, minimum=1, maximum=INT_MAX // 4),
-        Key("tidelog.index.keys.maxIndexNum", parse_int, minimum=2, maximum=INT_MAX // 20),
-        *(
-            replace(TOPIC_KEYS[topic], name=broker)
-            if multiplier == 1
-            else Key(broker, parse_int, minimum=TOPIC_KEYS[topic].minimum, maximum=INT_MAX)  # Kafka: type INT
-            for broker, (topic, multiplier) in BROKER_TO_TOPIC.items()
-        ),
-    ]
-}
+
+def _topic_default_key(broker: str, topic: str, multiplier: int) -> Key:
+    """The broker key `broker` as a Key: the topic key's checks, its default in the coarsest spelling only (the
+    finer ones are unset, as in Kafka), and a description saying which topic key it sets."""
+    spellings = sorted((m, b) for b, (t, m) in BROKER_TO_TOPIC.items() if t == topic)
+    target = TOPIC_KEYS[topic]
+    default = target.default
+    if multiplier != spellings[-1][0]:
+        default = None  # a finer spelling: unset unless given
+    elif default is not None and multiplier != 1:
+        default = str(int(default) // multiplier)
+    doc = f"Default of the topic key `{topic}`"
+    if multiplier != 1:
+        doc += f", in {_UNITS[multiplier]}"
+    finer = [b for m, b in spellings if m < multiplier]
+    if finer:
+        doc += f"; {' and '.join(f'`{b}`' for b in finer)} take{'s' if len(finer) == 1 else ''} precedence"
+    doc += "."
+    if multiplier == 1:
+        return replace(target, name=broker, default=default, doc=doc)
+    # Kafka types the hour and minute spellings as INT
+    return replace(target, name=broker, maximum=INT_MAX, default=default, doc=doc)
+
+
+TOPIC_DEFAULT_KEYS: dict[str, Key] = _keys(
+    *(_topic_default_key(broker, topic, multiplier) for broker, (topic, multiplier) in BROKER_TO_TOPIC.items())
+)
+
+# Storage keys of the broker (EngineConfig) that are not topic defaults.
+ENGINE_KEYS: dict[str, Key] = _keys(
+    Key(
+        "log.dirs",
+        parse_list,
+        default="./tidelog-data",
+        valid="comma-separated paths",
+        doc="Directories of the log (`tidelog.open(dir)` gives its own); the RocketMQ engine takes exactly one.",
+    ),
+    Key(
+        "log.dir", parse_list, valid="comma-separated paths", doc="Older spelling of `log.dirs`, read if that is unset."
+    ),
+    Key(
+        "num.partitions",
+        parse_int,
+        minimum=1,
+        default="1",
+        doc="Partitions of a topic created without a count (auto-created topics among them).",
+    ),
+    Key(
+        "node.id",
+        parse_int,
+        minimum=0,
+        default="1",
+        doc="This broker's id: in metadata answers, and in `meta.properties` on the Kafka engine.",
+    ),
+    Key("broker.id", parse_int, minimum=0, doc="Older spelling of `node.id`, read if that is unset."),
+    Key(
+        "log.retention.check.interval.ms",
+        parse_int,
+        minimum=1,
+        default="300000",
+        engines=KAFKA,
+        doc="How often segments past `retention.ms` or `retention.bytes` are deleted.",
+    ),
+    Key(
+        "log.flush.scheduler.interval.ms",
+        parse_int,
+        minimum=1,
+        default=str(LONG_MAX),
+        engines=KAFKA,
+        doc="How often logs are checked against `flush.ms`.",
+    ),
+    Key(
+        "log.flush.offset.checkpoint.interval.ms",
+        parse_int,
+        minimum=1,
+        default="60000",
+        engines=KAFKA,
+        doc="How often `recovery-point-offset-checkpoint` (where recovery after a crash starts) is written.",
+    ),
+    Key(
+        "log.flush.start.offset.checkpoint.interval.ms",
+        parse_int,
+        minimum=1,
+        default="60000",
+        engines=KAFKA,
+        doc="How often `log-start-offset-checkpoint` is written.",
+    ),
+    Key(
+        "log.cleaner.enable",
+        parse_bool,
+        default="true",
+        engines=KAFKA,
+        doc="Run the log cleaner for topics with `cleanup.policy=compact`; without it the broker compacts "
+        "`__consumer_offsets` itself.",
+    ),
+    Key(
+        "log.cleaner.backoff.ms",
+        parse_int,
+        minimum=0,
+        default="15000",
+        engines=KAFKA,
+        doc="Pause of the log cleaner between two rounds.",
+    ),
+    Key(
+        "log.cleaner.dedupe.buffer.size",
+        parse_int,
+        minimum=24,
+        default="134217728",
+        engines=KAFKA,
+        doc="Memory of the cleaner's key map: at most 0.9 x size / 24 keys per cleaning pass.",
+    ),
+    Key(
+        "tidelog.storage.engine",
+        parse_str,
+        choices=ENGINES,
+        default="kafka",
+        doc="The on-disk layout: `kafka` (Kafka's log directories) or `rocketmq` (RocketMQ's CommitLog and "
+        "ConsumeQueues).",
+    ),
+    Key(
+        "tidelog.index.keys",
+        parse_bool,
+        default="false",
+        engines=KAFKA,
+        doc="Keep a key index per partition (RocketMQ's IndexFile format, in `tidelog-keyindex/`) for `lookup_key`.",
+    ),
+    Key(
+        "tidelog.index.keys.maxHashSlotNum",
+        parse_int,
+        minimum=1,
+        maximum=INT_MAX // 4,
+        default="65536",
+        engines=KAFKA,
+        doc="Hash slots of each key-index file of the Kafka engine.",
+    ),
+    Key(
+        "tidelog.index.keys.maxIndexNum",
+        parse_int,
+        minimum=2,
+        maximum=INT_MAX // 20,
+        default="262144",
+        engines=KAFKA,
+        doc="Entries of each key-index file of the Kafka engine.",
+    ),
+)
 
 
 # --- the RocketMQ engine's store keys: `tidelog.rocketmq.` + the MessageStoreConfig field name ------------------------
@@ -219,44 +498,139 @@ def _camel_to_snake(name: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
 
 
-ROCKETMQ_KEYS: dict[str, Key] = {
-    k.name: k
-    for k in [
-        Key(ROCKETMQ_PREFIX + "mapedFileSizeCommitLog", parse_int, minimum=4096, maximum=INT_MAX),
-        Key(ROCKETMQ_PREFIX + "mapedFileSizeConsumeQueue", parse_int, minimum=20 * 2, maximum=INT_MAX),
-        Key(ROCKETMQ_PREFIX + "flushDiskType", parse_str, choices=("ASYNC_FLUSH", "SYNC_FLUSH")),
-        Key(ROCKETMQ_PREFIX + "flushIntervalCommitLog", parse_int, minimum=1),
-        Key(ROCKETMQ_PREFIX + "flushCommitLogLeastPages", parse_int, minimum=0),
-        Key(ROCKETMQ_PREFIX + "flushCommitLogThoroughInterval", parse_int, minimum=0),
-        Key(ROCKETMQ_PREFIX + "syncFlushTimeout", parse_int, minimum=1),
-        Key(ROCKETMQ_PREFIX + "flushIntervalConsumeQueue", parse_int, minimum=1),
-        Key(ROCKETMQ_PREFIX + "flushConsumeQueueLeastPages", parse_int, minimum=0),
-        Key(ROCKETMQ_PREFIX + "flushConsumeQueueThoroughInterval", parse_int, minimum=0),
-        Key(ROCKETMQ_PREFIX + "flushCheckpointInterval", parse_int, minimum=1),
-        Key(ROCKETMQ_PREFIX + "fileReservedTime", parse_int, minimum=0),
-        Key(ROCKETMQ_PREFIX + "deleteWhen", parse_str),
-        Key(ROCKETMQ_PREFIX + "diskMaxUsedSpaceRatio", parse_int, minimum=10, maximum=95),
-        Key(ROCKETMQ_PREFIX + "diskSpaceCleanForciblyRatio", parse_int, minimum=10, maximum=95),
-        Key(ROCKETMQ_PREFIX + "diskSpaceWarningLevelRatio", parse_int, minimum=10, maximum=99),
-        Key(ROCKETMQ_PREFIX + "cleanResourceInterval", parse_int, minimum=1),
-        Key(ROCKETMQ_PREFIX + "deleteCommitLogFilesInterval", parse_int, minimum=0),
-        Key(ROCKETMQ_PREFIX + "deleteFileBatchMax", parse_int, minimum=1),
-        Key(ROCKETMQ_PREFIX + "maxHashSlotNum", parse_int, minimum=1, maximum=INT_MAX // 4),
-        Key(ROCKETMQ_PREFIX + "maxIndexNum", parse_int, minimum=2, maximum=INT_MAX // 20),
-        Key(ROCKETMQ_PREFIX + "messageIndexEnable", parse_bool),
-        Key(ROCKETMQ_PREFIX + "checkCRCOnRecover", parse_bool),
-        Key(ROCKETMQ_PREFIX + "maxMessageSize", parse_int, minimum=1, maximum=INT_MAX),
-        Key(ROCKETMQ_PREFIX + "storeHost", parse_str),
-    ]
-}
-
-
-BROKER_KEYS.update(ROCKETMQ_KEYS)
+def _rocketmq_key(name: str, parse: Callable[[str, Any], Any], doc: str, **checks: Any) -> Key:
+    """A store key; its default is the RocketMQStoreConfig field's."""
+    default = getattr(RocketMQStoreConfig, _rocketmq_field(ROCKETMQ_PREFIX + name))
+    text = str(default).lower() if isinstance(default, bool) else str(default)
+    return Key(ROCKETMQ_PREFIX + name, parse, doc=doc, default=text, engines=ROCKETMQ, **checks)
 
 
 def _rocketmq_field(key_name: str) -> str:
     name = key_name[len(ROCKETMQ_PREFIX) :].replace("CRC", "Crc")
     return _camel_to_snake(name)
+
+
+ROCKETMQ_KEYS: dict[str, Key] = _keys(
+    _rocketmq_key("mapedFileSizeCommitLog", parse_int, "Size of each CommitLog file.", minimum=4096, maximum=INT_MAX),
+    _rocketmq_key(
+        "mapedFileSizeConsumeQueue",
+        parse_int,
+        "Size of each ConsumeQueue file (20 bytes per message).",
+        minimum=20 * 2,
+        maximum=INT_MAX,
+    ),
+    _rocketmq_key(
+        "flushDiskType",
+        parse_str,
+        "`ASYNC_FLUSH`: the CommitLog is flushed every `flushIntervalCommitLog` ms; `SYNC_FLUSH`: a group commit that "
+        "`acks=all` producers wait for (and only flushed messages are dispatched).",
+        choices=("ASYNC_FLUSH", "SYNC_FLUSH"),
+    ),
+    _rocketmq_key(
+        "flushIntervalCommitLog", parse_int, "Milliseconds between two CommitLog flushes (`ASYNC_FLUSH`).", minimum=1
+    ),
+    _rocketmq_key(
+        "flushCommitLogLeastPages",
+        parse_int,
+        "A CommitLog flush waits for at least this many dirty 4 KiB pages (`0`: flushes whatever there is).",
+        minimum=0,
+    ),
+    _rocketmq_key(
+        "flushCommitLogThoroughInterval",
+        parse_int,
+        "Milliseconds after which a CommitLog flush writes everything, whatever `flushCommitLogLeastPages` says.",
+        minimum=0,
+    ),
+    _rocketmq_key(
+        "syncFlushTimeout",
+        parse_int,
+        "Milliseconds a producer waits for its flush under `SYNC_FLUSH` before it gets an error.",
+        minimum=1,
+    ),
+    _rocketmq_key("flushIntervalConsumeQueue", parse_int, "Milliseconds between two ConsumeQueue flushes.", minimum=1),
+    _rocketmq_key(
+        "flushConsumeQueueLeastPages",
+        parse_int,
+        "A ConsumeQueue flush waits for at least this many dirty 4 KiB pages.",
+        minimum=0,
+    ),
+    _rocketmq_key(
+        "flushConsumeQueueThoroughInterval",
+        parse_int,
+        "Milliseconds after which a ConsumeQueue flush writes everything, whatever `flushConsumeQueueLeastPages` says.",
+        minimum=0,
+    ),
+    _rocketmq_key(
+        "flushCheckpointInterval", parse_int, "Milliseconds between two writes of the checkpoint file.", minimum=1
+    ),
+    _rocketmq_key(
+        "fileReservedTime",
+        parse_int,
+        "Hours a CommitLog file is kept after its last write; retention deletes older ones at `deleteWhen`.",
+        minimum=0,
+    ),
+    _rocketmq_key(
+        "deleteWhen",
+        parse_str,
+        "Hours of the day (local time) at which expired CommitLog files are deleted.",
+        valid="hours `0`-`23` separated by `;` (`04;16`)",
+    ),
+    _rocketmq_key(
+        "diskMaxUsedSpaceRatio",
+        parse_int,
+        "Disk usage (percent) above which expired CommitLog files are deleted at any hour.",
+        minimum=10,
+        maximum=95,
+    ),
+    _rocketmq_key(
+        "diskSpaceCleanForciblyRatio",
+        parse_int,
+        "Disk usage (percent) above which the oldest CommitLog files are deleted even before `fileReservedTime`.",
+        minimum=10,
+        maximum=95,
+    ),
+    _rocketmq_key(
+        "diskSpaceWarningLevelRatio",
+        parse_int,
+        "Disk usage (percent) above which appends are refused until retention frees space.",
+        minimum=10,
+        maximum=99,
+    ),
+    _rocketmq_key("cleanResourceInterval", parse_int, "Milliseconds between two retention rounds.", minimum=1),
+    _rocketmq_key(
+        "deleteCommitLogFilesInterval",
+        parse_int,
+        "Pause in milliseconds between deleting two CommitLog files in one round.",
+        minimum=0,
+    ),
+    _rocketmq_key("deleteFileBatchMax", parse_int, "Most CommitLog files one retention round deletes.", minimum=1),
+    _rocketmq_key(
+        "maxHashSlotNum",
+        parse_int,
+        "Hash slots of each IndexFile (the store-wide key index).",
+        minimum=1,
+        maximum=INT_MAX // 4,
+    ),
+    _rocketmq_key("maxIndexNum", parse_int, "Entries of each IndexFile.", minimum=2, maximum=INT_MAX // 20),
+    _rocketmq_key("messageIndexEnable", parse_bool, "Build the IndexFiles that `lookup_key` answers from."),
+    _rocketmq_key("checkCRCOnRecover", parse_bool, "Check every message body's CRC when recovering after a crash."),
+    _rocketmq_key(
+        "maxMessageSize",
+        parse_int,
+        "Largest message body the CommitLog takes.",
+        minimum=1,
+        maximum=INT_MAX,
+    ),
+    _rocketmq_key(
+        "storeHost",
+        parse_str,
+        "The store host written into every message, and so into its message id (RocketMQ's `brokerIP1:listenPort`).",
+        valid="IPv4 `address:port`",
+    ),
+)
+
+# Every key of EngineConfig.from_mapping.
+BROKER_KEYS: dict[str, Key] = {**ENGINE_KEYS, **TOPIC_DEFAULT_KEYS, **ROCKETMQ_KEYS}
 
 
 @dataclass(frozen=True)
@@ -349,8 +723,11 @@ class EngineConfig:
             key = BROKER_KEYS.get(name)
             if key is None:
                 hint = " (a topic-level key; pass it as a topic config)" if name in TOPIC_KEYS else ""
-                raise ConfigError(f"unknown config key {name!r}{hint}")
-            values[name] = key.convert(raw)
+                raise located(settings, name, ConfigError(f"unknown config key {name!r}{hint}"))
+            try:
+                values[name] = key.convert(raw)
+            except ConfigError as exc:
+                raise located(settings, name, exc) from None
 
         topic_defaults: dict[str, Any] = {}
         # Coarse units first so the finer spelling (ms) overrides, as Kafka resolves them.
@@ -394,27 +771,86 @@ class EngineConfig:
         )
 
 
-def load_properties(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read a Java-style `.properties` file (see parse_properties)."""
+def load_properties(path: str | os.PathLike[str]) -> Properties:
+    """Read a `.properties` file (see parse_properties)."""
     with open(path, "rb") as handle:
         return parse_properties(handle.read(), os.fspath(path))
 
 
-def parse_properties(data: bytes | str, source: str) -> dict[str, str]:
-    """key=value or key: value lines, # and ! comments, UTF-8; `source` names the file in errors."""
+def parse_properties(data: bytes | str, source: str) -> Properties:
+    """A `.properties` file as java.util.Properties reads it (the javaproperties library): `key=value`,
+    `key: value` or `key value` entries, `#` and `!` comments, `\\` line continuations and escapes (`\\uXXXX`),
+    LF, CR or CRLF line ends, the last of a repeated key winning. Bytes must be UTF-8 (Java's
+    Properties.load(InputStream) reads ISO-8859-1; Kafka's files are ASCII). Values are stripped of surrounding
+    blanks, as Kafka's ConfigDef does. `source` names the file in errors, which give its line."""
     if isinstance(data, bytes):
         try:
-            data = data.decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
-            line = data.count(b"\n", 0, exc.start) + 1
+            line = len(_LINE_BREAK.findall(data[: exc.start].decode("latin-1"))) + 1
             raise ConfigError(f"{source}:{line}: not UTF-8 text (byte {exc.start})") from None
-    settings: dict[str, str] = {}
-    for number, raw_line in enumerate(_LINE_BREAK.split(data), start=1):
-        line = raw_line.strip()
-        if not line or line[0] in "#!":
-            continue
-        separator = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-        if separator <= 0:
-            raise ConfigError(f"{source}:{number}: expected key=value, got {line!r}")
-        settings[line[:separator].strip()] = line[separator + 1 :].strip()
-    return settings
+    else:
+        text = data
+    settings = Properties(source)
+    line = 1  # where the next element starts
+    elements = javaproperties.parse(text)
+    while True:
+        try:
+            element = next(elements, None)
+        except javaproperties.InvalidUEscapeError as exc:
+            raise ConfigError(f"{source}:{line}: {exc}") from None
+        if element is None:
+            return settings
+        if isinstance(element, javaproperties.KeyValue):
+            try:  # a \uD800 escape alone makes a string no file name or socket call can take
+                (element.key + element.value).encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(f"{source}:{line}: a \\u escape makes a lone surrogate") from None
+            settings.set_from_line(element.key, element.value.strip(), line)
+        line += len(_LINE_BREAK.findall(element.source))
+
+
+class Properties(dict[str, str]):
+    """The entries of a `.properties` file, which remember the line that set each one, so that an error about a
+    key's value can say `file:line` (see where). A key set or changed afterwards (an --override) has no line."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+        self.origins: dict[str, tuple[int, str]] = {}  # key -> (line, the value read there)
+
+    def set_from_line(self, key: str, value: str, line: int) -> None:
+        self[key] = value
+        self.origins[key] = (line, value)
+
+    def line_of(self, key: str) -> int | None:
+        origin = self.origins.get(key)
+        return origin[0] if origin is not None and key in self and self[key] == origin[1] else None
+
+
+def where(settings: Mapping[str, Any], key: str) -> str | None:
+    """`file:line` of `key` if `settings` came from a properties file and still holds the value read there."""
+    if isinstance(settings, Properties):
+        line = settings.line_of(key)
+        if line is not None:
+            return f"{settings.source}:{line}"
+    return None
+
+
+def located(settings: Mapping[str, Any], key: str, error: ConfigError) -> ConfigError:
+    """`error` (about `key`) prefixed with the file and line that set the key, when known."""
+    place = where(settings, key)
+    return ConfigError(f"{place}: {error}") if place is not None else error
+
+
+def select(settings: Mapping[str, Any], keys: Collection[str]) -> dict[str, Any]:
+    """The entries of `settings` named in `keys`, keeping their file and line if `settings` has them."""
+    if not isinstance(settings, Properties):
+        return {key: settings[key] for key in keys}
+    subset = Properties(settings.source)
+    for key in keys:
+        subset[key] = settings[key]
+        line = settings.line_of(key)
+        if line is not None:
+            subset.origins[key] = (line, settings[key])
+    return subset

@@ -2,7 +2,9 @@
 
 Network and coordinator keys live here (with `tidelog.metrics.port`/`tidelog.metrics.host` for the Prometheus
 endpoint); storage keys (`log.dirs`, `log.segment.bytes`, ...) go to EngineConfig. Every key of the file must be
-known to one of the two, with a value of the right type: otherwise start-up stops with a ConfigError naming the key.
+known to one of the two, with a value of the right type: otherwise start-up stops with a ConfigError naming the key
+(and the file and line that set it). SERVER_KEYS declares each key with its default and description, which
+docs/configuration.md shows (`make docs-config`).
 
 Security uses Kafka's keys (README.md, Security): a listener's name maps to its security protocol
 (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL) through `listener.security.protocol.map`, which by default maps each
@@ -18,7 +20,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidelog.config import BROKER_KEYS, INT_MAX, EngineConfig, Key, parse_bool, parse_int, parse_list, parse_str
+from tidelog.config import (
+    BROKER_KEYS,
+    INT_MAX,
+    VALUE_TYPES,
+    EngineConfig,
+    Key,
+    located,
+    parse_bool,
+    parse_int,
+    parse_list,
+    parse_str,
+    select,
+)
 from tidelog.errors import ConfigError
 
 LISTENER = re.compile(r"^(?P<name>[A-Z_][A-Z0-9_]*)://(?P<host>\[[^\]]*\]|[^:]*):(?P<port>[0-9]{1,5})$")
@@ -51,43 +65,223 @@ def parse_host(key: str, raw: Any) -> str:
     return host
 
 
+VALUE_TYPES.update({parse_principals: "principals", parse_host: "host"})
+
 SERVER_KEYS: dict[str, Key] = {
     k.name: k
     for k in [
-        Key("listeners", parse_list),
-        Key("advertised.listeners", parse_list),
-        Key("socket.request.max.bytes", parse_int, minimum=1),
-        Key("auto.create.topics.enable", parse_bool),
-        Key("delete.topic.enable", parse_bool),
-        Key("group.min.session.timeout.ms", parse_int, minimum=0),
-        Key("group.max.session.timeout.ms", parse_int, minimum=0),
-        Key("group.initial.rebalance.delay.ms", parse_int, minimum=0),
-        Key("offsets.topic.num.partitions", parse_int, minimum=1),
-        Key("offsets.topic.segment.bytes", parse_int, minimum=14, maximum=INT_MAX),  # as segment.bytes allows
-        Key("offsets.retention.minutes", parse_int, minimum=1, maximum=INT_MAX),  # Kafka: type INT
-        Key("offsets.retention.check.interval.ms", parse_int, minimum=1),
-        Key("producer.id.expiration.ms", parse_int, minimum=1),
-        Key("tidelog.metrics.port", parse_int, minimum=-1, maximum=65535),
-        Key("tidelog.metrics.host", parse_host),
-        Key("tidelog.shutdown.timeout.ms", parse_int, minimum=0),
+        Key(
+            "listeners",
+            parse_list,
+            default="PLAINTEXT://127.0.0.1:9092",
+            valid="`NAME://host:port`, comma-separated",
+            doc="Where the broker listens; an empty host binds every interface, port `0` a free port.",
+        ),
+        Key(
+            "advertised.listeners",
+            parse_list,
+            valid="`NAME://host:port`, comma-separated",
+            doc="The address clients are given for each listener name; unset: the listener's own (127.0.0.1 for "
+            "a wildcard bind).",
+        ),
+        Key(
+            "socket.request.max.bytes",
+            parse_int,
+            minimum=1,
+            default="104857600",
+            doc="Largest request a client may send; a larger one closes its connection.",
+        ),
+        Key(
+            "auto.create.topics.enable",
+            parse_bool,
+            default="true",
+            doc="Create an unknown topic (`num.partitions` partitions) when a client's metadata request asks for it.",
+        ),
+        Key("delete.topic.enable", parse_bool, default="true", doc="Whether DeleteTopics requests may delete topics."),
+        Key(
+            "group.min.session.timeout.ms",
+            parse_int,
+            minimum=0,
+            default="6000",
+            doc="Shortest session timeout a consumer-group member may ask for.",
+        ),
+        Key(
+            "group.max.session.timeout.ms",
+            parse_int,
+            minimum=0,
+            default="1800000",
+            doc="Longest session timeout a consumer-group member may ask for.",
+        ),
+        Key(
+            "group.initial.rebalance.delay.ms",
+            parse_int,
+            minimum=0,
+            default="3000",
+            doc="How long the first rebalance of an empty group waits for more members to join.",
+        ),
+        Key(
+            "offsets.topic.num.partitions",
+            parse_int,
+            minimum=1,
+            default="50",
+            doc="Partitions of `__consumer_offsets`, where committed offsets are kept (read when it is created).",
+        ),
+        Key(
+            "offsets.topic.segment.bytes",
+            parse_int,
+            minimum=14,
+            maximum=INT_MAX,  # as segment.bytes allows
+            default="104857600",
+            doc="`segment.bytes` of `__consumer_offsets`.",
+        ),
+        Key(
+            "offsets.retention.minutes",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,  # Kafka: type INT
+            default="10080",
+            doc="An empty group's committed offsets expire this long after their commit or the group becoming "
+            "empty, whichever is later.",
+        ),
+        Key(
+            "offsets.retention.check.interval.ms",
+            parse_int,
+            minimum=1,
+            default="600000",
+            doc="How often expired committed offsets are removed.",
+        ),
+        Key(
+            "producer.id.expiration.ms",
+            parse_int,
+            minimum=1,
+            default="86400000",
+            doc="Accepted for compatibility with Kafka's files; not applied (idempotent-producer state is kept).",
+        ),
+        Key(
+            "tidelog.metrics.port",
+            parse_int,
+            minimum=-1,
+            maximum=65535,
+            default="-1",
+            doc="Port of the Prometheus endpoint (`/metrics`); `-1`: no endpoint, `0`: a free port, logged at start.",
+        ),
+        Key(
+            "tidelog.metrics.host",
+            parse_host,
+            default="127.0.0.1",
+            valid="a host name or address",
+            doc="Address the metrics endpoint binds.",
+        ),
+        Key(
+            "tidelog.shutdown.timeout.ms",
+            parse_int,
+            minimum=0,
+            default="30000",
+            doc="On SIGTERM or Ctrl-C, how long in-flight requests may take before their connections are closed.",
+        ),
         # security
-        Key("listener.security.protocol.map", parse_list),
-        Key("sasl.enabled.mechanisms", parse_list, choices=SASL_MECHANISMS),
-        Key("sasl.server.max.receive.size", parse_int, minimum=1),
-        Key("connection.failed.authentication.delay.ms", parse_int, minimum=0),
-        Key("ssl.keystore.type", parse_str, choices=("PEM",)),
-        Key("ssl.keystore.location", parse_str),
-        Key("ssl.keystore.password", parse_str),
-        Key("ssl.key.password", parse_str),
-        Key("ssl.truststore.type", parse_str, choices=("PEM",)),
-        Key("ssl.truststore.location", parse_str),
-        Key("ssl.truststore.password", parse_str),
-        Key("ssl.client.auth", parse_str, choices=("none", "requested", "required")),
-        Key("ssl.enabled.protocols", parse_list, choices=("TLSv1.2", "TLSv1.3")),
-        Key("ssl.cipher.suites", parse_list),
-        Key("authorizer.class.name", parse_str),
-        Key("allow.everyone.if.no.acl.found", parse_bool),
-        Key("super.users", parse_principals),
+        Key(
+            "listener.security.protocol.map",
+            parse_list,
+            default="PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+            valid="`NAME:PROTOCOL`, comma-separated; PROTOCOL one of "
+            + ", ".join(f"`{p}`" for p in SECURITY_PROTOCOLS),
+            doc="The security protocol of each listener name.",
+        ),
+        Key(
+            "sasl.enabled.mechanisms",
+            parse_list,
+            choices=SASL_MECHANISMS,
+            default="SCRAM-SHA-256,SCRAM-SHA-512",
+            doc="SASL mechanisms offered on `SASL_PLAINTEXT` and `SASL_SSL` listeners (Kafka's default GSSAPI is not "
+            "available).",
+        ),
+        Key(
+            "sasl.server.max.receive.size",
+            parse_int,
+            minimum=1,
+            default="524288",
+            doc="Largest request accepted from a connection that has not authenticated yet.",
+        ),
+        Key(
+            "connection.failed.authentication.delay.ms",
+            parse_int,
+            minimum=0,
+            default="100",
+            doc="Delay before a failed authentication is answered, to slow password guessing.",
+        ),
+        Key("ssl.keystore.type", parse_str, choices=("PEM",), default="PEM", doc="Format of `ssl.keystore.location`."),
+        Key(
+            "ssl.keystore.location",
+            parse_str,
+            valid="a file path",
+            doc="PEM file with the private key and certificate chain; needed by `SSL` and `SASL_SSL` listeners.",
+        ),
+        Key(
+            "ssl.keystore.password",
+            parse_str,
+            valid="refused",
+            doc="Refused: a PEM keystore has no store password (`ssl.key.password` decrypts an encrypted key).",
+        ),
+        Key("ssl.key.password", parse_str, doc="Password of the private key in `ssl.keystore.location`, if encrypted."),
+        Key(
+            "ssl.truststore.type",
+            parse_str,
+            choices=("PEM",),
+            default="PEM",
+            doc="Format of `ssl.truststore.location`.",
+        ),
+        Key(
+            "ssl.truststore.location",
+            parse_str,
+            valid="a file path",
+            doc="PEM CA certificates that client certificates must chain to (for `ssl.client.auth` `requested` or "
+            "`required`).",
+        ),
+        Key(
+            "ssl.truststore.password",
+            parse_str,
+            valid="refused",
+            doc="Refused: a PEM truststore has no password.",
+        ),
+        Key(
+            "ssl.client.auth",
+            parse_str,
+            choices=("none", "requested", "required"),
+            default="none",
+            doc="Whether TLS clients are asked for, or must present, a certificate.",
+        ),
+        Key(
+            "ssl.enabled.protocols",
+            parse_list,
+            choices=("TLSv1.2", "TLSv1.3"),
+            default="TLSv1.2,TLSv1.3",
+            doc="TLS versions accepted.",
+        ),
+        Key(
+            "ssl.cipher.suites",
+            parse_list,
+            valid="OpenSSL cipher names, comma-separated",
+            doc="Cipher suites allowed; unset: OpenSSL's defaults.",
+        ),
+        Key(
+            "authorizer.class.name",
+            parse_str,
+            valid=" or ".join(f"`{name}`" for name in ACL_AUTHORIZERS),
+            doc="Naming Kafka's ACL authorizer turns ACLs on; unset: every authenticated client may do everything.",
+        ),
+        Key(
+            "allow.everyone.if.no.acl.found",
+            parse_bool,
+            default="false",
+            doc="With ACLs on, allow every principal access to a resource that has no ACL.",
+        ),
+        Key(
+            "super.users",
+            parse_principals,
+            valid="`User:name`, separated by `;`",
+            doc="Principals that ACLs never deny.",
+        ),
     ]
 }
 
@@ -238,27 +432,44 @@ class BrokerConfig:
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> BrokerConfig:
         server: dict[str, Any] = {}
-        storage: dict[str, Any] = {}
+        storage: list[str] = []
         for name, raw in settings.items():
             key = SERVER_KEYS.get(name)
             if key is not None:
-                server[name] = key.convert(raw)
+                try:
+                    server[name] = key.convert(raw)
+                except ConfigError as exc:
+                    raise located(settings, name, exc) from None
             elif name in BROKER_KEYS:
-                storage[name] = raw
+                storage.append(name)
             else:
-                raise ConfigError(f"unknown config key {name!r}")
-        protocols = parse_protocol_map(server.get("listener.security.protocol.map"))
-        listeners = tuple(Listener.parse("listeners", text, protocols) for text in server.get("listeners", []))
-        if len({listener.name for listener in listeners}) != len(listeners):
-            raise ConfigError("config listeners: each listener needs its own name")
+                raise located(settings, name, ConfigError(f"unknown config key {name!r}"))
+        try:
+            protocols = parse_protocol_map(server.get("listener.security.protocol.map"))
+        except ConfigError as exc:
+            raise located(settings, "listener.security.protocol.map", exc) from None
+        try:
+            listeners = tuple(Listener.parse("listeners", text, protocols) for text in server.get("listeners", []))
+            if len({listener.name for listener in listeners}) != len(listeners):
+                raise ConfigError("config listeners: each listener needs its own name")
+        except ConfigError as exc:
+            raise located(settings, "listeners", exc) from None
         advertised = server.get("advertised.listeners")
+        try:
+            advertised_listeners = (
+                tuple(Listener.parse("advertised.listeners", t, protocols) for t in advertised) if advertised else None
+            )
+        except ConfigError as exc:
+            raise located(settings, "advertised.listeners", exc) from None
         defaults = cls()
         listeners = listeners or defaults.listeners
+        try:
+            security = SecurityConfig.from_server_keys(server, listeners)
+        except ConfigError as exc:  # "config KEY: ..."
+            raise located(settings, str(exc).removeprefix("config ").partition(":")[0], exc) from None
         return cls(
             listeners=listeners,
-            advertised_listeners=tuple(Listener.parse("advertised.listeners", t, protocols) for t in advertised)
-            if advertised
-            else None,
+            advertised_listeners=advertised_listeners,
             socket_request_max_bytes=server.get("socket.request.max.bytes", defaults.socket_request_max_bytes),
             auto_create_topics_enable=server.get("auto.create.topics.enable", defaults.auto_create_topics_enable),
             delete_topic_enable=server.get("delete.topic.enable", defaults.delete_topic_enable),
@@ -284,8 +495,8 @@ class BrokerConfig:
             metrics_port=server.get("tidelog.metrics.port", defaults.metrics_port),
             metrics_host=server.get("tidelog.metrics.host", defaults.metrics_host),
             shutdown_timeout_ms=server.get("tidelog.shutdown.timeout.ms", defaults.shutdown_timeout_ms),
-            engine=EngineConfig.from_mapping(storage, log_dir=defaults.engine.log_dirs[0]),
-            security=SecurityConfig.from_server_keys(server, listeners),
+            engine=EngineConfig.from_mapping(select(settings, storage), log_dir=defaults.engine.log_dirs[0]),
+            security=security,
         )
 
     def advertised_for(self, listener: Listener, bound_port: int) -> tuple[str, int]:

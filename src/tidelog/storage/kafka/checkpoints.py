@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from tidelog.atomic_files import fsync_directory, write_atomically
-from tidelog.errors import CorruptCheckpointError
+from tidelog.config import parse_properties
+from tidelog.errors import ConfigError, CorruptCheckpointError
 from tidelog.storage.common.kafka_uuid import is_kafka_uuid
 from tidelog.storage.common.offset_checkpoint import read_framed, write_framed
 
@@ -79,17 +80,17 @@ def write_meta_properties(path: Path, properties: Mapping[str, str]) -> None:
 
 
 def read_meta_properties(path: Path) -> dict[str, str]:
+    """Read as java.util.Properties does (tidelog.config.parse_properties; bytes that are not UTF-8 are replaced,
+    as in a comment they do no harm). A key without a value (a torn line) or a bad escape makes the file corrupt."""
     if not path.exists():
         return {}
-    properties = {}
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        line = line.strip()
-        if not line or line[0] in "#!":
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise CorruptCheckpointError(f"{path}: malformed line {line!r}")
-        properties[key.strip()] = value.strip()
+    try:
+        properties = dict(parse_properties(path.read_text(encoding="utf-8", errors="replace"), str(path)))
+    except ConfigError as exc:
+        raise CorruptCheckpointError(str(exc)) from None
+    for key, value in properties.items():
+        if not value:
+            raise CorruptCheckpointError(f"{path}: {key!r} has no value")
     return properties
 
 
