@@ -1,4 +1,4 @@
-"""Retention of the RocketMQ engine (rocketmq-storage.md §5): whole CommitLog files by age (`fileReservedTime`, file
+"""Retention of the RocketMQ engine, as RocketMQ's CleanCommitLogService does it: whole CommitLog files by age (`fileReservedTime`, file
 mtime) at the `deleteWhen` hours, at any hour above `diskMaxUsedSpaceRatio`, regardless of age above
 `diskSpaceCleanForciblyRatio`, writes refused above `diskSpaceWarningLevelRatio`; then the ConsumeQueue files below
 the new CommitLog minimum. The disk ratios are set around the real usage of the disk the test runs on."""

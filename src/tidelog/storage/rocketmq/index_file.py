@@ -1,5 +1,5 @@
 """The message-key index: `index/<yyyyMMddHHmmssSSS>` files, an on-disk hash map from `topic#key` to CommitLog offsets
-(RocketMQ's IndexFile, IndexHeader and IndexService; reference/rocketmq-storage.md §3).
+(RocketMQ's IndexFile, IndexHeader and IndexService, same layout and hashing).
 
 One file, big-endian, sizes from tidelog.rocketmq.maxHashSlotNum / maxIndexNum (RocketMQ's defaults: 5,000,000 and
 20,000,000, so 420,000,040 bytes):
