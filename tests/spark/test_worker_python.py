@@ -94,9 +94,21 @@ def test_register_runs_nothing_when_workers_run_this_python(spark: Any, monkeypa
     tidelog.spark.register(spark)
 
 
-def test_check_workers_false_skips_the_check(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(spark.sparkContext, "pythonExec", "python3-not-installed-here")
-    tidelog.spark.register(spark, check_workers=False)
+def test_without_the_check_the_read_fails_in_a_worker(
+    spark: Any, monkeypatch: pytest.MonkeyPatch, python_without_tidelog: str, small_log: Path
+) -> None:
+    """What the check saves a user from: `check_workers=False` registers the source anyway (the registration keeps
+    the worker Python it was made with), and the first read fails inside Spark with a worker's import error."""
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", python_without_tidelog)
+    try:
+        tidelog.spark.register(spark, check_workers=False)
+        with pytest.raises(Exception, match="PYTHON_DATA_SOURCE_ERROR") as caught:
+            spark.read.format("tidelog").option("subscribe", "visits").load(str(small_log)).count()
+        assert "ModuleNotFoundError" in str(caught.value)
+    finally:
+        monkeypatch.undo()
+        tidelog.spark.register(spark)  # again with the session's own worker Python, for the tests after this one
+    assert spark.read.format("tidelog").option("subscribe", "visits").load(str(small_log)).count() == 900
 
 
 def test_the_message_says_that_spark_pyspark_python_was_ignored() -> None:
