@@ -6,7 +6,7 @@ Run by `make check-install` with the python of a fresh virtualenv into which onl
 
 It checks, printing one line per check and stopping at the first failure with exit code 1:
   1. tidelog is the installed copy in this environment (not the source tree) and no Spark package is installed;
-  2. every module of tidelog outside tidelog.spark imports;
+  2. every module of tidelog outside tidelog.spark imports, and `tidelog demo` (Spark) says what to install;
   3. `tidelog serve` starts (log dir in a temp dir, an ephemeral port on 127.0.0.1), a librdkafka producer
      (confluent-kafka) writes a record and a librdkafka consumer in a group reads it back, the broker stops cleanly;
   4. the embedded API (`tidelog.open`), both engines: append, read back, reopen, read again;
@@ -96,6 +96,20 @@ def check_imports() -> None:
     check(not failures, "modules that do not import without extras:\n  " + "\n  ".join(failures))
     check(len(names) > 20, f"found only {len(names)} modules under tidelog: is the package complete?")
     ok(f"all {len(names)} modules of tidelog outside tidelog.spark import")
+
+
+def check_demo_without_spark() -> None:
+    script = Path(sys.executable).parent / "tidelog"
+    done = subprocess.run(
+        [str(script), "demo", "--seconds", "1"], capture_output=True, text=True, env=child_env(), timeout=120
+    )
+    output = done.stdout + done.stderr
+    check(
+        done.returncode == 1 and "pip install 'tidelog[spark]'" in output,
+        f"`tidelog demo` without the spark extra should exit 1 saying pip install 'tidelog[spark]'; it exited "
+        f"{done.returncode}:\n{output}",
+    )
+    ok("`tidelog demo` without the spark extra exits 1 and says: pip install 'tidelog[spark]'")
 
 
 # --- 3: the broker and librdkafka --------------------------------------------------------------------------------
@@ -308,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = [
             ("environment", lambda: check_environment(source)),
             ("imports", check_imports),
+            ("demo without spark", check_demo_without_spark),
             ("broker", lambda: check_broker(work)),
             ("embedded", lambda: check_embedded(work)),
         ]
