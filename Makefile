@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test system-deps java bench-peers lint typecheck lint-imports crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long docs-config clean
+.PHONY: demo test check-install system-deps java bench-peers lint typecheck lint-imports crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long docs-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,12 +31,17 @@ java:
 	  $(call APT_INSTALL,openjdk-17-jre-headless); }
 	@java -version 2>&1 | head -1
 
-test: $(STAMP) system-deps java
+test: $(STAMP) system-deps java check-install
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q tests -m "not slow"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$status
+
+# `pip install .` alone (no extras) in a fresh venv in a temp dir: `tidelog serve` with a librdkafka producer and
+# consumer, the embedded API, then `pip install '.[spark]'` and the data source's imports (tests/install/).
+check-install:
+	PYTHON=$(PYTHON) tests/install/check_install.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples

@@ -268,6 +268,11 @@ class BrokerStartError(TidelogError):
     """`tidelog serve`, started for a pipeline or a test, did not come up; the message says why."""
 
 
+class WorkerPythonError(TidelogError):
+    """The Python that Spark starts for its workers cannot run tidelog's data source (another interpreter without
+    tidelog, or another Python version); the message names both interpreters and what to set."""
+
+
 # --- command-line tools ------------------------------------------------------------------------------------------
 
 

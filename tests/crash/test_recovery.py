@@ -1,4 +1,4 @@
-"""Crash recovery on real files (kafka-storage.md §4): kill -9 in the middle of producing, torn and corrupted
+"""Crash recovery on real files, as Kafka's log recovery does it: kill -9 in the middle of producing, torn and corrupted
 segment tails, damaged indexes and state files. After any of these, open must succeed, every acknowledged or
 intact record must read back exactly once, and nothing past the first invalid byte may be served.
 

@@ -1,4 +1,4 @@
-"""Crash recovery of the RocketMQ engine on real files (rocketmq-storage.md §4): kill -9 of a process writing with
+"""Crash recovery of the RocketMQ engine on real files: kill -9 of a process writing with
 SYNC_FLUSH, torn tails, flipped bytes and garbage after the end, with and without the abort file. After each, open
 must succeed, every acknowledged (or intact) message must read back exactly once, nothing past the first invalid
 message may be served, and no Kafka batch may come back in part.

@@ -1,6 +1,6 @@
 """Shared fixtures of the Spark suite: ONE local SparkSession per test run, log directories, a broker.
 
-The session follows shared/reference/pyspark-datasource.md §7: local[2], 2 shuffle partitions, UI off, UTC,
+The session is the one `tidelog.spark.local_session` builds: local[2], 2 shuffle partitions, UI off, UTC,
 loopback only, Python filter pushdown on, a 10 s stream stop timeout and the C1-only JIT flags that shorten the
 JVM's warm-up (the JVM starts once, about 10 s). Every test that needs Spark is marked `spark`; the pure tests
 of the decoder, options and offsets in this directory run without a JVM.

@@ -1,7 +1,6 @@
 """Log compaction (cleanup.policy=compact) on real files: what a pass keeps, tombstones and their delete horizon
 (KIP-534), codecs, offsets and indexes after cleaning, idempotent producers (RETAIN_EMPTY), the crash-safe swap,
-the cleaner-offset-checkpoint, keyless produce, and cleaned segments read by dump-log and kafka-python
-(kafka-storage.md §3.2, §4, §6.2).
+the cleaner-offset-checkpoint, keyless produce, and cleaned segments read by dump-log and kafka-python.
 """
 
 from __future__ import annotations

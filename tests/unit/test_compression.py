@@ -1,4 +1,4 @@
-"""The five codecs as a batch's records section carries them (kafka-storage.md §1.4, python-libraries.md §3)."""
+"""The five codecs as a batch's records section carries them, in the forms every Kafka client accepts."""
 
 from __future__ import annotations
 

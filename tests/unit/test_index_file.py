@@ -1,4 +1,4 @@
-"""The IndexFile on disk (rocketmq-storage.md §3): header, slots and entries decoded field by field with struct, Java's
+"""The IndexFile on disk, in RocketMQ's layout: header, slots and entries decoded field by field with struct, Java's
 key hash, collision chains, time-range queries, a full file rolling over, reopening after a clean and a crashed run."""
 
 from __future__ import annotations

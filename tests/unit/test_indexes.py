@@ -1,4 +1,4 @@
-"""OffsetIndex and TimeIndex on real files (kafka-storage.md §2: 8-byte and 12-byte entries, preallocation,
+"""OffsetIndex and TimeIndex on real files (Kafka's layout: 8-byte and 12-byte entries, preallocation,
 warm/cold lookups, truncation, trim on close, reopen by length, the time index's reserved slot, sanity checks).
 
 Expected values are computed here independently (struct, bisect), never through the classes under test.

@@ -1,4 +1,4 @@
-"""Legacy message sets (magic 0/1) and record sets a real Kafka broker wrote (kafka-storage.md §1.6)."""
+"""Legacy message sets (magic 0/1) and record sets a real Kafka broker wrote (tests/fixtures/kafka-written)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from tidelog.errors import (
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kafka-written"
-SHARED_FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "kafka-written"
 EXPECTED: dict[str, list[dict]] = json.loads((FIXTURES / "expected.json").read_text())
 FIXTURE_NAMES = sorted(EXPECTED)
 WITH_LEGACY = [name for name in FIXTURE_NAMES if any(e["magic"] < 2 for e in EXPECTED[name])]
@@ -50,14 +49,6 @@ def test_fixture_copies_are_complete() -> None:
     assert len(files) == 11
     assert files == FIXTURE_NAMES
     assert (FIXTURES / "README.md").read_text().startswith("# Record sets written by a real Apache Kafka broker")
-
-
-@pytest.mark.skipif(not SHARED_FIXTURES.is_dir(), reason="the shared fixture directory is not on this machine")
-def test_fixture_copies_match_the_shared_originals() -> None:
-    originals = sorted(p.name for p in SHARED_FIXTURES.iterdir())
-    assert originals == sorted(p.name for p in FIXTURES.iterdir())
-    for name in originals:
-        assert (FIXTURES / name).read_bytes() == (SHARED_FIXTURES / name).read_bytes(), name
 
 
 # --- decoding them -------------------------------------------------------------------------------------------

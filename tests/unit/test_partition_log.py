@@ -1,5 +1,5 @@
 """The Kafka engine end to end on real files: layout, sparse indexes, rolls, appends, reads, timestamps, retention,
-flushing, configuration, topics, stray files and data written by a real Kafka broker (kafka-storage.md §2-6).
+flushing, configuration, topics, stray files and data written by a real Kafka broker.
 
 Everything on disk is checked with `struct` and the text of the files, independently of the engine's own readers;
 producer bytes come from kafka-python's batch builder where a real client's bytes matter.
@@ -1685,30 +1685,16 @@ def test_kraft_metadata_log_is_not_a_topic(data_dir: Path) -> None:
 # =================================================================================================================
 
 
-def _kafka_written_dir() -> Path | None:
-    for candidate in (
-        Path(__file__).resolve().parents[1] / "fixtures" / "kafka-written",
-        Path("/work/shared/fixtures/kafka-written"),
-    ):
-        if (candidate / "expected.json").is_file():
-            return candidate
-    return None
-
-
-KAFKA_WRITTEN = _kafka_written_dir()
-KAFKA_EXPECTED: dict[str, list[dict]] = (
-    json.loads((KAFKA_WRITTEN / "expected.json").read_text()) if KAFKA_WRITTEN else {}
-)
+KAFKA_WRITTEN = Path(__file__).resolve().parents[1] / "fixtures" / "kafka-written"  # tracked in the repository
+KAFKA_EXPECTED: dict[str, list[dict]] = json.loads((KAFKA_WRITTEN / "expected.json").read_text())
 
 
 @pytest.fixture
 def kafka_written() -> Path:
-    if KAFKA_WRITTEN is None:
-        pytest.skip("fixtures/kafka-written is not available")
     return KAFKA_WRITTEN
 
 
-@pytest.mark.parametrize("name", sorted(KAFKA_EXPECTED) or ["missing"])
+@pytest.mark.parametrize("name", sorted(KAFKA_EXPECTED))
 def test_kafka_written_segment_is_adopted(
     data_dir: Path, kafka_written: Path, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,4 +1,4 @@
-"""RecordBatch v2: layout, round trips, broker rewrites, and what bad bytes do (kafka-storage.md §1.1-1.5)."""
+"""RecordBatch v2: layout, round trips, broker rewrites, and what bad bytes do."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ HEADER_FORMAT = ">qiibIhiqqqhii"  # written out again here, independently of the
 HEADER_SIZE = struct.calcsize(HEADER_FORMAT)
 TS = 1_700_000_000_000
 
-# kafka-storage.md §1.3 worked example: key "k", value "v", ts 1700000000000, PLE -1, not idempotent.
+# a worked example of Kafka's format, written out by hand: key "k", value "v", ts 1700000000000, PLE -1, not idempotent.
 WORKED_EXAMPLE = bytes.fromhex(
     "0000000000000000 0000003a ffffffff 02 e99b8dd8 0000 00000000 0000018bcfe56800 0000018bcfe56800"
     "ffffffffffffffff ffff ffffffff 00000001"

@@ -1,4 +1,4 @@
-"""codec/rocketmq_message.py against RocketMQ's layout, read back field by field with `struct` (rocketmq-storage.md §1),
+"""codec/rocketmq_message.py against RocketMQ's layout, read back field by field with `struct`,
 and the Kafka record <-> message mapping."""
 
 from __future__ import annotations

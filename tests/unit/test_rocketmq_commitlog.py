@@ -1,4 +1,4 @@
-"""CommitLog files on disk (rocketmq-storage.md §1, §4): 20-digit names, full-size files, BLANK fill, no message across
+"""CommitLog files on disk, as RocketMQ lays them out: 20-digit names, full-size files, BLANK fill, no message across
 two files, preallocation of the next file, recovery cutting torn and corrupt tails, the checkpoint and abort files."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The RocketMQ engine's own behaviour (rocketmq-storage.md §1, §2, §4): what a Kafka batch becomes on disk, read back
+"""The RocketMQ engine's own behaviour: what a Kafka batch becomes on disk, read back
 field by field with struct; the dispatcher building ConsumeQueues in the background and catching up after a restart
 or from nothing; SYNC_FLUSH group commit; the abort file and checkpoint; deleted topics staying deleted."""
 

@@ -1,4 +1,4 @@
-"""The RocketMQ engine's ASYNC_FLUSH policy (FlushRealTimeService, rocketmq-storage.md §4): a round every
+"""The RocketMQ engine's ASYNC_FLUSH policy (RocketMQ's FlushRealTimeService): a round every
 flushIntervalCommitLog ms syncs the CommitLog only when at least flushCommitLogLeastPages 4 KiB pages are dirty, and
 everything once flushCommitLogThoroughInterval ms have passed since the last thorough round. The rounds are driven
 with a given clock; the interval is checked on the engine's own thread."""

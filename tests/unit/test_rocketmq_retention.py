@@ -1,7 +1,7 @@
-"""Retention of the RocketMQ engine (rocketmq-storage.md §5): whole CommitLog files by age (`fileReservedTime`, file
-mtime) at the `deleteWhen` hours, at any hour above `diskMaxUsedSpaceRatio`, regardless of age above
-`diskSpaceCleanForciblyRatio`, writes refused above `diskSpaceWarningLevelRatio`; then the ConsumeQueue files below
-the new CommitLog minimum. The disk ratios are set around the real usage of the disk the test runs on."""
+"""Retention of the RocketMQ engine (RocketMQ's CleanCommitLogService): whole CommitLog files by age
+(`fileReservedTime`, file mtime) at the `deleteWhen` hours, at any hour above `diskMaxUsedSpaceRatio`, regardless
+of age above `diskSpaceCleanForciblyRatio`, writes refused above `diskSpaceWarningLevelRatio`; then the ConsumeQueue
+files below the new CommitLog minimum. The disk ratios are set around the real usage of the disk the test runs on."""
 
 from __future__ import annotations
 

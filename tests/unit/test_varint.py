@@ -1,4 +1,4 @@
-"""Zig-zag varints and varlongs exactly as Kafka's ByteUtils writes them (kafka-storage.md §1.3)."""
+"""Zig-zag varints and varlongs exactly as Kafka's ByteUtils writes them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A RocketMQ CommitLog message, byte for byte as RocketMQ's store writes it (MessageExtEncoder / CommitLog), and the
 mapping of one Kafka record onto one such message. Pure: bytes in, objects out, no I/O.
 
-Layout, big-endian, IPv4 hosts (reference/rocketmq-storage.md §1):
+Layout of a v1 message, big-endian, IPv4 hosts (as RocketMQ's MessageExtEncoder writes it):
 
     off size field                         off size field
       0   4  TOTALSIZE (whole message)       48   8  BORNHOST (ip 4 | port i32)

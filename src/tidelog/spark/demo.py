@@ -36,6 +36,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -236,7 +237,8 @@ def run(
     console.rule("[bold]tidelog demo: page visits per window on Spark")
     problem = _missing_requirement()
     if problem:
-        console.print(f"[red]{problem}[/]\n(`tidelog demo --storage` runs the storage demo, which needs neither)")
+        hint = "(`tidelog demo --storage` runs the storage demo, which needs neither)"
+        console.print(f"[red]{escape(problem)}[/]\n{hint}")  # escaped: rich would take [spark] for markup
         return 1
     pipeline = load_pipeline()
     shutil.rmtree(data_dir, ignore_errors=True)
