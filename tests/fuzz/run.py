@@ -112,7 +112,7 @@ def fuzz(target: str, runs: int, out: Path, seed: int | None, timeout_s: int, rs
     ]
     if seed is not None:
         args.append(f"-seed={seed}")
-    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     started = time.monotonic()
     with (work / "libfuzzer.log").open("w") as log:
         proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
