@@ -56,7 +56,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchutil import add_dir_argument, console, filesystem_type, scratch_dir, source_revision
+from benchutil import (
+    add_dir_argument,
+    console,
+    filesystem_type,
+    machine_line,
+    scratch_dir,
+    source_revision,
+    write_doc_section,
+)
 from peers.clients import run_worker
 from peers.harness import Context, Processes, scan_server_logs, settle, stop_servers
 from peers.profile import print_profiles, profile_broker
@@ -65,12 +73,10 @@ from peers.report import (
     PNG,
     REPO,
     SECTION_HEADING,
-    machine_line,
     markdown_section,
     plot,
     print_tables,
     summarize,
-    write_section,
 )
 from peers.systems import LATENCY_TESTS, SYSTEMS, TESTS, Test, run_latency, run_throughput, versions
 
@@ -233,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.docs:
             plot(summary, latency, args, PNG)
             section = markdown_section(ctx, summary, latency, command, version_text, started, procs.problems)
-            action = write_section(BENCHMARKS_MD, section)
+            action = write_doc_section(BENCHMARKS_MD, SECTION_HEADING, section)
             console.print(
                 f"wrote {PNG.relative_to(REPO)}; {action} the section “{SECTION_HEADING[3:]}” in "
                 f"{BENCHMARKS_MD.relative_to(REPO)}"

@@ -5,18 +5,15 @@ Contract: `summarize()` turns the repetitions of each throughput test into one r
 CPU, the worst disturbance from the rest of the machine). `print_tables()` prints those rows and the latency rows
 with their ratios to the peers of the same direction and client tier (systems.PEERS) and the findings.
 `plot()` draws docs/broker-vs-peers.png; `markdown_section()` renders the section SECTION_HEADING and
-`write_section()` puts it into docs/benchmarks.md, replacing only its own previous version.
+`benchutil.write_doc_section()` puts it into docs/benchmarks.md, replacing only its own previous version.
 """
 
 from __future__ import annotations
 
-import os
-import platform
-import re
 from pathlib import Path
 from typing import Any
 
-from benchutil import console, cpu_model, filesystem_type, median, new_table
+from benchutil import console, filesystem_type, machine_line, median, new_table
 from peers.clients import (
     KAFKA_CONSUME_BATCH,
     KAFKA_CONSUMER,
@@ -374,13 +371,6 @@ def ms_text(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
-def machine_line() -> str:
-    return (
-        f"{os.cpu_count()} vCPU {cpu_model()}, Python {platform.python_version()}, {platform.system()} "
-        f"{platform.release()}"
-    )
-
-
 def markdown_table(columns: tuple[str, ...], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|"]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
@@ -479,25 +469,3 @@ between runs), so compare the ratios rather than absolute numbers across runs.
 
 ![tidelog vs Redis Streams vs NATS JetStream](broker-vs-peers.png)
 """
-
-
-def write_section(path: Path, section: str) -> str:
-    """Add our section to docs/benchmarks.md, or replace our own previous one; other sections stay as they are.
-
-    The file is re-read just before writing (another script writes other sections of it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION_HEADING), None)
-    if start is None:
-        new = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
-        action = "appended"
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if re.match(r"^#{1,2} ", lines[i])), len(lines))
-        before, after = "".join(lines[:start]), "".join(lines[end:])
-        new = before + section.rstrip("\n") + "\n" + ("\n" + after if after else "")
-        action = "replaced"
-    tmp = path.with_name(path.name + ".tmp-broker-vs-peers")
-    tmp.write_text(new, encoding="utf-8")
-    os.replace(tmp, path)
-    return action
