@@ -271,7 +271,7 @@ def tidelog_under_test() -> str:
         commit = run_quiet(["git", "-C", top, "rev-parse", "--short", "HEAD"]).stdout.strip()
         dirty = run_quiet(["git", "--no-optional-locks", "-C", top, "status", "--porcelain", "--", str(package)])
     except (OSError, subprocess.CalledProcessError):
-        return f"tidelog from {package} (not a git checkout)"
+        return f"from {package} (not a git checkout)"
     return f"commit {commit}{' +changes' if dirty.stdout.strip() else ''}"
 
 
