@@ -373,7 +373,7 @@ spent in that one stall (near 100 %: the whole request ran on the loop without y
 `--partitions N` runs a smaller version; `PYTHONPATH=/other/checkout/src` measures another checkout's broker.
 
 Command: `{facts["command"]}`. Run {facts["started"]} on {facts["machine"]} (load average {facts["load"]} at the
-start; the 2 cores are shared by the broker, the heartbeat client and whatever else runs), data on
+start; the cores are shared by the broker, the heartbeat client and whatever else runs), data on
 {facts["filesystem"]}; broker: tidelog {facts["revision"]}.
 
 {table_text}
