@@ -352,10 +352,24 @@ def cells(row: dict[str, Any]) -> list[str]:
     return [*figures, ratio, f"{row['max'] / 10 / row['admin_s']:.0f} %"]
 
 
+def findings(rows: list[dict[str, Any]]) -> list[str]:
+    """The admin requests during which the loop answered nothing for most of the request."""
+    notes = []
+    for row in rows[1:]:
+        share = row["max"] / 1000 / row["admin_s"]
+        if share >= 0.5:
+            notes.append(
+                f"{row['phase']}: no heartbeat was answered for {row['max'] / 1000:.1f} s, {100 * share:.0f} % of "
+                "the request's time: the event loop served no other request while it ran."
+            )
+    return notes
+
+
 def markdown_section(rows: list[dict[str, Any]], facts: dict[str, str]) -> str:
     table = ["| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
     table += ["| " + " | ".join(cells(row)) + " |" for row in rows]
     table_text = "\n".join(table)
+    notes = "".join(f"\n- {note}" for note in findings(rows))
     return f"""{SECTION_HEADING}
 
 ```
@@ -372,11 +386,12 @@ long round trip: max is the longest stall, and "max ÷ request" is the share of 
 spent in that one stall (near 100 %: the whole request ran on the loop without yielding).
 `--partitions N` runs a smaller version; `PYTHONPATH=/other/checkout/src` measures another checkout's broker.
 
-Command: `{facts["command"]}`. Run {facts["started"]} on {facts["machine"]} (load average {facts["load"]} at the
-start; the cores are shared by the broker, the heartbeat client and whatever else runs), data on
-{facts["filesystem"]}; broker: tidelog {facts["revision"]}.
+Command: `{facts["command"]}`, run {facts["started"]}; broker: tidelog {facts["revision"]}.
+Machine: {facts["machine"]}, data on {facts["filesystem"]}; load average {facts["load"]} at the start (the
+cores are shared by the broker, the heartbeat client and whatever else runs).
 
 {table_text}
+{notes}
 """
 
 
@@ -429,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         table.add_row(*cells(row))
     console.print(table)
+    for note in findings(rows):
+        console.print(f"• {note}")
     if status != 0:
         console.print(f"note: the broker exited with status {status} after SIGTERM")
     if trouble:
