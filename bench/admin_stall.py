@@ -387,8 +387,9 @@ spent in that one stall (near 100 %: the whole request ran on the loop without y
 `--partitions N` runs a smaller version; `PYTHONPATH=/other/checkout/src` measures another checkout's broker.
 
 Command: `{facts["command"]}`, run {facts["started"]}; broker: tidelog {facts["revision"]}.
-Machine: {facts["machine"]}, data on {facts["filesystem"]}; load average {facts["load"]} at the start (the
-cores are shared by the broker, the heartbeat client and whatever else runs).
+Machine: {facts["machine"]}, data on {facts["filesystem"]}.
+Load average {facts["load"]} at the start (the cores are shared by the broker, the heartbeat client and whatever
+else runs on the machine).
 
 {table_text}
 {notes}
