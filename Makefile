@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test check-install system-deps java bench-peers lint typecheck lint-imports crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines fuzz-long soak-long docs-config clean
+.PHONY: demo test check-install system-deps java bench-peers lint typecheck lint-imports crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall fuzz-long soak-long docs-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,7 +59,8 @@ lint-imports: $(STAMP)
 crash-long: $(STAMP)
 	$(PY) -m pytest -q -s -m slow tests/crash
 
-bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines
+bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines \
+	bench-admin-stall
 
 bench-append: $(STAMP)
 	$(PY) bench/append_throughput.py
@@ -88,6 +89,10 @@ bench-spark: $(STAMP)
 
 bench-engines: $(STAMP)
 	$(PY) bench/engine_partitions.py --plot
+
+# heartbeat round trips while CreateTopics/CreatePartitions/DeleteTopics of 2,000 partitions run; writes its docs section
+bench-admin-stall: $(STAMP)
+	$(PY) bench/admin_stall.py --write-report
 
 # Coverage-guided fuzzing (atheris), 1,000,000 inputs per target; figures in docs/reliability.md.
 fuzz-long: $(STAMP)

@@ -1,5 +1,6 @@
 """Helpers the benchmark scripts share: a scratch directory with a free-space check, machine facts, timing
-statistics and the rich console they print to. Not a benchmark itself."""
+statistics, the rich console they print to and the writer of their sections of docs/benchmarks.md. Not a
+benchmark itself."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import contextlib
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -95,6 +97,13 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def machine_line() -> str:
+    return (
+        f"{os.cpu_count()} vCPU {cpu_model()}, Python {platform.python_version()}, {platform.system()} "
+        f"{platform.release()}"
+    )
+
+
 def source_revision() -> str:
     """The commit the benchmarked code comes from, "+changes" when src/ differs from it (read-only git calls)."""
     repo = Path(__file__).resolve().parent.parent
@@ -142,3 +151,27 @@ def new_table(title: str, *columns: str) -> Table:
     for index, column in enumerate(columns):
         table.add_column(column, justify="left" if index == 0 else "right")
     return table
+
+
+def write_doc_section(path: Path, heading: str, section: str) -> str:
+    """Add a script's section (starting with the line `heading`, "## ...") to docs/benchmarks.md, or replace its
+    previous one up to the next heading of level 1 or 2; other sections stay as they are. Returns "appended" or
+    "replaced".
+
+    The file is re-read just before writing (other scripts write other sections of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == heading), None)
+    if start is None:
+        new = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
+        action = "appended"
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if re.match(r"^#{1,2} ", lines[i])), len(lines))
+        before, after = "".join(lines[:start]), "".join(lines[end:])
+        new = before + section.rstrip("\n") + "\n" + ("\n" + after if after else "")
+        action = "replaced"
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(new, encoding="utf-8")
+    os.replace(tmp, path)
+    return action

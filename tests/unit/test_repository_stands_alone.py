@@ -24,10 +24,6 @@ THIS_FILE = Path(__file__).resolve().relative_to(ROOT).as_posix()
 OUTSIDE_PATH = re.compile(r"\.\./" + r"shared\b|/work/" + r"|\bshared/" + r"reference\b")
 MD_CITATION = re.compile(r"(?:\breference/(?P<ref>[\w.-]+\.md)\b|\b(?P<sec>[\w-]+\.md) " + "§)")
 
-# Files another branch is rewriting (the broker benchmark is being split into modules there); each entry must still
-# be an offender, so the exception disappears with the problem.
-KNOWN_ELSEWHERE = {"bench/broker_vs_peers.py"}
-
 
 def tracked_files() -> list[str]:
     if shutil.which("git") is None or not (ROOT / ".git").exists():
@@ -71,14 +67,8 @@ def scan() -> dict[str, list[str]]:
 
 def test_no_tracked_file_points_outside_the_repository() -> None:
     found = scan()
-    offenders = [line for path, lines in sorted(found.items()) if path not in KNOWN_ELSEWHERE for line in lines]
+    offenders = [line for _path, lines in sorted(found.items()) for line in lines]
     assert not offenders, "files pointing outside the repository:\n" + "\n".join(offenders)
-
-
-def test_known_exceptions_are_still_needed() -> None:
-    found = scan()
-    stale = sorted(path for path in KNOWN_ELSEWHERE if path not in found)
-    assert not stale, f"no longer offending, drop them from KNOWN_ELSEWHERE: {stale}"
 
 
 @pytest.mark.parametrize(
