@@ -4,6 +4,7 @@
     .venv/bin/python bench/admin_stall.py --partitions 200  # a quick, smaller run
     .venv/bin/python bench/admin_stall.py --write-report    # also write its section of docs/benchmarks.md
     PYTHONPATH=/elsewhere/src .venv/bin/python bench/admin_stall.py   # the broker of another checkout
+    .venv/bin/python bench/admin_stall.py --baseline /old/checkout/src   # before and after, in one run
 
 One `tidelog serve` subprocess (`python -m tidelog.cli serve` with this interpreter, so the tidelog package
 PYTHONPATH points to is the one measured) with default settings, an ephemeral port on 127.0.0.1, its log dir in
@@ -20,7 +21,8 @@ main thread sends the admin requests on a second connection. Phases:
 A round trip counts in the phase its interval overlaps (the pauses of PAUSE_SECONDS between phases count
 nowhere). A heartbeat that arrives while the loop is busy waits, so a stall shows as one long round trip: max is
 the longest stall, and a phase with few round trips spent most of its time stalled. For each phase the script
-prints p50/p99/max and its p99 ÷ the idle p99.
+prints p50/p99/max and its p99 ÷ the idle p99. With --baseline, the same run is made first with the broker of
+that source tree (PYTHONPATH) and then with this one, so a before/after comparison shares the machine's state.
 """
 
 from __future__ import annotations
@@ -226,13 +228,20 @@ class Broker:
     stderr: Path
 
     @classmethod
-    def start(cls, scratch: Path) -> Broker:
+    def start(cls, scratch: Path, pythonpath: str | None = None) -> Broker:
         argv = [sys.executable, "-m", "tidelog.cli", "serve"]
+        env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
         argv += ["--override", "listeners=PLAINTEXT://127.0.0.1:0", "--override", f"log.dirs={scratch / 'logs'}"]
         stdout, stderr = scratch / "broker.out", scratch / "broker.err"
         with stdout.open("wb") as out, stderr.open("wb") as err:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, preexec_fn=_child_setup, start_new_session=True
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                preexec_fn=_child_setup,
+                start_new_session=True,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and proc.poll() is None:
@@ -262,9 +271,14 @@ class Broker:
         return [line for line in lines if re.search(r"\b(WARNING|ERROR|CRITICAL|Traceback)\b", line)]
 
 
-def tidelog_under_test() -> str:
-    """The tidelog package this interpreter imports (so the broker runs) and its commit, when it is a checkout."""
-    found = run_quiet([sys.executable, "-c", "import tidelog; print(tidelog.__file__)"])
+def tidelog_under_test(pythonpath: str | None = None) -> str:
+    """The tidelog package the broker imports (this interpreter's, or the one under `pythonpath`) and its commit,
+    when it is a checkout."""
+    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
+    found = subprocess.run(
+        [sys.executable, "-c", "import tidelog; print(tidelog.__file__)"],
+        capture_output=True, text=True, check=True, env=env,
+    )  # fmt: skip
     package = Path(found.stdout.strip()).parent
     try:
         top = run_quiet(["git", "-C", str(package), "rev-parse", "--show-toplevel"]).stdout.strip()
@@ -365,11 +379,16 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def markdown_section(rows: list[dict[str, Any]], facts: dict[str, str]) -> str:
+def markdown_table(rows: list[dict[str, Any]]) -> str:
     table = ["| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
     table += ["| " + " | ".join(cells(row)) + " |" for row in rows]
-    table_text = "\n".join(table)
-    notes = "".join(f"\n- {note}" for note in findings(rows))
+    return "\n".join(table) + "\n" + "".join(f"\n- {note}" for note in findings(rows))
+
+
+def markdown_section(runs: list[Run], facts: dict[str, str]) -> str:
+    tables = "\n".join(
+        f"{run.label}: the broker of tidelog {run.revision}.\n\n{markdown_table(run.rows)}" for run in runs
+    )
     return f"""{SECTION_HEADING}
 
 ```
@@ -384,16 +403,15 @@ alone, the reference from the same run; each admin phase lasts while its request
 counts in the phase it overlaps. A heartbeat that arrives while the loop is busy waits, so a stall shows as one
 long round trip: max is the longest stall, and "max ÷ request" is the share of the admin request's time the loop
 spent in that one stall (near 100 %: the whole request ran on the loop without yielding).
-`--partitions N` runs a smaller version; `PYTHONPATH=/other/checkout/src` measures another checkout's broker.
+`--partitions N` runs a smaller version; `--baseline /other/checkout/src` measures that checkout's broker first,
+in the same run, for a before/after comparison.
 
-Command: `{facts["command"]}`, run {facts["started"]}; broker: tidelog {facts["revision"]}.
+Command: `{facts["command"]}`, run {facts["started"]}.
 Machine: {facts["machine"]}, data on {facts["filesystem"]}.
 Load average {facts["load"]} at the start (the cores are shared by the broker, the heartbeat client and whatever
 else runs on the machine).
 
-{table_text}
-{notes}
-"""
+{tables}"""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -409,11 +427,49 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"write (or replace) the section “{SECTION_HEADING[3:]}” of {BENCHMARKS_MD.relative_to(REPO)}",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="SRC",
+        help="a source tree (its src/ directory) whose broker is measured first, as the before of a comparison",
+    )
     add_dir_argument(parser)
     args = parser.parse_args(argv)
     if args.partitions < 2:
         parser.error("--partitions must be at least 2")
     return args
+
+
+@dataclass
+class Run:
+    label: str
+    revision: str
+    rows: list[dict[str, Any]]
+    answer: str
+
+
+def measure(label: str, scratch: Path, partitions: int, pythonpath: str | None) -> Run:
+    """One broker, the four phases, the table printed."""
+    revision = tidelog_under_test(pythonpath)
+    console.print(f"{label}: tidelog {revision}")
+    broker = Broker.start(scratch, pythonpath)
+    try:
+        phases, heartbeats = run_phases(broker.port, partitions)
+    finally:
+        status = broker.stop()
+    trouble = broker.trouble()
+    rows = phase_rows(phases, heartbeats)
+    title = f"{label}: heartbeat round trips on one connection (the broker answers {heartbeats.answer})"
+    table = new_table(title, *COLUMNS)
+    for row in rows:
+        table.add_row(*cells(row))
+    console.print(table)
+    for note in findings(rows):
+        console.print(f"• {note}")
+    if status != 0:
+        console.print(f"note: the broker exited with status {status} after SIGTERM")
+    if trouble:
+        console.print(f"note: the broker logged {len(trouble)} warning/error line(s), the first: {trouble[0]}")
+    return Run(label, revision, rows, heartbeats.answer)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -425,34 +481,16 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M %Z"),
         "machine": machine_line(),
         "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()),
-        "revision": tidelog_under_test(),
     }
-    with scratch_dir(args.dir, 64 << 20, "tidelog-admin-stall-") as scratch:
-        facts["filesystem"] = filesystem_type(scratch)
-        console.print(
-            f"machine: {facts['machine']}, load average {facts['load']}; data dir {scratch} on "
-            f"{facts['filesystem']}; {facts['started']}; tidelog {facts['revision']}"
-        )
-        broker = Broker.start(scratch)
-        try:
-            phases, heartbeats = run_phases(broker.port, args.partitions)
-        finally:
-            status = broker.stop()
-        trouble = broker.trouble()
-    facts["answer"] = heartbeats.answer
-    rows = phase_rows(phases, heartbeats)
-    table = new_table(f"heartbeat round trips on one connection (the broker answers {heartbeats.answer})", *COLUMNS)
-    for row in rows:
-        table.add_row(*cells(row))
-    console.print(table)
-    for note in findings(rows):
-        console.print(f"• {note}")
-    if status != 0:
-        console.print(f"note: the broker exited with status {status} after SIGTERM")
-    if trouble:
-        console.print(f"note: the broker logged {len(trouble)} warning/error line(s), the first: {trouble[0]}")
+    plan = [("Before", str(Path(args.baseline).resolve())), ("After", None)] if args.baseline else [("This", None)]
+    runs = []
+    for label, pythonpath in plan:
+        with scratch_dir(args.dir, 64 << 20, "tidelog-admin-stall-") as scratch:
+            facts["filesystem"] = filesystem_type(scratch)
+            runs.append(measure(label, scratch, args.partitions, pythonpath))
+    facts["answer"] = runs[-1].answer
     if args.write_report:
-        action = write_doc_section(BENCHMARKS_MD, SECTION_HEADING, markdown_section(rows, facts))
+        action = write_doc_section(BENCHMARKS_MD, SECTION_HEADING, markdown_section(runs, facts))
         console.print(f"{action} the section “{SECTION_HEADING[3:]}” in {BENCHMARKS_MD.relative_to(REPO)}")
     return 0
 
