@@ -16,9 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidelog.codec.columnar import RecordColumns, decode_v2, from_records, scan_batches
+from tidelog.codec.batch_columns import decode_v2
+from tidelog.codec.batch_table import scan_batches
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, TimestampType, build_batch
+from tidelog.codec.record_columns import RecordColumns, from_records
 from tidelog.codec.record_set import decode_batch, iter_batches
 from tidelog.errors import CorruptRecordError
 
