@@ -43,7 +43,6 @@ AIMED_AT = {
         "tidelog/codec/batch_table.py",
         "tidelog/codec/batch_columns.py",
         "tidelog/codec/record_framing.py",
-        "tidelog/codec/record_columns.py",
     ],
     "request": ["tidelog/protocol/messages.py", "tidelog/protocol/framing.py", "tidelog/protocol/bounds.py"],
     "config": ["tidelog/config.py", "tidelog/broker/config.py"],
