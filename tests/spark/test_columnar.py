@@ -1,4 +1,5 @@
-"""The columnar decoder (codec/columnar.py) and its Arrow form (spark/arrow.py) against the row decoder.
+"""The columnar decoder (codec/batch_table.py, codec/batch_columns.py, codec/record_columns.py) and its Arrow form
+(spark/arrow.py) against the row decoder.
 
 Pure tests, no JVM: random batch runs (sizes, codecs, null keys and values, headers, offset gaps, negative
 timestamp deltas, LogAppendTime) must decode to exactly what `record_set.decode_batch` gives; framing errors
