@@ -12,8 +12,9 @@ Contract: `decode_v2` takes complete v2 data batches (callers drop control batch
 CRCs when they want to) and returns their records in batch order; empty batches (left by compaction) contribute
 none. Compressed batches are decompressed once per batch. Offsets are baseOffset + offsetDelta; timestamps
 baseTimestamp + timestampDelta, or the batch's maxTimestamp for a LogAppendTime batch. With with_headers=False
-header columns come back empty (the records' header bytes are still bounded by their lengths). Framing that does
-not add up raises CorruptRecordError naming the batch's byte position in `buf`.
+the header columns come back empty and every header count 0 (headers are then not decoded, only bounded by their
+record's length). Framing that does not add up raises CorruptRecordError naming the batch's byte position in
+`buf`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The produce path's check of the records of one batch a producer sent (Kafka's LogValidator), without building a
 Python object per record.
 
-`check_batch_records(buf, pos, header)` takes the v2 batch at `pos` of `buf` and its parsed header (its CRC and
-header fields already checked by the caller) and decodes every record (after decompression): `recordsCount`
+`check_batch_records(buf, pos, header)` takes the v2 batch at `pos` of `buf` and its parsed header (the batch's
+CRC and header fields are the caller's to check) and decodes every record (after decompression): `recordsCount`
 records exactly filling the batch, each record's fields adding up to its length, offset deltas 0..n-1, key and
 value lengths -1 or more, header keys not null, no bytes left over. It returns a RecordsCheck: the records' true
 maximum timestamp (a LogAppendTime batch's own maxTimestamp) and how many have no key. Anything else raises

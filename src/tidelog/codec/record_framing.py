@@ -12,16 +12,16 @@ costs less than numpy's fixed cost per call.
   bytes with one lookup in TWO_BYTES (every 2-byte window's value and size), longer ones byte by byte.
 - `frame_records(data, arr, starts, ends, counts, positions)`: body start and length of every record of many
   batches at once. Runs of equal-sized records are checked together; what is left is walked in lockstep over the
-  batches, or by a loop per batch when few remain. `frame_batch` is the same for the records of one batch, whose
-  offset deltas are their indexes (as producers write them); `frame_one` the plain loop over one batch.
+  batches, or by a loop per batch when few remain. `frame_batch` does the same for one batch (its size predictions
+  take offset deltas to be the record indexes, as producers write them); `frame_one` is the plain loop.
 - `record_prefix(arr, body)`: timestampDelta, offsetDelta and keyLength of each record, and where its key starts.
 - `decode_headers(...)`: (start, length) of the key and value of every header of the records that have some.
 - `batch_section(buf, pos, header)`: the records section of one batch, decompressed if it is compressed.
 
 Guarantees: framing is exact (a record accepted with a run was read where the record before it ends, and has the
 run's size); framing or fields that do not add up raise CorruptRecordError naming the batch's byte position (from
-`positions` / `pos`, as the caller numbers batches). Reads past a record's end stay within PADDING bytes of the
-data, never outside the buffer.
+`positions` / `pos`, as the caller numbers batches). Reads past the last record stay within the PADDING spare
+bytes.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ batches at once.
   distinct keys a collision has a probability of about n^2 / 2^129. It stands in for the MD5 of Kafka's offset map
   (storage/kafka/offset_map.py).
 
-Both are numpy over all records or keys of the chunk: a Python step per batch or per 8-byte word position of the
-longest key, never per record.
+Both work with numpy over all records or keys of the chunk at once: framing walks records one by one only in
+the few batches where that is cheaper (record_framing.frame_records), and the digests take a Python step per
+8-byte word of the longest key, not per key.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 (rocketmq_message.encode_records, called by storage/rocketmq/message_queue.py) turns into CommitLog messages.
 
 `decode_batch(buf, pos, header)` takes the v2 data batch at `pos` of `buf` and its parsed header and returns its
-records as RecordColumns, the same columns batch_columns.decode_v2 gives for that batch: offsets baseOffset +
-offsetDelta, timestamps baseTimestamp + timestampDelta (the batch's maxTimestamp for LogAppendTime), keys, values
-and headers as (start, length) into `data`, which is the records section (decompressed) followed by PADDING zero
-bytes. An empty batch gives empty columns. Framing that does not add up, a key or value length below -1, a
-negative header count or a header with a null key raise CorruptRecordError naming the batch position and the
-record.
+records as RecordColumns, the columns batch_columns.decode_v2 gives for that batch but in a buffer of their own:
+offsets baseOffset + offsetDelta, timestamps baseTimestamp + timestampDelta (the batch's maxTimestamp for
+LogAppendTime), keys, values and headers as (start, length) into `data`, which is the records section
+(decompressed) followed by PADDING zero bytes. An empty batch gives empty columns. Framing that does not add up, a
+key or value length below -1, a negative header count or a header with a null key raise CorruptRecordError naming
+the batch position and the record.
 
 Unlike decode_v2, which amortises its numpy calls over many stored batches, this serves one batch per call: few
 records are walked by a loop (DECODE_WALK_RECORDS), more framed by a walk over their lengths or, past
