@@ -35,7 +35,8 @@ from crc32c import crc32c
 
 import tidelog
 from benchutil import add_dir_argument, console, fmt_bytes, new_table, print_machine, scratch_dir
-from tidelog.codec.columnar import decode_v2, scan_batches
+from tidelog.codec.batch_columns import decode_v2
+from tidelog.codec.batch_table import scan_batches
 from tidelog.codec.record_batch import CRC_OFFSET, Record, build_batch
 
 T0 = 1_700_000_000_000

@@ -30,7 +30,7 @@ from crc32c import crc32c
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.run import parse_overrides
-from tidelog.codec import columnar, group_records, legacy, record_set
+from tidelog.codec import batch_columns, batch_table, group_records, legacy, record_set
 from tidelog.codec.compression import Compression, compress, decompress
 from tidelog.codec.record_batch import (
     HEADER,
@@ -97,10 +97,10 @@ def _read_record_set(buf: bytes) -> None:
 
 def _read_columnar(buf: bytes) -> None:
     """What the Spark source does with a chunk of a segment file: scan, keep the v2 data batches, decode columns."""
-    table = columnar.scan_batches(buf)
+    table = batch_table.scan_batches(buf)
     data_batches = (table.magic == 2) & ~table.is_control
     if data_batches.any():
-        columnar.decode_v2(buf, table.take(data_batches), with_headers=True)
+        batch_columns.decode_v2(buf, table.take(data_batches), with_headers=True)
 
 
 def _read_v2(buf: bytes) -> None:

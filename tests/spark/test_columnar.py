@@ -1,4 +1,5 @@
-"""The columnar decoder (codec/columnar.py) and its Arrow form (spark/arrow.py) against the row decoder.
+"""The columnar decoder (codec/batch_table.py, codec/batch_columns.py, codec/record_columns.py) and its Arrow form
+(spark/arrow.py) against the row decoder.
 
 Pure tests, no JVM: random batch runs (sizes, codecs, null keys and values, headers, offset gaps, negative
 timestamp deltas, LogAppendTime) must decode to exactly what `record_set.decode_batch` gives; framing errors
@@ -16,9 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidelog.codec.columnar import RecordColumns, decode_v2, from_records, scan_batches
+from tidelog.codec.batch_columns import decode_v2
+from tidelog.codec.batch_table import scan_batches
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, TimestampType, build_batch
+from tidelog.codec.record_columns import RecordColumns, from_records
 from tidelog.codec.record_set import decode_batch, iter_batches
 from tidelog.errors import CorruptRecordError
 

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from tidelog import Record
-from tidelog.codec.columnar import key_digests, record_layout, scan_batches
+from tidelog.codec.batch_table import scan_batches
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import build_batch
+from tidelog.codec.record_layout import key_digests, record_layout
 from tidelog.config import EngineConfig
 from tidelog.errors import ConfigError, InvalidRecordError, OutOfOrderSequenceError
 from tidelog.storage.kafka.engine import KafkaEngine

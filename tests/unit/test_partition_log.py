@@ -891,7 +891,9 @@ def test_every_record_check_also_holds_for_the_batches_checked_while_written(dat
 def test_whatever_append_accepts_every_reader_decodes(data_dir: Path) -> None:
     """Flipped bytes in the records of good batches, CRC made to fit: each append is refused or, if taken, the
     batch decodes through consume(), the columnar decoder and the cleaner's record layout."""
-    from tidelog.codec.columnar import decode_v2, record_layout, scan_batches
+    from tidelog.codec.batch_columns import decode_v2
+    from tidelog.codec.batch_table import scan_batches
+    from tidelog.codec.record_layout import record_layout
 
     rng = random.Random(5)
     originals = [

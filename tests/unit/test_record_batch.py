@@ -12,7 +12,7 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidelog.codec import columnar, record_set
+from tidelog.codec import record_check, record_set
 from tidelog.codec.compression import Compression, compress, decompress
 from tidelog.codec.record_batch import (
     BatchHeader,
@@ -771,7 +771,7 @@ def test_batch_header_properties() -> None:
         TimestampType.from_name("logappendtime")
 
 
-# --- the record check of a produced batch (columnar.check_batch_records, Kafka's LogValidator) ------------------
+# --- the record check of a produced batch (record_check.check_batch_records, Kafka's LogValidator) --------------
 
 
 def _random_batch(rng: random.Random, count: int, codec: Compression) -> bytes:
@@ -803,7 +803,7 @@ def _random_batch(rng: random.Random, count: int, codec: Compression) -> bytes:
 
 def _outcome(batch: bytes) -> object:
     try:
-        return columnar.check_batch_records(batch, 0, read_header(batch))
+        return record_check.check_batch_records(batch, 0, read_header(batch))
     except CorruptRecordError:
         return "corrupt"
 
@@ -824,7 +824,7 @@ def _outcomes_of_each_way(batch: bytes, monkeypatch: pytest.MonkeyPatch) -> dict
     for way, knobs in ways.items():
         with monkeypatch.context() as patch:
             for name, value in knobs.items():
-                patch.setattr(columnar, name, value)
+                patch.setattr(record_check, name, value)
             outcomes[way] = _outcome(batch)
     return outcomes
 
@@ -858,7 +858,7 @@ def test_check_batch_records_ways_agree_with_the_decoders(seed: int, monkeypatch
         outcome = outcomes["loop"]
         accepted.add(outcome != "corrupt")
         if outcome != "corrupt":
-            assert isinstance(outcome, columnar.RecordsCheck)
+            assert isinstance(outcome, record_check.RecordsCheck)
             decoded = decode_records(batch)
             assert len(decoded) == count
             assert outcome.max_timestamp == max(r.timestamp_ms for r in decoded)
@@ -909,8 +909,8 @@ def test_check_batch_records_reports_what_is_wrong() -> None:
     too_many = bytearray(good)
     struct.pack_into(">i", too_many, 57, 4)
     with pytest.raises(CorruptRecordError, match="record 3"):
-        columnar.check_batch_records(bytes(too_many), 0, header._replace(records_count=4))
-    assert columnar.check_batch_records(good, 0, header) == (TS + 2, 3)
+        record_check.check_batch_records(bytes(too_many), 0, header._replace(records_count=4))
+    assert record_check.check_batch_records(good, 0, header) == (TS + 2, 3)
     stamped = bytearray(good)
     set_log_append_time(stamped, 0, len(stamped), TS + 99)  # LogAppendTime: every record has maxTimestamp
-    assert columnar.check_batch_records(bytes(stamped), 0, read_header(bytes(stamped))).max_timestamp == TS + 99
+    assert record_check.check_batch_records(bytes(stamped), 0, read_header(bytes(stamped))).max_timestamp == TS + 99

@@ -1,10 +1,10 @@
 """The RocketMQ engine's batch-at-a-time paths against the record-at-a-time definitions they replace:
 
-- codec/rocketmq_message.py's encode_records (over columnar.decode_batch) makes the same bytes as encode_message of
-  record_properties for each record of decode_records - keys null, empty, binary, text, with spaces, non-ASCII or
-  looking like base64; headers plain, reserved, repeated, null or binary; null values; long topics (v2 magic);
-  idempotent batches; LogAppendTime, compressed and single-record batches; an id counter wrapping - and the same
-  IndexFile keys (String.hashCode and UTF-16 length) as message_index_keys reads back from those bytes;
+- codec/rocketmq_message.py's encode_records (over rocketmq_columns.decode_batch) makes the same bytes as
+  encode_message of record_properties for each record of decode_records - keys null, empty, binary, text, with spaces,
+  non-ASCII or looking like base64; headers plain, reserved, repeated, null or binary; null values; long topics (v2
+  magic); idempotent batches; LogAppendTime, compressed and single-record batches; an id counter wrapping - and the
+  same IndexFile keys (String.hashCode and UTF-16 length) as message_index_keys reads back from those bytes;
 - the ConsumeQueues and IndexFiles the dispatcher builds from what the appender offers are byte for byte those it
   builds by reading the CommitLog back (a store re-dispatched from its CommitLog alone);
 - IndexFile.put_keys, one batch at a time, writes the entries and chains of IndexFile.putKey called per key.
@@ -22,7 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidelog import Record
-from tidelog.codec import columnar
 from tidelog.codec import rocketmq_message as rm
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import (
@@ -33,6 +32,7 @@ from tidelog.codec.record_batch import (
     encode_record,
     read_header,
 )
+from tidelog.codec.rocketmq_columns import DECODE_WALK_RECORDS, FRAME_WALK_RECORDS, decode_batch
 from tidelog.codec.varint import encode_varint
 from tidelog.config import EngineConfig
 from tidelog.errors import CorruptRecordError
@@ -80,7 +80,7 @@ def reference(batch: bytes, topic: str, queue_id: int, uniq_first: int, log_appe
 
 def encode(batch: bytes, topic: str, queue_id: int, uniq_first: int, log_append_now: int | None) -> rm.EncodedMessages:
     header = read_header(batch, 0)
-    records = columnar.decode_batch(batch, 0, header)
+    records = decode_batch(batch, 0, header)
     idempotent = header.producer_id >= 0 and header.base_sequence >= 0
     return rm.encode_records(
         records,
@@ -156,7 +156,7 @@ def test_named_cases_encode_as_record_by_record() -> None:
     check_same(build_batch(plain, producer_id=9, producer_epoch=2, base_sequence=100))
     check_same(build_batch([Record(value=b"v", key=b"k", timestamp_ms=TS)] * 120), uniq_first=0xFFC0)  # wraps
     check_same(build_batch(plain), topic="x" * 200)  # v2 magic, 2-byte topic length
-    assert len(plain) <= columnar.DECODE_WALK_RECORDS < 40 < columnar.FRAME_WALK_RECORDS < 300  # every decode path
+    assert len(plain) <= DECODE_WALK_RECORDS < 40 < FRAME_WALK_RECORDS < 300  # every decode path
     check_same(build_batch([Record(value=b"v" * (i % 7), key=b"k%d" % i, timestamp_ms=TS) for i in range(40)]))
     check_same(build_batch([Record(value=b"v" * (i % 7), key=b"k%d" % i, timestamp_ms=TS) for i in range(300)]))
 
@@ -175,7 +175,7 @@ def framed(bodies: list[bytes], *, extra: bytes = b"") -> bytes:
 def test_records_that_do_not_add_up_are_refused(count: int) -> None:
     good = [encode_record(i, 0, Record(value=b"v", key=b"k")) for i in range(count)]
     bodies = [record[1:] for record in good]  # each without its 1-byte length
-    columnar.decode_batch(framed(bodies), 0, read_header(framed(bodies), 0))
+    decode_batch(framed(bodies), 0, read_header(framed(bodies), 0))
     key_below_minus_one = b"\x00\x00" + encode_varint(count - 1) + encode_varint(-5) + b"\x02v\x00"
     null_header_key = b"\x00\x00" + encode_varint(count - 1) + b"\x01\x01\x02" + encode_varint(-1) + b"\x01"
     cases = {
@@ -188,7 +188,7 @@ def test_records_that_do_not_add_up_are_refused(count: int) -> None:
     for what, damaged in cases.items():
         batch = damaged[:8] + struct.pack(">i", len(damaged) - 12) + damaged[12:]  # the length of what is there
         with pytest.raises(CorruptRecordError, match="batch at byte 0") as caught:
-            columnar.decode_batch(batch, 0, read_header(batch, 0))
+            decode_batch(batch, 0, read_header(batch, 0))
         assert caught.value, what
 
 
@@ -201,7 +201,7 @@ def test_too_large_records_are_named() -> None:
     header = read_header(batch, 0)
     with pytest.raises(rm.BodyTooLargeError) as too_big:
         rm.encode_records(
-            columnar.decode_batch(batch, 0, header), topic="t", queue_id=0, born_timestamps=np.zeros(2, np.int64),
+            decode_batch(batch, 0, header), topic="t", queue_id=0, born_timestamps=np.zeros(2, np.int64),
             uniq_prefix=PREFIX, uniq_first=0, max_body=0,
         )  # fmt: skip
     assert too_big.value.record == 0  # the first record in order, whichever limit it breaks

@@ -54,8 +54,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tidelog.codec.columnar import RecordColumns
 from tidelog.codec.record_batch import Record
+from tidelog.codec.record_columns import RecordColumns
 
 # What messages are decoded from: a CommitLog file's mapping, or bytes (or a view of them).
 MessageBuffer = bytes | bytearray | memoryview | mmap.mmap

@@ -17,8 +17,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from tidelog.codec.columnar import RecordColumns, from_records
 from tidelog.codec.record_batch import Record
+from tidelog.codec.record_columns import RecordColumns, from_records
 from tidelog.errors import DataLossError, KafkaClientError
 from tidelog.spark.logfiles import data_loss_message
 from tidelog.spark.offsets import OffsetRange

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tidelog.codec.columnar import PADDING, BatchTable, scan_batches
+from tidelog.codec.batch_table import BatchTable, scan_batches
 from tidelog.codec.record_batch import LOG_OVERHEAD
+from tidelog.codec.record_framing import PADDING
 from tidelog.codec.record_set import decode_batch, read_batch_info
 from tidelog.errors import (
     CorruptCheckpointError,

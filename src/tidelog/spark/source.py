@@ -55,8 +55,10 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from tidelog.codec import legacy
-from tidelog.codec.columnar import BatchTable, RecordColumns, decode_v2, from_records
+from tidelog.codec.batch_columns import decode_v2
+from tidelog.codec.batch_table import BatchTable
 from tidelog.codec.record_batch import ATTRIBUTES_OFFSET
+from tidelog.codec.record_columns import RecordColumns, from_records
 from tidelog.codec.record_set import decode_batch, read_batch_info
 from tidelog.errors import CrcMismatchError, DataLossError
 from tidelog.spark import arrow

@@ -44,14 +44,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tidelog.codec.columnar import (
-    BatchTable,
-    RecordLayout,
-    key_digest_array,
-    key_digests,
-    record_layout,
-    scan_batches,
-)
+from tidelog.codec.batch_table import BatchTable, scan_batches
 from tidelog.codec.record_batch import (
     COMPRESSION_MASK,
     CONTROL_MASK,
@@ -63,6 +56,7 @@ from tidelog.codec.record_batch import (
     compute_crc,
     read_header,
 )
+from tidelog.codec.record_layout import RecordLayout, key_digest_array, key_digests, record_layout
 from tidelog.codec.varint import encode_varint, encode_varlong
 from tidelog.config import INT_MAX, CleanerConfig
 from tidelog.errors import CorruptCheckpointError

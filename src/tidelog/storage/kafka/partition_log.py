@@ -29,7 +29,6 @@ from pathlib import Path
 from queue import Empty, SimpleQueue
 
 from tidelog.atomic_files import fsync_directory, fsync_file
-from tidelog.codec.columnar import RecordsCheck, check_batch_records
 from tidelog.codec.record_batch import (
     HEADER_SIZE,
     BatchHeader,
@@ -41,6 +40,7 @@ from tidelog.codec.record_batch import (
     set_log_append_time,
     set_max_timestamp,
 )
+from tidelog.codec.record_check import RecordsCheck, check_batch_records
 from tidelog.codec.record_set import peek_batch
 from tidelog.config import LogConfig
 from tidelog.errors import (

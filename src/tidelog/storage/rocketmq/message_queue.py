@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tidelog.codec import rocketmq_message as rm
-from tidelog.codec.columnar import decode_batch
 from tidelog.codec.record_batch import (
     NO_SEQUENCE,
     BatchHeader,
@@ -42,6 +41,7 @@ from tidelog.codec.record_batch import (
     compute_crc,
     read_header,
 )
+from tidelog.codec.rocketmq_columns import decode_batch
 from tidelog.config import LogConfig
 from tidelog.errors import (
     InvalidRecordError,
