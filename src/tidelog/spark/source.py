@@ -8,7 +8,7 @@ Same schema, option names and offset JSON as Spark's Kafka integration (see opti
 partitions, offset ranges, pushed filters) runs on the driver; each task gets a small `TidelogPartition`
 (topic, partition, offset range) and reads it itself: from the segment files (`path`; executors on several
 machines read in parallel from a shared filesystem), or through a Kafka consumer. Tasks hand Spark Arrow record
-batches (arrow.py): decoded column-wise from the segment files on the path (codec/columnar.py), built from
+batches (arrow.py): decoded column-wise from the segment files on the path (codec/batch_columns.py), built from
 librdkafka's messages one by one on the broker path.
 
 Streaming: offsets per partition in Spark's checkpoint (Kafka's JSON), so a restarted query resumes exactly where

@@ -3,7 +3,7 @@
 
 Kafka keeps MD5(key) -> offset in an open-addressing table of 24-byte entries inside
 `log.cleaner.dedupe.buffer.size` bytes, filled up to a load factor of 0.9. Here a dict keyed by a 16-byte digest
-of the key (codec/columnar.key_digests, computed for a chunk of records at once) holds the same mapping, and the
+of the key (codec/record_layout.key_digests, computed for a chunk of records at once) holds the same mapping, and the
 same memory accounting bounds it: at most `0.9 * dedupe_buffer_size / 24` keys per pass. When it is full the pass
 ends after the batch that filled it, at `latest_offset + 1`, as in Kafka. Keys go in many at a time
 (`put_many`), offsets ascending; then `freeze()` turns the map into sorted arrays, so the recopy phase looks up
