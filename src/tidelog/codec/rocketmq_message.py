@@ -31,8 +31,8 @@ Kafka records in this format (tidelog's mapping; nothing of the record is lost):
   the last message of an idempotent batch carries `KAFKA_PRODUCER=<producerId>/<epoch>/<baseSequence>/<count>`.
 
 encode_message and record_properties define a message record by record; encode_records makes the same bytes for a
-whole Kafka batch at once (columns from rocketmq_columns.decode_batch; see there), with the IndexFile keys of its messages
-as IndexKeys, hashed later (java_hashes: String.hashCode of many ASCII strings with numpy).
+whole Kafka batch at once (columns from rocketmq_columns.decode_batch; see there), with the IndexFile keys of its
+messages as IndexKeys, hashed later (java_hashes: String.hashCode of many ASCII strings with numpy).
 """
 
 from __future__ import annotations
@@ -749,8 +749,8 @@ def encode_records(
     max_body: int = 1 << 31,
     index_keys: bool = True,
 ) -> EncodedMessages:
-    """The messages for the records of one Kafka batch (rocketmq_columns.decode_batch), byte for byte what encode_message
-    makes of record_properties(record, uniq id, extra) for each, where extra is `KAFKA_BATCH` in a batch of several
+    """The messages for the records of one Kafka batch (rocketmq_columns.decode_batch), byte for byte what
+    encode_message makes of record_properties(record, uniq id, extra) for each, where extra is `KAFKA_BATCH` in a batch of several
     records and `KAFKA_PRODUCER\\x01<producer>\\x02` on the last (when `producer` is given). Record i takes the id
     unique_id(uniq_prefix, uniq_first + i).
 
