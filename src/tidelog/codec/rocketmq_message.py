@@ -750,9 +750,9 @@ def encode_records(
     index_keys: bool = True,
 ) -> EncodedMessages:
     """The messages for the records of one Kafka batch (rocketmq_columns.decode_batch), byte for byte what
-    encode_message makes of record_properties(record, uniq id, extra) for each, where extra is `KAFKA_BATCH` in a batch of several
-    records and `KAFKA_PRODUCER\\x01<producer>\\x02` on the last (when `producer` is given). Record i takes the id
-    unique_id(uniq_prefix, uniq_first + i).
+    encode_message makes of record_properties(record, uniq id, extra) for each, where extra is `KAFKA_BATCH` in a
+    batch of several records and `KAFKA_PRODUCER\\x01<producer>\\x02` on the last (when `producer` is given).
+    Record i takes the id unique_id(uniq_prefix, uniq_first + i).
 
     A batch at a time, no Python bytecode per record: sizes, positions and the 88-byte headers (a MESSAGE_HEADER
     array) of all messages are computed with numpy, and the per-record pieces are made by C functions that map()
