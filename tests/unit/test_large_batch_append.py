@@ -11,8 +11,8 @@ import pytest
 import tidelog
 from tidelog.codec.record_batch import Record, build_batch, read_header
 from tidelog.errors import CrcMismatchError
+from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES, PendingCheck
 from tidelog.storage.kafka.engine import KafkaEngine
-from tidelog.storage.kafka.partition_log import CRC_IN_PARALLEL_BYTES, _PendingCheck
 
 
 def big_batch(seed: int) -> bytes:
@@ -68,7 +68,7 @@ def test_a_check_the_worker_has_not_started_runs_on_the_appending_thread() -> No
     appending thread claims and runs it instead of waiting; the worker then skips it. Either way a damaged batch is
     refused."""
     good = big_batch(4)
-    pending = _PendingCheck(memoryview(good), 0, read_header(good), True)  # never queued: no worker takes it
+    pending = PendingCheck(memoryview(good), 0, read_header(good), True)  # never queued: no worker takes it
     check = pending.result()
     assert check.max_timestamp == 1_700_000_000_004 and check.keyless == 400
     pending.run_if_unclaimed()  # the worker's turn comes too late: nothing runs twice, nothing is queued
@@ -76,4 +76,4 @@ def test_a_check_the_worker_has_not_started_runs_on_the_appending_thread() -> No
     damaged = bytearray(good)
     damaged[len(damaged) // 3] ^= 0x01
     with pytest.raises(CrcMismatchError):
-        _PendingCheck(memoryview(damaged), 0, read_header(bytes(damaged)), True).result()
+        PendingCheck(memoryview(damaged), 0, read_header(bytes(damaged)), True).result()
