@@ -522,7 +522,7 @@ def test_corrupt_leader_epoch_checkpoint_is_rebuilt_from_the_log(
     with open_engine(target) as engine:
         # every stored batch carries partitionLeaderEpoch 0 from offset 0 on
         assert engine.offset_for_timestamp(TOPIC, 0, -2).leader_epoch == 0
-        assert engine.partition_log(TOPIC, 0).leader_epochs == [(0, 0)]
+        assert engine.partition_log(TOPIC, 0).leader_epoch_cache.entries() == [(0, 0)]
     assert checkpoint.read_text() == "0\n1\n0 0\n"
 
 

@@ -1,18 +1,24 @@
 """Large batches have their CRC checked on a worker thread while they are written: a bad one must still
-leave the log exactly as it was."""
+leave the log exactly as it was. The engine owns that thread (storage/kafka/batch_check.py)."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import tidelog
 from tidelog.codec.record_batch import Record, build_batch, read_header
+from tidelog.config import LogConfig
 from tidelog.errors import CrcMismatchError
+from tidelog.storage.common.kafka_uuid import new_kafka_uuid
+from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES, BatchCheckWorker, PendingCheck
 from tidelog.storage.kafka.engine import KafkaEngine
-from tidelog.storage.kafka.partition_log import CRC_IN_PARALLEL_BYTES, _PendingCheck
+from tidelog.storage.kafka.partition_log import PartitionLog
+from tidelog.storage.kafka.segment import LogSegment
 
 
 def big_batch(seed: int) -> bytes:
@@ -68,7 +74,7 @@ def test_a_check_the_worker_has_not_started_runs_on_the_appending_thread() -> No
     appending thread claims and runs it instead of waiting; the worker then skips it. Either way a damaged batch is
     refused."""
     good = big_batch(4)
-    pending = _PendingCheck(memoryview(good), 0, read_header(good), True)  # never queued: no worker takes it
+    pending = PendingCheck(memoryview(good), 0, read_header(good), True)  # never queued: no worker takes it
     check = pending.result()
     assert check.max_timestamp == 1_700_000_000_004 and check.keyless == 400
     pending.run_if_unclaimed()  # the worker's turn comes too late: nothing runs twice, nothing is queued
@@ -76,4 +82,58 @@ def test_a_check_the_worker_has_not_started_runs_on_the_appending_thread() -> No
     damaged = bytearray(good)
     damaged[len(damaged) // 3] ^= 0x01
     with pytest.raises(CrcMismatchError):
-        _PendingCheck(memoryview(damaged), 0, read_header(bytes(damaged)), True).result()
+        PendingCheck(memoryview(damaged), 0, read_header(bytes(damaged)), True).result()
+
+
+def check_threads() -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name == "tidelog-check")
+
+
+def test_the_engine_owns_one_check_worker_and_stops_it_when_it_closes(tmp_path: Path) -> None:
+    before = check_threads()
+    with tidelog.open(tmp_path, background=False) as log:
+        assert isinstance(log, KafkaEngine)
+        log.create_topic("t", 3)
+        assert check_threads() == before + 1
+        assert {log.partition_log("t", p).check_worker for p in range(3)} == {log.check_worker}
+        for partition in range(3):
+            log.append("t", partition, big_batch(partition))
+    assert check_threads() == before
+
+
+def test_a_check_submitted_after_the_worker_stopped_runs_on_the_appending_thread() -> None:
+    worker = BatchCheckWorker()
+    worker.start()
+    worker.stop()
+    worker.stop()  # a second stop finds nothing to do
+    good = big_batch(5)
+    assert worker.submit(memoryview(good), 0, read_header(good), True).result().keyless == 400
+    damaged = bytearray(good)
+    damaged[len(damaged) // 2] ^= 0x55
+    with pytest.raises(CrcMismatchError):
+        worker.submit(memoryview(damaged), 0, read_header(bytes(damaged)), True).result()
+
+
+def test_a_partition_log_without_a_worker_checks_large_batches_before_writing_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes: list[tuple[int, bool]] = []  # (size, checked during the write)
+    real_append = LogSegment.append
+
+    def recorded(segment: LogSegment, *args: Any, **kwargs: Any) -> None:
+        writes.append((args[1], kwargs.get("verify") is not None))
+        real_append(segment, *args, **kwargs)
+
+    monkeypatch.setattr(LogSegment, "append", recorded)
+    partition_log = PartitionLog(tmp_path / "t-0", "t", 0, new_kafka_uuid(), LogConfig())
+    try:
+        damaged = bytearray(big_batch(6))
+        damaged[len(damaged) // 2] ^= 0x55
+        with pytest.raises(CrcMismatchError):
+            partition_log.append(bytes(damaged))
+        assert writes == [] and partition_log.log_end_offset == 0
+        good = big_batch(7)
+        assert partition_log.append(good).last_offset == 399
+        assert writes == [(len(good), False)]
+    finally:
+        partition_log.close()

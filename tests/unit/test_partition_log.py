@@ -42,7 +42,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.storage.api import StorageEngine
-from tidelog.storage.kafka.partition_log import CRC_IN_PARALLEL_BYTES
+from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES
 
 with warnings.catch_warnings():  # kafka-python's import trips importlib.resources deprecations
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -1300,7 +1300,7 @@ def test_log_start_offset_truncates_leader_epoch_checkpoint(data_dir: Path) -> N
         engine.create_topic("t", 1)
         fill_segments(engine, "t", [NOW] * 3)
         engine.delete_records("t", 0, 3)
-        assert engine.partition_log("t", 0).leader_epochs == [(0, 3)]
+        assert engine.partition_log("t", 0).leader_epoch_cache.entries() == [(0, 3)]
     assert (data_dir / "t-0" / "leader-epoch-checkpoint").read_text() == "0\n1\n0 3\n"
 
 

@@ -6,7 +6,8 @@ Each log directory holds `<topic>-<partition>` directories plus the log-dir leve
 `tidelog-topics.json` at the top of each log dir - a plain file, which Kafka's own loader ignores.
 Opening takes an exclusive lock on every dir, reads and removes the clean-shutdown marker, and
 loads each partition (recovering it if the marker was absent). Closing flushes, checkpoints and
-writes the marker last.
+writes the marker last. The engine owns the thread that checks large batches while they are written
+(batch_check.py), shared by its partitions and stopped when it closes.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, wri
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRecord, TopicRegistry
 from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.batch_check import BatchCheckWorker
 from tidelog.storage.kafka.cleaner import CLEANER_OFFSET_CHECKPOINT, CleaningAborted, CleanStats, LogCleaner
 from tidelog.storage.kafka.key_index import PartitionKeyIndex, record_at
 from tidelog.storage.kafka.partition_log import PARTITION_DIR, PartitionLog, partition_dir_name
@@ -83,6 +85,9 @@ class KafkaEngine(StorageEngine):
         self.registry = TopicRegistry(self.log_dirs)
         self._flush_check_ms = LONG_MAX  # the interval of the running chain of time-based flush checks
         self._flush_check_chain = 0
+        # Checks the large batches of every partition while they are written (stopped by close()).
+        self.check_worker = BatchCheckWorker()
+        self.check_worker.start()
         try:
             for log_dir in self.log_dirs:
                 log_dir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +107,7 @@ class KafkaEngine(StorageEngine):
             self._create_missing_partitions()
             self.registry.publish()
         except BaseException:
+            self.check_worker.stop()
             self._release_dir_locks()
             raise
         self._schedule_background_tasks()
@@ -247,6 +253,7 @@ class KafkaEngine(StorageEngine):
             log_start_offset=log_start_offset,
             had_clean_shutdown=had_clean_shutdown,
             scheduler=self.scheduler,
+            check_worker=self.check_worker,
             clock=self.clock,
         )
         self.logs[(topic, partition)] = partition_log
@@ -558,4 +565,5 @@ class KafkaEngine(StorageEngine):
                 except OSError as exc:
                     log.error("%s: cannot write the clean-shutdown marker: %s", log_dir, exc.strerror or exc)
         finally:
+            self.check_worker.stop()
             self._release_dir_locks()

@@ -1,4 +1,4 @@
-"""One partition: the directory `<topic>-<partition>` and its segments (Kafka's UnifiedLog + LocalLog + LogLoader).
+"""One partition: the directory `<topic>-<partition>` and its segments (Kafka's UnifiedLog + LocalLog).
 
 Offsets: log start offset (first readable) <= recovery point (known fsynced) <= high watermark
 (readable; equal to the log end offset on a single node) <= log end offset (next to assign).
@@ -6,31 +6,27 @@ Appends take batches as a producer sent them, check layout and CRC and (for a pr
 record as Kafka's LogValidator does, assign offsets by rewriting baseOffset (outside the CRC) and write them with
 one pwritev, without copying the payload; a CreateTime batch whose maxTimestamp is not its records' largest
 timestamp is corrected (and its CRC recomputed), as is a LogAppendTime batch's. Batches of CRC_IN_PARALLEL_BYTES
-or more are checked on a worker thread while they are written, and count only once the check passed. An append
-does no fsync (unless flush.messages asks): the producer snapshot of a roll and a changed leader-epoch checkpoint
-are made durable by the scheduler's thread, and by every flush before it moves the recovery point. Loading
-removes leftovers of interrupted deletions, rebuilds missing or corrupt indexes, and after an
-unclean shutdown rescans every segment from the recovery point, truncating at the first invalid
-byte and deleting the segments after it.
+or more are checked on the engine's check worker (batch_check.py) while they are written, and count only once the
+check passed. An append does no fsync (unless flush.messages asks): the producer snapshot of a roll and a changed
+leader-epoch checkpoint (leader_epoch_cache.py) are made durable by the scheduler's thread, and by every flush
+before it moves the recovery point. Opening loads the directory with log_loader.py: leftovers of interrupted
+operations go, missing or corrupt indexes are rebuilt, and after an unclean shutdown every segment from the
+recovery point is rescanned, truncated at the first invalid byte, and the segments after it deleted.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
-import os
 import re
 import struct
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from queue import Empty, SimpleQueue
 
 from tidelog.atomic_files import fsync_directory, fsync_file
 from tidelog.codec.record_batch import (
-    HEADER_SIZE,
     BatchHeader,
     check_crc,
     check_header_fields,
@@ -41,16 +37,13 @@ from tidelog.codec.record_batch import (
     set_max_timestamp,
 )
 from tidelog.codec.record_check import RecordsCheck, check_batch_records
-from tidelog.codec.record_set import peek_batch
 from tidelog.config import LogConfig
 from tidelog.errors import (
-    CorruptCheckpointError,
     InvalidRecordError,
     KafkaStorageError,
     LogClosedError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
-    TidelogError,
 )
 from tidelog.storage.api import (
     EARLIEST_TIMESTAMP,
@@ -62,129 +55,17 @@ from tidelog.storage.api import (
     Partition,
     TimestampAndOffset,
 )
-from tidelog.storage.common.producer_state import ProducerStateManager
 from tidelog.storage.common.scheduler import Scheduler
-from tidelog.storage.kafka import checkpoints
-from tidelog.storage.kafka.key_index import KEY_INDEX_DIR
-from tidelog.storage.kafka.segment import (
-    CLEANED_SUFFIX,
-    DELETED_SUFFIX,
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
-    SWAP_SUFFIX,
-    TIME_INDEX_SUFFIX,
-    LogSegment,
-    now_ms,
-    offset_from_file_name,
-    segment_file_name,
-)
+from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES, BatchCheckWorker, PendingCheck
+from tidelog.storage.kafka.log_loader import LogLoader
+from tidelog.storage.kafka.segment import SWAP_SUFFIX, LogSegment, now_ms
 
 log = logging.getLogger("tidelog.storage")
 
 PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
-SEGMENT_FILE = re.compile(r"^\d{20}\.(log|index|timeindex|txnindex|snapshot)$")
-# `<name>.tmp` of a file this log owns (written there first, then renamed): a leftover is an interrupted write of
-# ours. Any other `.tmp` file is someone else's, reported and left alone.
-OWN_TEMP_FILE = re.compile(
-    r"^(partition\.metadata|leader-epoch-checkpoint|\d{20}\.(log|index|timeindex|txnindex|snapshot))\.tmp$"
-)
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 DEFAULT_LEADER_EPOCH = 0
-
-
-CRC_IN_PARALLEL_BYTES = 256 * 1024
-
-
-class _PendingCheck:
-    """A large batch's check, handed to the worker thread. Whichever thread claims it first runs it: the worker
-    when it picks it up, or the appending thread in `result()` if the worker has not started it by the end of the
-    write (when other processes keep the worker off the CPUs, waiting for it costs more than the check itself).
-    `result()` (once) returns the check or raises what it raised."""
-
-    __slots__ = ("_claim", "_outcome", "_task")
-
-    def __init__(self, view: memoryview, position: int, header: BatchHeader, from_client: bool) -> None:
-        self._claim = threading.Lock()
-        self._outcome: SimpleQueue[tuple[RecordsCheck | None, BaseException | None]] = SimpleQueue()
-        self._task: tuple[memoryview, int, BatchHeader, bool] | None = (view, position, header, from_client)
-
-    def run_if_unclaimed(self) -> None:
-        """On the worker: run the check unless the appending thread already took it."""
-        if self._claim.acquire(blocking=False):
-            self._outcome.put(self._run())
-
-    def _run(self) -> tuple[RecordsCheck | None, BaseException | None]:
-        task, self._task = self._task, None  # no reference to the caller's buffer once done
-        assert task is not None
-        try:
-            return _check_large_batch(*task), None
-        except BaseException as exc:  # raised by result(), on the appending thread
-            return None, exc
-
-    def result(self) -> RecordsCheck:
-        check, error = self._run() if self._claim.acquire(blocking=False) else self._outcome.get()
-        if error is not None:
-            raise error
-        assert check is not None
-        return check
-
-
-# After a check the worker looks for the next one every CHECK_POLL_INTERVAL_S (about 70 µs with the kernel's timer
-# slack) for CHECK_POLL_WINDOW_S before it blocks on its queue. Handing a check to a blocked thread costs the
-# appending thread a wake-up (a futex call and an interrupt to the idle CPU: about 9 µs on the VM of
-# docs/benchmarks.md, 5 % of a 1 MiB append), a put into the queue of a polling one 0.1 µs; a check picked up
-# 70 µs late still ends before the write (about 70 µs of work against 180). A sleep that ends more than
-# CHECK_POLL_LATE_S late means other processes hold the CPUs: the worker stops polling until its next check (its
-# wake-ups took CPU time from the appending thread there: about 10 % less throughput with other work running).
-CHECK_POLL_INTERVAL_S = 20e-6
-CHECK_POLL_WINDOW_S = 0.002
-CHECK_POLL_LATE_S = 0.0003
-
-
-class _CheckWorker:
-    """The thread that checks large batches (_check_large_batch) while the appending thread writes them: a queue of
-    _PendingCheck in (a ThreadPoolExecutor's submit and Future cost the appending thread 5 µs more), polled while
-    appends of large batches follow each other."""
-
-    def __init__(self) -> None:
-        self._tasks: SimpleQueue[_PendingCheck] = SimpleQueue()
-        threading.Thread(target=self._run, name="tidelog-check", daemon=True).start()
-
-    def submit(self, view: memoryview, position: int, header: BatchHeader, from_client: bool) -> _PendingCheck:
-        pending = _PendingCheck(view, position, header, from_client)
-        self._tasks.put(pending)
-        return pending
-
-    def _run(self) -> None:
-        tasks = self._tasks
-        poll_until = 0.0
-        while True:
-            try:
-                pending = tasks.get_nowait()
-            except Empty:
-                now = time.monotonic()
-                if now < poll_until:
-                    time.sleep(CHECK_POLL_INTERVAL_S)
-                    if time.monotonic() - now > CHECK_POLL_LATE_S:  # the CPUs are busy: stop taking them
-                        poll_until = 0.0
-                    continue
-                pending = tasks.get()
-            pending.run_if_unclaimed()
-            del pending
-            poll_until = time.monotonic() + CHECK_POLL_WINDOW_S
-
-
-_worker: _CheckWorker | None = None
-_worker_lock = threading.Lock()
-
-
-def _check_worker() -> _CheckWorker:
-    global _worker
-    with _worker_lock:
-        if _worker is None:
-            _worker = _CheckWorker()
-        return _worker
 
 
 @dataclass(slots=True)
@@ -197,21 +78,12 @@ class _AppendedBatch:
     max_timestamp: int
     check_on_worker: bool = False  # a large batch: CRC and records checked on the worker while it is written
     from_client: bool = True
-    pending: _PendingCheck | None = None  # that check, once started (_start_checks)
+    pending: PendingCheck | None = None  # that check, once started (_start_checks)
 
 
 class _MaxTimestampDiffers(Exception):
     """A large batch's check found another largest record timestamp than its header claims, after the batch was
     written as it came: the write is undone and made again with the corrected header."""
-
-
-def _check_large_batch(view: memoryview, position: int, header: BatchHeader, from_client: bool) -> RecordsCheck:
-    """On the worker: the CRC, then (for a producer's batch) every record. crc32c, the decompressors and numpy's
-    larger operations release the GIL, so this overlaps with the write."""
-    check_crc(header, compute_crc(view, position, header.size_in_bytes), position)
-    if not from_client:
-        return RecordsCheck(header.max_timestamp, 0)
-    return check_batch_records(view, position, header)
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -231,303 +103,37 @@ class PartitionLog(Partition):
         log_start_offset: int = 0,
         had_clean_shutdown: bool = True,
         scheduler: Scheduler | None = None,
+        check_worker: BatchCheckWorker | None = None,
         clock: Callable[[], int] = now_ms,
     ) -> None:
+        """Open (load, recovering if need be) the partition in `directory`, creating it if missing. Large batches
+        are checked on `check_worker` (the engine's) while they are written; without one, before, like the
+        others."""
         self.directory = directory
         self.topic = topic
         self.partition = partition
         self.topic_id = topic_id
         self.config = config
         self.scheduler = scheduler
+        self.check_worker = check_worker
         self.clock = clock
         self.leader_epoch = DEFAULT_LEADER_EPOCH
         self._lock = threading.RLock()  # state: segments, offsets
         self._flush_lock = threading.Lock()  # fsync and file close never overlap
         self._closed = False
-        self.segments: list[LogSegment] = []
-        self._bases: list[int] = []
         self.last_flush_ms = clock()
         self._new_files = True  # directory entries not yet known durable
-        self._epochs_unwritten = False  # leader_epochs changed since the checkpoint file was last written
-        directory.mkdir(parents=True, exist_ok=True)
-        self.producer_state = ProducerStateManager(directory)
-        self._load(recovery_point, log_start_offset, had_clean_shutdown)
-
-    # --- loading and recovery ---------------------------------------------------------------------------------
-
-    def _load(self, recovery_point: int, log_start_offset: int, had_clean_shutdown: bool) -> None:
-        self._check_partition_metadata()
-        needs_recovery = self._clean_up_files()
-        now = self.clock()
-        for name in sorted(
-            p.name for p in self.directory.iterdir() if p.name.endswith(LOG_SUFFIX) and SEGMENT_FILE.match(p.name)
-        ):
-            base = offset_from_file_name(name)
-            index_missing = not (self.directory / segment_file_name(base, INDEX_SUFFIX)).exists()
-            time_index_missing = not (self.directory / segment_file_name(base, TIME_INDEX_SUFFIX)).exists()
-            segment = LogSegment(self.directory, base, self.config, now_ms=now)
-            if index_missing or time_index_missing:
-                log.warning("%s: index files for segment %d are missing; rebuilding them", self.name, base)
-                needs_recovery.add(base)
-            else:
-                try:
-                    segment.sanity_check()
-                except TidelogError as exc:
-                    log.warning("%s: %s; rebuilding the indexes of segment %d", self.name, exc, base)
-                    needs_recovery.add(base)
-            self._add_segment(segment)
-
-        stored_epochs = self._read_leader_epochs()
-        epochs = list(stored_epochs or [])
-        if self.segments:
-            first_to_recover = len(self.segments) if had_clean_shutdown else self._segment_slot(recovery_point)
-            previous_last = -1
-            for slot, segment in enumerate(list(self.segments)):
-                if slot < first_to_recover and segment.base_offset not in needs_recovery:
-                    previous_last = self._last_offset_in(segment, previous_last)
-                    continue
-                result = segment.recover(previous_last)
-                epochs = self._merge_epochs(epochs, result.leader_epochs)
-                previous_last = self._last_offset_in(segment, previous_last)
-                if result.truncated_bytes:
-                    log.warning(
-                        "%s: recovery truncated %d bytes of segment %d (%s)",
-                        self.name,
-                        result.truncated_bytes,
-                        segment.base_offset,
-                        result.reason,
-                    )
-                    for later in self.segments[slot + 1 :]:
-                        log.warning("%s: deleting segment %d after the truncation point", self.name, later.base_offset)
-                        later.delete_files()
-                    del self.segments[slot + 1 :]
-                    del self._bases[slot + 1 :]
-                    break
-
-        self.log_end_offset = self._compute_log_end_offset()
-        if self.segments and self.log_end_offset < log_start_offset:
-            log.warning(
-                "%s: log end %d is below the checkpointed log start %d; starting empty at %d",
-                self.name,
-                self.log_end_offset,
-                log_start_offset,
-                log_start_offset,
-            )
-            for segment in self.segments:
-                segment.delete_files()
-            self.segments, self._bases = [], []
-        if not self.segments:
-            self._add_segment(LogSegment(self.directory, max(log_start_offset, 0), self.config, now_ms=now))
-            self.log_end_offset = self.segments[0].base_offset
-        for segment in self.segments[:-1]:
-            segment.on_become_inactive()
-        self.active_segment.become_active()
-
-        self.log_start_offset = max(log_start_offset, self.segments[0].base_offset)
-        self.recovery_point = self.log_end_offset if had_clean_shutdown else min(recovery_point, self.log_end_offset)
+        loaded = LogLoader(directory, self.name, topic_id, config, scheduler=scheduler, clock=clock).load(
+            recovery_point, log_start_offset, had_clean_shutdown
+        )
+        self.segments = loaded.segments
+        self._bases = [segment.base_offset for segment in self.segments]
+        self.log_start_offset = loaded.log_start_offset
+        self.recovery_point = loaded.recovery_point
+        self.log_end_offset = loaded.log_end_offset
         self.high_watermark = self.log_end_offset
-        self._rebuild_producer_state()
-        if stored_epochs is None:
-            epochs = self._scan_leader_epochs()
-        self.leader_epochs = self._epochs_within(epochs)
-        if self.leader_epochs != stored_epochs:
-            self._write_leader_epochs(self.leader_epochs)
-
-    def _rebuild_producer_state(self) -> None:
-        """Newest snapshot, then the batches after it (after a clean shutdown there is nothing to replay)."""
-        start = max(self.producer_state.load_latest_snapshot(self.log_end_offset), self.log_start_offset)
-        if start >= self.log_end_offset:
-            return
-        for segment in self.segments[self._segment_slot(start) :]:
-            position = 0
-            if segment.base_offset <= start:
-                found = segment.translate_offset(start)
-                position = found.position if found is not None else segment.size
-            for location in segment.batch_locations(position):
-                header = location.header
-                if header is not None and location.last_offset >= start:
-                    self.producer_state.update(
-                        header, location.last_offset - header.last_offset_delta, header.max_timestamp
-                    )
-
-    def _check_partition_metadata(self) -> None:
-        path = self.directory / checkpoints.PARTITION_METADATA
-        try:
-            found = checkpoints.read_partition_metadata(path)
-        except CorruptCheckpointError as exc:
-            log.warning("%s: %s; rewriting it", self.name, exc)
-            found = None
-        if found != self.topic_id:
-            if found is not None:
-                log.warning(
-                    "%s: partition.metadata names topic id %s but the topic's id is %s; rewriting it",
-                    self.name,
-                    found,
-                    self.topic_id,
-                )
-            checkpoints.write_partition_metadata(path, self.topic_id)
-
-    def _clean_up_files(self) -> set[int]:
-        """Finish or undo interrupted file operations; report stray files. Returns segments needing recovery.
-
-        As Kafka's LogLoader: `.deleted` files and our own interrupted writes (OWN_TEMP_FILE) go; every `.cleaned`
-        file goes, and so does every `.swap` at or above the lowest `.cleaned` offset (an unfinished replacement);
-        an index `.swap` goes (it is rebuilt); a `.log.swap` replaces the normal segments within its offset range
-        and takes its final name."""
-        names = sorted(p.name for p in self.directory.iterdir())
-        cleaned_bases = [offset_from_file_name(n) for n in names if n.endswith(CLEANED_SUFFIX) and n[:20].isdigit()]
-        min_cleaned = min(cleaned_bases, default=None)
-        swaps: list[str] = []
-        for name in names:
-            path = self.directory / name
-            if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX)) or OWN_TEMP_FILE.match(name):
-                log.info("%s: removing leftover %s", self.name, name)
-                path.unlink(missing_ok=True)
-            elif name.endswith(SWAP_SUFFIX):
-                final = name[: -len(SWAP_SUFFIX)]
-                if not SEGMENT_FILE.match(final):
-                    log.warning("%s: stray file %s is not part of a Kafka log; leaving it alone", self.name, name)
-                elif (min_cleaned is not None and offset_from_file_name(name) >= min_cleaned) or not final.endswith(
-                    LOG_SUFFIX
-                ):
-                    log.info("%s: removing %s of an unfinished replacement", self.name, name)
-                    path.unlink()
-                else:
-                    swaps.append(name)
-        needs_recovery: set[int] = set()
-        for name in swaps:
-            needs_recovery.add(self._complete_swap(name))
-        for path in self.directory.iterdir():
-            name = path.name
-            if name in (checkpoints.PARTITION_METADATA, checkpoints.LEADER_EPOCH_CHECKPOINT, KEY_INDEX_DIR):
-                continue
-            if not SEGMENT_FILE.match(name):
-                log.warning("%s: stray file %s is not part of a Kafka log; leaving it alone", self.name, name)
-                continue
-            if name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX, ".txnindex")):
-                log_file = self.directory / segment_file_name(offset_from_file_name(name), LOG_SUFFIX)
-                if not log_file.exists():
-                    log.info("%s: removing index %s that has no .log", self.name, name)
-                    path.unlink()
-        return needs_recovery
-
-    def _complete_swap(self, swap_name: str) -> int:
-        """Put a finished `.log.swap` in place of the segments its offsets cover; returns its base offset."""
-        base = offset_from_file_name(swap_name)
-        swap_path = self.directory / swap_name
-        next_offset = base + 1
-        with open(swap_path, "rb") as handle:
-            position, size = 0, os.fstat(handle.fileno()).st_size
-            while (peeked := peek_batch(os.pread(handle.fileno(), HEADER_SIZE, position), 0)) is not None:
-                if position + peeked.size > size:
-                    break
-                next_offset = max(next_offset, peeked.last_offset + 1)
-                position += peeked.size
-        for path in list(self.directory.iterdir()):
-            name = path.name
-            covered = SEGMENT_FILE.match(name) and base <= offset_from_file_name(name) < next_offset
-            if covered and not name.endswith(".snapshot"):
-                log.info("%s: %s is replaced by %s", self.name, name, swap_name)
-                path.unlink()
-        log.info("%s: completing the interrupted swap of %s", self.name, swap_name)
-        os.replace(swap_path, self.directory / swap_name[: -len(SWAP_SUFFIX)])
-        fsync_directory(self.directory)
-        return base
-
-    def _last_offset_in(self, segment: LogSegment, previous_last: int) -> int:
-        last = previous_last
-        position = segment.index.lookup(segment.index.last_offset).position if segment.index.entries else 0
-        for location in segment.batch_locations(position):
-            last = location.last_offset
-        return last
-
-    def _compute_log_end_offset(self) -> int:
-        if not self.segments:
-            return 0
-        last = self._last_offset_in(self.active_segment, -1)
-        return max(last + 1, self.active_segment.base_offset)
-
-    def _read_leader_epochs(self) -> list[tuple[int, int]] | None:
-        """The checkpointed epochs, or None when the file is missing or unreadable (then the log is scanned)."""
-        path = self.directory / checkpoints.LEADER_EPOCH_CHECKPOINT
-        if not path.exists():
-            return None
-        try:
-            return checkpoints.read_leader_epoch_checkpoint(path)
-        except CorruptCheckpointError as exc:
-            log.warning("%s: %s; rebuilding leader epochs from the log", self.name, exc)
-            return None
-
-    def _scan_leader_epochs(self) -> list[tuple[int, int]]:
-        """Leader epochs from the partitionLeaderEpoch of every batch header (first offset of each new epoch)."""
-        epochs: list[tuple[int, int]] = []
-        for segment in self.segments:
-            next_offset = segment.base_offset
-            for location in segment.batch_locations(0):
-                epoch = location.header.partition_leader_epoch if location.header is not None else -1
-                if epoch >= 0 and (not epochs or epoch > epochs[-1][0]):
-                    epochs.append((epoch, next_offset))
-                next_offset = location.last_offset + 1
-        return epochs
-
-    def _epochs_within(self, epochs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """Epoch entries cut to [log start, log end): the entry covering the log start is moved up to it."""
-        kept = [(epoch, start) for epoch, start in epochs if start < self.log_end_offset]
-        covering = [entry for entry in kept if entry[1] <= self.log_start_offset]
-        later = [entry for entry in kept if entry[1] > self.log_start_offset]
-        return ([(covering[-1][0], self.log_start_offset)] if covering else []) + later
-
-    def _set_leader_epochs(self, epochs: list[tuple[int, int]]) -> None:
-        if epochs != self.leader_epochs:
-            self.leader_epochs = epochs
-            self._leader_epochs_changed()
-
-    def _leader_epochs_changed(self) -> None:
-        """Called under the lock when leader_epochs changed (an append in a new epoch, a new log start): the
-        checkpoint file is rewritten off the caller's thread, by the scheduler, and in any case by the next flush
-        before it moves the recovery point (so offsets no rescan will see again have their epoch on disk).
-        Without a scheduler it is written here."""
-        if self._epochs_unwritten:
-            return
-        self._epochs_unwritten = True
-        if self.scheduler is not None:
-            self.scheduler.schedule(f"leader-epoch checkpoint of {self.name}", self._write_changed_leader_epochs)
-        else:
-            self._write_changed_leader_epochs()
-
-    def _write_changed_leader_epochs(self) -> None:
-        with self._flush_lock:
-            with self._lock:
-                if self._closed:
-                    return
-                epochs = self._take_unwritten_epochs()
-            if epochs is None:
-                return
-            try:
-                self._write_leader_epochs(epochs)
-            except BaseException:
-                with self._lock:  # still to write: the next flush tries again
-                    self._epochs_unwritten = True
-                raise
-
-    def _take_unwritten_epochs(self) -> list[tuple[int, int]] | None:
-        """A copy of leader_epochs if the file needs rewriting. The caller holds both locks: writers take turns
-        under the flush lock, so the file never goes back to an older list."""
-        if not self._epochs_unwritten:
-            return None
-        self._epochs_unwritten = False
-        return list(self.leader_epochs)
-
-    @staticmethod
-    def _merge_epochs(known: list[tuple[int, int]], found: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        merged = list(known)
-        for epoch, start in found:
-            if not merged or epoch > merged[-1][0]:
-                merged.append((epoch, start))
-        return merged
-
-    def _write_leader_epochs(self, epochs: list[tuple[int, int]]) -> None:
-        checkpoints.write_leader_epoch_checkpoint(self.directory / checkpoints.LEADER_EPOCH_CHECKPOINT, epochs)
+        self.producer_state = loaded.producer_state
+        self.leader_epoch_cache = loaded.leader_epoch_cache
 
     # --- segments ---------------------------------------------------------------------------------------------
 
@@ -681,9 +287,7 @@ class PartitionLog(Partition):
         for batch in batches:
             self.producer_state.update(batch.header, next_offset, now if log_append_time else batch.max_timestamp)
             next_offset += batch.header.last_offset_delta + 1
-        if not self.leader_epochs or self.leader_epochs[-1][0] < self.leader_epoch:
-            self.leader_epochs.append((self.leader_epoch, base_offset))
-            self._leader_epochs_changed()
+        self.leader_epoch_cache.assign(self.leader_epoch, base_offset)
         return AppendResult(
             base_offset=base_offset,
             last_offset=last_offset,
@@ -700,12 +304,12 @@ class PartitionLog(Partition):
     def _validate(self, view: memoryview, from_client: bool) -> list[_AppendedBatch]:
         """The batches in `view`, checked: header, CRC, and for a producer's batch every record (Kafka's
         LogValidator; CorruptRecordError when one does not decode). Large batches are checked on the worker
-        thread while they are written (`_finish_checks`); the others here."""
+        thread while they are written (`_finish_checks`), if there is one; the others here."""
         batches: list[_AppendedBatch] = []
         position = 0
         while position < len(view):
             header = read_header(view, position)
-            if header.size_in_bytes < CRC_IN_PARALLEL_BYTES:
+            if not self._checked_on_worker(header):
                 check_crc(header, compute_crc(view, position, header.size_in_bytes), position)
             check_header_fields(header, position)
             if from_client:
@@ -722,14 +326,16 @@ class PartitionLog(Partition):
         if from_client and len(batches) > 1:
             raise InvalidRecordError(f"a producer must send exactly one batch per partition, got {len(batches)}")
         for batch in batches:
-            if batch.header.size_in_bytes >= CRC_IN_PARALLEL_BYTES:
+            if self._checked_on_worker(batch.header):
                 batch.check_on_worker, batch.from_client = True, from_client
             elif from_client:
                 self._take_check(batch, check_batch_records(view, batch.position, batch.header))
         return batches
 
-    @staticmethod
-    def _start_checks(view: memoryview, batches: list[_AppendedBatch]) -> bool:
+    def _checked_on_worker(self, header: BatchHeader) -> bool:
+        return self.check_worker is not None and header.size_in_bytes >= CRC_IN_PARALLEL_BYTES
+
+    def _start_checks(self, view: memoryview, batches: list[_AppendedBatch]) -> bool:
         """Hand the large batches' checks to the worker. Called just before the write: then the worker wakes while
         the appending thread is already in the write, without the GIL (woken earlier, it would wait for the GIL,
         and the appending thread would pay for waking it a second time when it lets the GIL go for the write).
@@ -737,8 +343,9 @@ class PartitionLog(Partition):
         started = False
         for batch in batches:
             if batch.check_on_worker:
+                assert self.check_worker is not None  # _validate leaves a batch to the worker only if there is one
                 batch.check_on_worker, started = False, True
-                batch.pending = _check_worker().submit(view, batch.position, batch.header, batch.from_client)
+                batch.pending = self.check_worker.submit(view, batch.position, batch.header, batch.from_client)
         return started
 
     def _take_check(self, batch: _AppendedBatch, check: RecordsCheck) -> None:
@@ -790,10 +397,11 @@ class PartitionLog(Partition):
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
         with self._lock:
             self._check_open()
+            epoch_for = self.leader_epoch_cache.epoch_for_offset
             if timestamp_ms == EARLIEST_TIMESTAMP:
-                return TimestampAndOffset(-1, self.log_start_offset, self.epoch_for_offset(self.log_start_offset))
+                return TimestampAndOffset(-1, self.log_start_offset, epoch_for(self.log_start_offset))
             if timestamp_ms == LATEST_TIMESTAMP:
-                return TimestampAndOffset(-1, self.log_end_offset, self.epoch_for_offset(self.log_end_offset))
+                return TimestampAndOffset(-1, self.log_end_offset, epoch_for(self.log_end_offset))
             if timestamp_ms == MAX_TIMESTAMP:
                 with_timestamps = [s for s in self.segments if s.max_timestamp_so_far.timestamp >= 0]
                 if not with_timestamps:
@@ -811,15 +419,7 @@ class PartitionLog(Partition):
                             break
             if found is None:
                 return None
-            return TimestampAndOffset(found.timestamp, found.offset, self.epoch_for_offset(found.offset))
-
-    def epoch_for_offset(self, offset: int) -> int | None:
-        epoch = None
-        for entry_epoch, start in self.leader_epochs:
-            if start > offset:
-                break
-            epoch = entry_epoch
-        return epoch
+            return TimestampAndOffset(found.timestamp, found.offset, epoch_for(found.offset))
 
     # --- durability -------------------------------------------------------------------------------------------
 
@@ -836,7 +436,7 @@ class PartitionLog(Partition):
                     return
                 target = self.log_end_offset if up_to_offset is None else min(up_to_offset, self.log_end_offset)
                 snapshots = self.producer_state.unsynced_snapshots(target)
-                if target <= self.recovery_point and not snapshots and not self._epochs_unwritten:
+                if target <= self.recovery_point and not snapshots and not self.leader_epoch_cache.unwritten:
                     return
                 first = self._segment_slot(self.recovery_point)
                 dirty = (
@@ -844,13 +444,10 @@ class PartitionLog(Partition):
                 )
                 active = self.active_segment
                 new_files, self._new_files = self._new_files, False
-                epochs = self._take_unwritten_epochs()
             try:
                 for _offset, path in snapshots:
                     fsync_file(path)
-                if epochs is not None:
-                    self._write_leader_epochs(epochs)
-                    epochs = None
+                self.leader_epoch_cache.write_checkpoint()
                 for segment in dirty:
                     # The segment holding the recovery point is always rescanned after a crash, indexes included,
                     # so the active segment's indexes need no msync here; rolled segments' indexes do.
@@ -860,7 +457,6 @@ class PartitionLog(Partition):
             except BaseException:
                 with self._lock:  # nothing was promised: the next flush does it all again
                     self._new_files |= new_files
-                    self._epochs_unwritten |= epochs is not None
                 raise
             with self._lock:
                 self.producer_state.mark_synced(offset for offset, _path in snapshots)
@@ -926,7 +522,7 @@ class PartitionLog(Partition):
             del self._bases[: len(doomed)]
             self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
-            self._set_leader_epochs(self._epochs_within(self.leader_epochs))
+            self._cut_leader_epochs()
             for segment in doomed:
                 segment.rename_to_deleted()
             log.info(
@@ -950,6 +546,12 @@ class PartitionLog(Partition):
             self.scheduler.schedule(f"delete segments of {self.name}", delete_files, delay)
         else:
             delete_files()
+
+    def _cut_leader_epochs(self) -> None:
+        """Under the lock, after the log start moved: cut the leader epochs to [log start, log end), as loading
+        does. An entry moved up to a log start equal to the log end is dropped by the next cut."""
+        self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+        self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
 
     # --- compaction (the log cleaner's side of the log: storage/kafka/cleaner.py) --------------------------------
 
@@ -1004,7 +606,7 @@ class PartitionLog(Partition):
                     f"{self.name}'s high watermark is {self.high_watermark}"
                 )
             self.log_start_offset = max(self.log_start_offset, before_offset)
-            self._set_leader_epochs(self._epochs_within(self.leader_epochs))
+            self._cut_leader_epochs()
         self._delete_segments_while(self._start_offset_breached, "delete records")
         return self.log_start_offset
 
@@ -1024,6 +626,7 @@ class PartitionLog(Partition):
             if self._closed:
                 return flushed
             self._closed = True
+            self.leader_epoch_cache.close()
             if flush and flushed:
                 try:
                     self.producer_state.take_snapshot(self.log_end_offset)
