@@ -261,6 +261,20 @@ def test_a_topic_with_the_longest_name_is_deleted_for_good(open_log: Opener, tmp
     assert list(engine.consume(name, 0)) == []
 
 
+def test_a_handle_to_a_deleted_partition_says_the_partition_is_gone(open_log: Opener) -> None:
+    """A server may hold a partition's handle while an admin thread deletes its topic: the next call on it answers
+    UNKNOWN_TOPIC_OR_PARTITION (what a client then sees), not a storage error."""
+    engine = open_log()
+    engine.create_topic("t", 1)
+    engine.produce("t", 0, [Record(b"x", timestamp_ms=TS)])
+    handle = engine.partition("t", 0)
+    engine.delete_topic("t")
+    with pytest.raises(UnknownTopicOrPartitionError):
+        handle.read(0, 1024)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        handle.append(build_batch([Record(b"y", timestamp_ms=TS)]))
+
+
 def test_a_deleted_topic_is_renamed_at_once_and_its_files_removed_later(engine_name: str, tmp_path: Path) -> None:
     """log.segment.delete.delay.ms (Kafka's file.delete.delay.ms): the deletion renames; the files go after the
     delay, at close, or - after a crash - at the next start."""

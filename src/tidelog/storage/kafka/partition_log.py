@@ -44,6 +44,7 @@ from tidelog.errors import (
     LogClosedError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    UnknownTopicOrPartitionError,
 )
 from tidelog.storage.api import (
     EARLIEST_TIMESTAMP,
@@ -121,6 +122,7 @@ class PartitionLog(Partition):
         self._lock = threading.RLock()  # state: segments, offsets
         self._flush_lock = threading.Lock()  # fsync and file close never overlap
         self._closed = False
+        self._deleted = False  # closed because its topic was deleted: readers are told the partition is gone
         self.last_flush_ms = clock()
         self._new_files = True  # directory entries not yet known durable
         loaded = LogLoader(directory, self.name, topic_id, config, scheduler=scheduler, clock=clock).load(
@@ -163,6 +165,8 @@ class PartitionLog(Partition):
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._deleted:
+                raise UnknownTopicOrPartitionError(f"{self.name} was deleted")
             raise LogClosedError(f"{self.name} is closed")
 
     def roll(self, expected_next_offset: int = 0) -> LogSegment:
@@ -626,6 +630,7 @@ class PartitionLog(Partition):
             if self._closed:
                 return flushed
             self._closed = True
+            self._deleted = not flush
             self.leader_epoch_cache.close()
             if flush and flushed:
                 try:

@@ -655,7 +655,7 @@ class RocketMQEngine(StorageEngine):
             record = self.registry.remove(name)
             for queue_id in range(record.partitions):
                 queue = self.queues.pop((name, queue_id))
-                queue.closed = True
+                queue.closed = queue.deleted = True
                 queue.consume_queue.close()
                 self.deleter.delete_later(queue.producer_state.directory)
             self.deleter.delete_later(self.root / CONSUME_QUEUE_DIR / name)

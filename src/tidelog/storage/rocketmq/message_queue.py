@@ -49,6 +49,7 @@ from tidelog.errors import (
     LogClosedError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    UnknownTopicOrPartitionError,
 )
 from tidelog.storage.api import (
     EARLIEST_TIMESTAMP,
@@ -161,6 +162,7 @@ class MessageQueue(Partition):
         self._time_blocks = TimeBlocks()
         self._time_lock = threading.Lock()
         self.closed = False
+        self.deleted = False  # closed because its topic was deleted: readers are told the queue is gone
 
     # --- offsets ----------------------------------------------------------------------------------------------
 
@@ -234,7 +236,7 @@ class MessageQueue(Partition):
         patched_at = starts[:, None] + _PATCHED_BYTES  # QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP of each
         with commitlog.put_lock:
             if self.closed:
-                raise LogClosedError(f"{self.name} is closed")
+                raise self._closed_error()
             first = batches[0].header
             if from_client and first.producer_id >= 0:
                 self._load_producer_state()
@@ -406,11 +408,16 @@ class MessageQueue(Partition):
             start += len(units)
         return found
 
+    def _closed_error(self) -> LogClosedError | UnknownTopicOrPartitionError:
+        if self.deleted:
+            return UnknownTopicOrPartitionError(f"{self.name} was deleted")
+        return LogClosedError(f"{self.name} is closed")
+
     def read(self, offset: int, max_bytes: int, *, min_one_message: bool = True) -> FileSlices:
         """Kafka batches re-encoded from the messages at `offset` on: one batch per original producer batch (or
         the part of it at or after `offset`); whole batches only, the first even when it exceeds `max_bytes`."""
         if self.closed:
-            raise LogClosedError(f"{self.name} is closed")
+            raise self._closed_error()
         high_watermark = self.high_watermark
         start = self.log_start_offset
         if offset < start or offset > self.next_offset:
