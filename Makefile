@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP) java
 	$(VENV)/bin/tidelog demo
 
-# Debian packages: kcat for the client tests, openssl for tests/security, a Java runtime for Spark.
+# Debian packages: kcat for the client tests, openssl for tests/security, ZooKeeper for tests/cluster, a Java
+# runtime for Spark and ZooKeeper.
 # Installed once, as root or through sudo.
 APT_INSTALL = SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
 	$$SUDO apt-get install -y -q $(1) >/dev/null 2>&1 || \
@@ -25,6 +26,8 @@ system-deps:
 	@command -v kcat >/dev/null 2>&1 || { echo "installing Debian package kcat"; $(call APT_INSTALL,kcat); }
 	@command -v openssl >/dev/null 2>&1 || { echo "installing Debian package openssl (TLS test certificates)"; \
 	  $(call APT_INSTALL,openssl); }
+	@[ -f /usr/share/java/zookeeper.jar ] || { echo "installing Debian package zookeeper (tests/cluster)"; \
+	  $(call APT_INSTALL,zookeeper); }
 
 java:
 	@command -v java >/dev/null 2>&1 || { echo "Spark needs Java: installing openjdk-17-jre-headless"; \

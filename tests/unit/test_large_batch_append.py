@@ -14,7 +14,7 @@ import tidelog
 from tidelog.codec.record_batch import Record, build_batch, read_header
 from tidelog.config import LogConfig
 from tidelog.errors import CrcMismatchError
-from tidelog.storage.common.kafka_uuid import new_kafka_uuid
+from tidelog.kafka_uuid import new_kafka_uuid
 from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES, BatchCheckWorker, PendingCheck
 from tidelog.storage.kafka.engine import KafkaEngine
 from tidelog.storage.kafka.partition_log import PartitionLog

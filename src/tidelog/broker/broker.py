@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tidelog.broker.admin import AdminExecutor
 from tidelog.broker.authorizer import AclApis, Authorizer
+from tidelog.broker.cluster_membership import ClusterMembership
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.fetch import FetchApis
 from tidelog.broker.groups import GroupCoordinator
@@ -42,7 +43,14 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.stopping = False
-        self.engine = open_engine(config.engine)
+        self.cluster = _cluster_membership(config)  # None: a single broker, no ZooKeeper
+        cluster_id = self.cluster.connect() if self.cluster is not None else None
+        try:
+            self.engine = open_engine(config.engine, cluster_id=cluster_id)
+        except BaseException:
+            if self.cluster is not None:
+                self.cluster.close()
+            raise
         log_dir = Path(config.engine.log_dirs[0]).resolve()  # where the broker keeps its own files
         self.admin = AdminExecutor()
         self.metrics = Metrics()
@@ -60,7 +68,9 @@ class Broker:
             engine_compacts=self.engine.compacts_topics,
         )
         self.groups = GroupCoordinator(config, self.engine, self.authorizer, self.offset_store, self.is_stopping)
-        self.topics = TopicApis(self.engine, config, self.authorizer, self.admin, self.groups.forget_topic)
+        self.topics = TopicApis(
+            self.engine, config, self.authorizer, self.admin, self.groups.forget_topic, self.cluster
+        )
         self.sasl = SaslApis(config.security, config.listeners, log_dir)
         self.acls = AclApis(self.authorizer)
         self.server = KafkaServer(config, self._handler_table(), self.metrics)
@@ -93,6 +103,8 @@ class Broker:
         self.groups.start()
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
         await self.server.start()
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.register, self.server.endpoints())
 
     async def stop(self) -> None:
         """Stop accepting, wake long polls and parked rebalances, finish in-flight requests, close connections,
@@ -100,6 +112,8 @@ class Broker:
         if self.stopping:
             return
         self.stopping = True
+        if self.cluster is not None:  # the others elect a new controller now, not after the session timeout
+            await asyncio.to_thread(self.cluster.resign)
         self.server.stop_accepting()
         self.fetch.wake_all()
         await self.groups.stop()  # answers joins and syncs parked in a rebalance, which would hold their connection
@@ -108,4 +122,18 @@ class Broker:
         await self.flusher.drain()
         await asyncio.to_thread(self.admin.close)
         await asyncio.to_thread(self.engine.close)
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.close)
         log.info("stopped cleanly")
+
+
+def _cluster_membership(config: BrokerConfig) -> ClusterMembership | None:
+    if config.zookeeper_connect is None:
+        return None
+    return ClusterMembership(
+        config.zookeeper_connect,
+        config.node_id,
+        session_timeout_ms=config.zookeeper_session_timeout_ms,
+        connection_timeout_ms=config.zookeeper_connection_timeout_ms or config.zookeeper_session_timeout_ms,
+        rack=config.broker_rack,
+    )

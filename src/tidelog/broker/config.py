@@ -179,6 +179,27 @@ SERVER_KEYS: dict[str, Key] = {
             default="30000",
             doc="On SIGTERM or Ctrl-C, how long in-flight requests may take before their connections are closed.",
         ),
+        # cluster (ZooKeeper mode, as Kafka 3.x ran it)
+        Key(
+            "zookeeper.connect",
+            parse_str,
+            valid="`host:port[,host:port...][/chroot]`",
+            doc="The ZooKeeper ensemble that coordinates the cluster; unset: a single broker, no ZooKeeper.",
+        ),
+        Key(
+            "zookeeper.session.timeout.ms",
+            parse_int,
+            minimum=1,
+            default="18000",
+            doc="ZooKeeper session timeout: a broker that stops answering for this long leaves the cluster.",
+        ),
+        Key(
+            "zookeeper.connection.timeout.ms",
+            parse_int,
+            minimum=1,
+            doc="How long the broker waits to connect to ZooKeeper at start; unset: zookeeper.session.timeout.ms.",
+        ),
+        Key("broker.rack", parse_str, doc="The broker's rack, for rack-aware replica placement."),
         # security
         Key(
             "listener.security.protocol.map",
@@ -422,6 +443,10 @@ class BrokerConfig:
     metrics_port: int = -1  # -1: no metrics endpoint; 0: an ephemeral port (logged at start)
     metrics_host: str = "127.0.0.1"
     shutdown_timeout_ms: int = 30_000
+    zookeeper_connect: str | None = None
+    zookeeper_session_timeout_ms: int = 18_000
+    zookeeper_connection_timeout_ms: int | None = None
+    broker_rack: str | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
@@ -495,6 +520,12 @@ class BrokerConfig:
             metrics_port=server.get("tidelog.metrics.port", defaults.metrics_port),
             metrics_host=server.get("tidelog.metrics.host", defaults.metrics_host),
             shutdown_timeout_ms=server.get("tidelog.shutdown.timeout.ms", defaults.shutdown_timeout_ms),
+            zookeeper_connect=server.get("zookeeper.connect"),
+            zookeeper_session_timeout_ms=server.get(
+                "zookeeper.session.timeout.ms", defaults.zookeeper_session_timeout_ms
+            ),
+            zookeeper_connection_timeout_ms=server.get("zookeeper.connection.timeout.ms"),
+            broker_rack=server.get("broker.rack"),
             engine=EngineConfig.from_mapping(select(settings, storage), log_dir=defaults.engine.log_dirs[0]),
             security=security,
         )

@@ -34,6 +34,7 @@ from tidelog.broker.config import BrokerConfig, Listener
 from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, RawResponse, Response
 from tidelog.broker.metrics import Metrics
 from tidelog.broker.sasl import PRE_AUTHENTICATION_APIS, open_session
+from tidelog.broker.zk_layout import Endpoint
 from tidelog.errors import FrameError, MalformedRequestError, UnsupportedVersionError
 from tidelog.protocol.framing import SIZE, check_frame_size
 from tidelog.protocol.messages import ApiKey, Request, decode_request, encode_response
@@ -92,6 +93,14 @@ class KafkaServer:
             security.ssl_enabled_protocols,
             security.ssl_cipher_suites,
         )
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        """Each listener at the address clients are told to use (advertised.listeners, or where it is bound)."""
+        endpoints = []
+        for listener, _server, port in self._servers:
+            host, advertised_port = self.config.advertised_for(listener, port)
+            endpoints.append(Endpoint(listener.name, host, advertised_port, listener.protocol))
+        return tuple(endpoints)
 
     @property
     def bound_ports(self) -> list[int]:

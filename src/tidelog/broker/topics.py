@@ -35,6 +35,7 @@ from tidelog.storage.api import StorageEngine, validate_topic_name
 if TYPE_CHECKING:
     from tidelog.broker.admin import AdminExecutor
     from tidelog.broker.authorizer import Authorizer
+    from tidelog.broker.cluster_membership import ClusterMembership
     from tidelog.broker.config import BrokerConfig
 
 log = logging.getLogger("tidelog.broker")
@@ -67,12 +68,14 @@ class TopicApis:
         authorizer: Authorizer,
         admin: AdminExecutor,
         on_topic_deleted: Callable[[str], Awaitable[None]],
+        cluster: ClusterMembership | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
         self.authorizer = authorizer
         self.admin = admin
         self.on_topic_deleted = on_topic_deleted
+        self.cluster = cluster  # None: a single broker, which is the whole cluster
 
     def handlers(self) -> HandlerTable:
         return {
@@ -135,19 +138,31 @@ class TopicApis:
             cluster_operations = authorizer.authorized_operations(connection, ResourceType.CLUSTER, CLUSTER_NAME)
         return {
             "throttle_time": 0,
-            "brokers": [
-                {
-                    "node_id": node_id,
-                    "host": connection.advertised_host,
-                    "port": connection.advertised_port,
-                    "rack": None,
-                }
-            ],
+            "brokers": self._brokers(connection),
             "cluster_id": engine.cluster_id,
-            "controller_id": node_id,
+            "controller_id": node_id if self.cluster is None else self.cluster.controller_id,
             "topics": topics,
             "cluster_authorized_operations": cluster_operations,
         }
+
+    def _brokers(self, connection: Connection) -> list[dict[str, Any]]:
+        """The live brokers, each at its address for the listener this client connected to."""
+        me = {
+            "node_id": self.config.node_id,
+            "host": connection.advertised_host,
+            "port": connection.advertised_port,
+            "rack": self.config.broker_rack,
+        }
+        if self.cluster is None:
+            return [me]
+        brokers = []
+        for broker_id, registration in sorted(self.cluster.live_brokers.items()):
+            endpoint = registration.endpoint(connection.listener.name)
+            if broker_id != self.config.node_id and endpoint is not None:
+                brokers.append(
+                    {"node_id": broker_id, "host": endpoint.host, "port": endpoint.port, "rack": registration.rack}
+                )
+        return sorted([me, *brokers], key=lambda broker: broker["node_id"])
 
     async def _describe_topic(self, name: str, allow_create: bool, node_id: int, budget: list[int]) -> dict[str, Any]:
         engine = self.engine

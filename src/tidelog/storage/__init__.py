@@ -12,17 +12,18 @@ KAFKA_LOG_DIR_MARKER = "meta.properties"
 ROCKETMQ_STORE_MARKERS = ("commitlog", "consumequeue")
 
 
-def open_engine(config: EngineConfig, *, background: bool = True) -> StorageEngine:
-    """The engine `tidelog.storage.engine` names, opened on `log.dirs`."""
+def open_engine(config: EngineConfig, *, background: bool = True, cluster_id: str | None = None) -> StorageEngine:
+    """The engine `tidelog.storage.engine` names, opened on `log.dirs`. `cluster_id`: the cluster the directories
+    must belong to (a broker in a ZooKeeper cluster passes the cluster's id); new directories take it."""
     _check_written_by(config)
     if config.engine == "kafka":
         from tidelog.storage.kafka.engine import KafkaEngine
 
-        return KafkaEngine(config, background=background)
+        return KafkaEngine(config, background=background, cluster_id=cluster_id)
     if config.engine == "rocketmq":
         from tidelog.storage.rocketmq.engine import RocketMQEngine
 
-        return RocketMQEngine(config, background=background)
+        return RocketMQEngine(config, background=background, cluster_id=cluster_id)
     raise ConfigError(f"config tidelog.storage.engine: unknown engine {config.engine!r}")
 
 

@@ -1,7 +1,6 @@
 """What both storage engines share, so that neither imports the other.
 
 - clock.py              the wall clock in milliseconds
-- kafka_uuid.py         Kafka's Uuid text form (topic, cluster and directory ids)
 - offset_checkpoint.py  Kafka's framed checkpoint files (`topic partition offset` entries)
 - scheduler.py          the background thread for timed work (flushes, retention, delayed deletions)
 - deletion.py           rename-now, delete-later of directories (file.delete.delay.ms)

@@ -31,8 +31,8 @@ from tidelog.errors import (
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
+from tidelog.kafka_uuid import new_kafka_uuid
 from tidelog.storage.api import TopicDescription, validate_topic_name
-from tidelog.storage.common.kafka_uuid import new_kafka_uuid
 
 log = logging.getLogger("tidelog.storage")
 

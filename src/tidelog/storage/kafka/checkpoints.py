@@ -19,7 +19,7 @@ from pathlib import Path
 from tidelog.atomic_files import fsync_directory, write_atomically
 from tidelog.config import parse_properties
 from tidelog.errors import ConfigError, CorruptCheckpointError
-from tidelog.storage.common.kafka_uuid import is_kafka_uuid
+from tidelog.kafka_uuid import is_kafka_uuid
 from tidelog.storage.common.offset_checkpoint import read_framed, write_framed
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"

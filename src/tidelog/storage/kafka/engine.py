@@ -29,6 +29,7 @@ from tidelog.errors import (
     KeyIndexDisabledError,
     LogClosedError,
 )
+from tidelog.kafka_uuid import new_kafka_uuid
 from tidelog.storage.api import (
     KeyLocation,
     StorageEngine,
@@ -36,7 +37,6 @@ from tidelog.storage.api import (
 )
 from tidelog.storage.common.clock import now_ms
 from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
-from tidelog.storage.common.kafka_uuid import new_kafka_uuid
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRecord, TopicRegistry
@@ -72,7 +72,14 @@ PARTITION_SHARE_OF_OPEN_FILES = 0.75
 
 
 class KafkaEngine(StorageEngine):
-    def __init__(self, config: EngineConfig, *, background: bool = True, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        background: bool = True,
+        clock: Callable[[], int] = now_ms,
+        cluster_id: str | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock
         self.log_dirs = [Path(d).resolve() for d in config.log_dirs]
@@ -92,7 +99,7 @@ class KafkaEngine(StorageEngine):
             for log_dir in self.log_dirs:
                 log_dir.mkdir(parents=True, exist_ok=True)
                 self._dir_locks.append(self._lock_dir(log_dir))
-            self._check_meta_properties()
+            self._check_meta_properties(cluster_id)
             self.scheduler = Scheduler() if background else None
             self.cleaner = LogCleaner(config.cleaner, clock)
             # The cleaner has a thread of its own (as Kafka's CleanerThread): a long pass must not hold up flushes,
@@ -133,7 +140,7 @@ class KafkaEngine(StorageEngine):
             os.close(fd)
         self._dir_locks = []
 
-    def _check_meta_properties(self) -> None:
+    def _check_meta_properties(self, expected_cluster_id: str | None) -> None:
         existing = {}
         for log_dir in self.log_dirs:
             try:
@@ -144,7 +151,12 @@ class KafkaEngine(StorageEngine):
         cluster_ids = {p["cluster.id"] for p in existing.values() if "cluster.id" in p}
         if len(cluster_ids) > 1:
             raise KafkaStorageError(f"log directories belong to different clusters: {', '.join(sorted(cluster_ids))}")
-        cluster_id = cluster_ids.pop() if cluster_ids else new_kafka_uuid()
+        cluster_id = cluster_ids.pop() if cluster_ids else expected_cluster_id or new_kafka_uuid()
+        if expected_cluster_id is not None and cluster_id != expected_cluster_id:
+            raise KafkaStorageError(
+                f"the log directories belong to cluster {cluster_id} (meta.properties), but ZooKeeper's cluster is "
+                f"{expected_cluster_id}: zookeeper.connect names another cluster, or log.dirs another broker's data"
+            )
         for log_dir, properties in existing.items():
             stored_node = properties.get("node.id", properties.get("broker.id"))
             if stored_node is not None and stored_node != str(self.config.node_id):

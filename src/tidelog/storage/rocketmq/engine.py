@@ -49,6 +49,7 @@ from tidelog.errors import (
     LogClosedError,
     OffsetOutOfRangeError,
 )
+from tidelog.kafka_uuid import new_kafka_uuid
 from tidelog.storage.api import (
     KeyLocation,
     StorageEngine,
@@ -57,7 +58,6 @@ from tidelog.storage.api import (
 from tidelog.storage.common.clock import now_ms
 from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
 from tidelog.storage.common.index_file import IndexService
-from tidelog.storage.common.kafka_uuid import new_kafka_uuid
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRegistry
@@ -155,7 +155,14 @@ class _RoundUnits:
 
 
 class RocketMQEngine(StorageEngine):
-    def __init__(self, config: EngineConfig, *, background: bool = True, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        background: bool = True,
+        clock: Callable[[], int] = now_ms,
+        cluster_id: str | None = None,
+    ) -> None:
         if len(config.log_dirs) != 1:
             raise ConfigError(
                 f"config log.dirs: the RocketMQ engine keeps one store directory, got {len(config.log_dirs)}"
@@ -172,12 +179,12 @@ class RocketMQEngine(StorageEngine):
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_store(self.root)
         try:
-            self._open(background)
+            self._open(background, cluster_id)
         except BaseException:
             os.close(self._lock_fd)
             raise
 
-    def _open(self, background: bool) -> None:
+    def _open(self, background: bool, expected_cluster_id: str | None) -> None:
         store = self.store_config
         self.clean_start = take_abort_file(self.root)
         self.checkpoint = StoreCheckpoint(self.root / CHECKPOINT_FILE)
@@ -189,7 +196,12 @@ class RocketMQEngine(StorageEngine):
         self.queues: dict[tuple[str, int], MessageQueue] = {}
         self.registry = TopicRegistry([self.root])
         self.registry.load(damaged_is_fatal=True, check_configs=self._log_config_for)
-        self.cluster_id = self.registry.cluster_id or new_kafka_uuid()
+        self.cluster_id = self.registry.cluster_id or expected_cluster_id or new_kafka_uuid()
+        if expected_cluster_id is not None and self.cluster_id != expected_cluster_id:
+            raise KafkaStorageError(
+                f"the store belongs to cluster {self.cluster_id} ({TOPICS_FILE}), but ZooKeeper's cluster is "
+                f"{expected_cluster_id}: zookeeper.connect names another cluster, or log.dirs another broker's data"
+            )
         self.registry.publish()
         for directory in (self.root / CONSUME_QUEUE_DIR, self.root / PRODUCER_SNAPSHOTS_DIR):
             if directory.is_dir():

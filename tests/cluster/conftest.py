@@ -1,0 +1,51 @@
+"""Fixtures of the cluster suites: a real ZooKeeper (tests/zookeeper_process.py) and brokers that join it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from broker_process import BrokerFactory, BrokerProcess
+from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker, ZooKeeperProcess, zookeeper_missing
+
+
+@pytest.fixture
+def zookeeper(tmp_path: Path) -> Iterator[ZooKeeperProcess]:
+    missing = zookeeper_missing()
+    if missing:
+        pytest.skip(missing)
+    server = ZooKeeperProcess(tmp_path / "zookeeper").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def zk_client(zookeeper: ZooKeeperProcess) -> Iterator[KazooClient]:
+    """A client of the test's own, to inspect the znodes as an operator would with zkCli.sh."""
+    client = KazooClient(hosts=zookeeper.connect)
+    client.start(timeout=10)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.fixture
+def cluster_broker(tmp_path: Path, zookeeper: ZooKeeperProcess) -> Iterator[ClusterBroker]:
+    """Starts a broker with `broker.id` that joins the test's ZooKeeper."""
+    factory = BrokerFactory(tmp_path / "brokers")
+
+    def start(broker_id: int, overrides: dict[str, Any] | None = None) -> BrokerProcess:
+        settings = {
+            "broker.id": broker_id,
+            "zookeeper.connect": zookeeper.connect,
+            "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
+            **(overrides or {}),
+        }
+        return factory(settings)
+
+    yield start
+    factory.close_all()
