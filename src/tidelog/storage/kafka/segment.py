@@ -19,10 +19,11 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from tidelog.codec.batch_chain import ChainEnd, ChainReader, Stop, check_stored
 from tidelog.codec.record_batch import HEADER_SIZE, BatchHeader
-from tidelog.codec.record_set import decode_batch, peek_batch, read_batch_info, scan_stored_batches
+from tidelog.codec.record_set import decode_batch, peek_batch, read_batch_info
 from tidelog.config import INT_MAX, LogConfig
-from tidelog.errors import CorruptIndexError, KafkaStorageError, TidelogError
+from tidelog.errors import CorruptIndexError, CorruptRecordError, KafkaStorageError, TidelogError
 from tidelog.storage.api import FileSlice
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
@@ -171,25 +172,28 @@ class LogSegment:
     def batch_locations(
         self, position: int, end: int | None = None, first_read: int = SCAN_CHUNK_BYTES
     ) -> Iterator[BatchLocation]:
-        """Headers of the batches from `position` (a batch start) to `end`; stops at a partial tail.
+        """Headers of the batches from `position` (a batch start) to `end`; stops quietly at a partial tail and
+        raises CorruptRecordError where the chain is damaged (batch_chain.py).
 
         The first read is `first_read` bytes (a lookup expects its batch within one index interval), later
-        reads SCAN_CHUNK_BYTES."""
-        end = self.size if end is None else end
-        chunk = b""
-        chunk_start = position
-        read_size = max(first_read, HEADER_SIZE)
-        while position < end:
-            relative = position - chunk_start
-            if relative + HEADER_SIZE > len(chunk) and chunk_start + len(chunk) < end:
-                chunk = os.pread(self._fd, min(read_size, end - position), position)
-                chunk_start, relative = position, 0
-                read_size = SCAN_CHUNK_BYTES
-            peeked = peek_batch(chunk, relative)
-            if peeked is None or position + peeked.size > end:
-                return
-            yield BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.header)
-            position += peeked.size
+        reads SCAN_CHUNK_BYTES; bodies that reach past a read are skipped unread."""
+        chain = ChainReader(
+            self._fd,
+            position,
+            self.size if end is None else end,
+            window=SCAN_CHUNK_BYTES,
+            first_window=max(first_read, HEADER_SIZE),
+            whole=False,
+        )
+        for window in chain:
+            data, start = window.data, window.position
+            for pos, size in zip(window.positions, window.sizes, strict=True):
+                peeked = peek_batch(data, pos)
+                assert peeked is not None  # the chain holds its header
+                yield BatchLocation(start + pos, size, peeked.last_offset, peeked.max_timestamp, peeked.header)
+        assert chain.stopped is not None
+        if chain.stopped.stop.is_damage:
+            raise CorruptRecordError(f"{self.log_path}: {chain.stopped}")
 
     def translate_offset(self, target_offset: int, starting_position: int = 0) -> BatchLocation | None:
         """The first batch whose last offset >= target (index lookup, then a short scan).
@@ -292,38 +296,30 @@ class LogSegment:
         offset_entries: list[tuple[int, int]] = []
         time_entries: list[tuple[int, int]] = []
         epochs: list[tuple[int, int]] = []
-        valid_bytes = 0
         last_index_entry_position = 0
         last_offset = max(previous_last_offset, self.base_offset - 1)
-        reason: str | None = None
-        read_size = RECOVERY_CHUNK_BYTES
-        while valid_bytes < file_size:
-            chunk_start = valid_bytes
-            chunk = os.pread(self._fd, min(read_size, file_size - chunk_start), chunk_start)
-            scan = scan_stored_batches(chunk, 0, last_offset, self.base_offset)
-            for batch in scan.batches:
+        chain = ChainReader(self._fd, 0, file_size, window=RECOVERY_CHUNK_BYTES)
+        failure: ChainEnd | None = None
+        for window in chain:
+            batches, failure = check_stored(window, last_offset, self.base_offset)
+            for batch in batches:
                 if batch.max_timestamp > max_ts:
                     max_ts, max_ts_offset = batch.max_timestamp, batch.last_offset
-                position = chunk_start + batch.position
-                if position - last_index_entry_position > interval:
-                    offset_entries.append((batch.last_offset, position))
+                if batch.position - last_index_entry_position > interval:
+                    offset_entries.append((batch.last_offset, batch.position))
                     if max_ts > indexed_ts:
                         time_entries.append((max_ts, max_ts_offset))
                         indexed_ts = max_ts
-                    last_index_entry_position = position
+                    last_index_entry_position = batch.position
                 if batch.partition_leader_epoch >= 0 and (not epochs or batch.partition_leader_epoch > epochs[-1][0]):
                     epochs.append((batch.partition_leader_epoch, batch.base_offset))
-            if scan.batches:
-                last_offset = scan.batches[-1].last_offset
-            valid_bytes = chunk_start + scan.end
-            if scan.problem is not None:
-                reason = f"{scan.problem} (counting from byte {chunk_start} of the file)"
+            if batches:
+                last_offset = batches[-1].last_offset
+            if failure is not None:
                 break
-            if valid_bytes < file_size and chunk_start + len(chunk) >= file_size:
-                reason = f"a partial batch of {file_size - valid_bytes} bytes ends the file"
-                break
-            # a batch straddling the chunk boundary is read again from its start, all of it
-            read_size = max(RECOVERY_CHUNK_BYTES, scan.partial_size or HEADER_SIZE)
+        stopped = failure or chain.stopped
+        assert stopped is not None
+        valid_bytes = stopped.position
         self.index.append_entries(offset_entries)
         self.time_index.append_entries(time_entries)
         truncated = file_size - valid_bytes
@@ -333,7 +329,7 @@ class LogSegment:
         self.time_index.maybe_append(max_ts, max_ts_offset, skip_full_check=True)
         self.bytes_since_last_index_entry = valid_bytes - last_index_entry_position
         self._rolling_based_timestamp = None
-        return RecoveryResult(truncated, epochs, reason if truncated else None)
+        return RecoveryResult(truncated, epochs, str(stopped) if stopped.stop is not Stop.END else None)
 
     def truncate_log_file(self, size: int) -> None:
         os.ftruncate(self._fd, size)
