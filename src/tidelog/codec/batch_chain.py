@@ -14,7 +14,7 @@ Kafka's FileLogInputStream:
 - BAD_SIZE: a size no message format allows (below 14, or a v2 batch shorter than its header);
 - BEYOND_END: an entry declares more bytes than are left - a batch being written at a live segment's tail, or
   one a crash cut short;
-- BAD_MAGIC: a magic byte other than 0, 1 and 2, in an entry that is all there.
+- BAD_MAGIC: a magic byte other than 0, 1 and 2, in an entry that is all there (its header, walking headers).
 
 END, TORN_TAIL and BEYOND_END end a chain quietly (a reader stops there; recovery cuts the tail off), the others
 are damage. `check_stored` adds what recovery checks of each entry: CRC, attributes, offsets that increase and fit
@@ -30,7 +30,6 @@ import enum
 import os
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -52,7 +51,7 @@ from tidelog.codec.record_set import is_valid, read_batch_info
 from tidelog.errors import TidelogError
 
 PREFIX_SIZE = MAGIC_OFFSET + 1  # 17
-_PREFIX = struct.Struct(">qi")
+_SIZE_AND_MAGIC = struct.Struct(">8xi4xb")  # an entry's size and magic fields
 _V2_PREFIX = struct.Struct(">qiibIhiqq")  # baseOffset .. maxTimestamp: what recovery needs of a v2 header
 _INT32 = struct.Struct(">i")
 _RECORDS_COUNT_OFFSET = 57
@@ -75,14 +74,13 @@ class Stop(enum.Enum):
         return self not in (Stop.END, Stop.MORE, Stop.TORN_TAIL, Stop.BEYOND_END)
 
 
-@dataclass(frozen=True, slots=True)
-class ChainEnd:
+class ChainEnd(NamedTuple):
     """Where a chain stops: `position` is the first byte after the last entry walked."""
 
     position: int
     stop: Stop
     detail: str = ""
-    size: int = 0  # BEYOND_END: the size the entry declares; MORE: the bytes needed from `position` to go on
+    size: int = 0  # MORE: the bytes needed from `position` to go on
 
     def __str__(self) -> str:
         return f"at byte {self.position}: {self.detail}" if self.detail else f"at byte {self.position}"
@@ -112,62 +110,64 @@ def scan_chain(
     limit = end if limit is None else limit
     positions: list[int] = []
     sizes: list[int] = []
-    unpack = _PREFIX.unpack_from
+    add_position, add_size = positions.append, sizes.append
+    unpack = _SIZE_AND_MAGIC.unpack_from
     pos = start
     while True:
-        if end - pos < PREFIX_SIZE:
-            left = limit - pos
-            if left == 0:
+        left = end - pos
+        if left < PREFIX_SIZE:
+            if pos == limit:
                 stop = ChainEnd(pos, Stop.END)
-            elif left < PREFIX_SIZE:
-                stop = ChainEnd(pos, Stop.TORN_TAIL, f"{left} bytes are left, fewer than the 17 an entry starts with")
+            elif limit - pos < PREFIX_SIZE:
+                detail = f"{limit - pos} bytes are left, fewer than the {PREFIX_SIZE} an entry starts with"
+                stop = ChainEnd(pos, Stop.TORN_TAIL, detail)
             else:
                 stop = ChainEnd(pos, Stop.MORE, size=HEADER_SIZE)
             break
-        _offset, length = unpack(buf, pos)
-        size = length + LOG_OVERHEAD
+        length, magic = unpack(buf, pos)
         if length < legacy.RECORD_OVERHEAD_V0:
             stop = ChainEnd(pos, Stop.BAD_SIZE, f"entry declares size {length}, smaller than any message format allows")
             break
-        if size > limit - pos:
-            stop = ChainEnd(pos, Stop.BEYOND_END, f"entry declares {size} bytes, {limit - pos} are left", size)
-            break
-        magic = buf[pos + MAGIC_OFFSET]
-        if magic == MAGIC_V2:
-            if length < MIN_BATCH_LENGTH:
-                detail = f"batch declares batchLength {length}, below the v2 minimum {MIN_BATCH_LENGTH}"
-                stop = ChainEnd(pos, Stop.BAD_SIZE, detail)
+        size = length + LOG_OVERHEAD
+        if size > left:  # not all in `buf`: beyond the end, or (a window) read on, unless its header is enough
+            if size > limit - pos:
+                stop = ChainEnd(pos, Stop.BEYOND_END, f"entry declares {size} bytes, {limit - pos} are left")
                 break
-        elif magic > 1:
-            stop = ChainEnd(pos, Stop.BAD_MAGIC, f"entry has unknown magic {magic}")
+            if whole or left < HEADER_SIZE:
+                stop = ChainEnd(pos, Stop.MORE, size=size if whole else HEADER_SIZE)
+                break
+        if magic != MAGIC_V2:
+            if magic < 0 or magic > 1:
+                stop = ChainEnd(pos, Stop.BAD_MAGIC, f"entry has unknown magic {magic}")
+                break
+        elif length < MIN_BATCH_LENGTH:
+            detail = f"batch declares batchLength {length}, below the v2 minimum {MIN_BATCH_LENGTH}"
+            stop = ChainEnd(pos, Stop.BAD_SIZE, detail)
             break
-        needed = size if whole else min(size, HEADER_SIZE)
-        if needed > end - pos:
-            stop = ChainEnd(pos, Stop.MORE, size=needed)
-            break
-        positions.append(pos)
-        sizes.append(size)
+        add_position(pos)
+        add_size(size)
         pos += size
     return Chain(positions, sizes, stop)
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
+class Window(NamedTuple):
     """Entries of a file read in one piece."""
 
-    data: memoryview  # the bytes read, then the reader's `padding` spare bytes
+    data: bytes | memoryview  # the bytes read, then the reader's `padding` spare bytes
     position: int  # the file byte of data[0]
     positions: list[int]  # where each entry starts in `data`
     sizes: list[int]
 
 
 class ChainReader:
-    """The chain of a file from `position` (an entry's start) up to `end` (say its size when the walk begins).
+    """The chain of a file from `position` (an entry's start) up to `end` (say its size when the walk begins; none
+    when `position` is past it).
 
-    Iterating reads `window` bytes at a time (the first read `first_window`), more when one entry needs it, and
-    yields each window that holds an entry; then `stopped` says where and why the chain ends. A file that shrinks
-    meanwhile ends the chain where its bytes do. Each window is a fresh buffer (a numpy array's memory) with
-    `padding` spare bytes after the data, which the columnar decoder's varint windows may read."""
+    Iterating reads `window` bytes at a time (from a smaller `first_window` up, each read twice the one before),
+    more when one entry needs it, and yields the entries of each read; then `stopped` says where and why the chain
+    ends. A file that shrinks meanwhile ends the chain where its bytes do. Each read is a fresh buffer; given
+    `padding`, a numpy array's memory with that many spare bytes after the data (the columnar decoder's varint
+    windows read them)."""
 
     def __init__(
         self,
@@ -181,8 +181,8 @@ class ChainReader:
         padding: int = 0,
     ) -> None:
         self.fd = fd
-        self.position = position  # the next byte to read
-        self.end = end
+        self.position = position  # the next byte to walk
+        self.end = max(end, position)
         self.window = window
         self.first_window = window if first_window is None else first_window
         self.whole = whole
@@ -192,23 +192,25 @@ class ChainReader:
     def __iter__(self) -> Iterator[Window]:
         want = self.first_window
         while True:
-            position = self.position
-            length = min(want, self.end - position)
-            data, got = self._read(position, length)
-            limit = self.end - position if got == length else got
-            chain = scan_chain(data, 0, got, limit=limit, whole=self.whole)
-            if chain.positions:
-                yield Window(data, position, chain.positions, chain.sizes)
-            stop = chain.end
-            self.position = position + stop.position
+            start = self.position
+            length = min(want, self.end - start)
+            data, got = self._read(start, length)
+            limit = self.end - start if got == length else got
+            positions, sizes, stop = scan_chain(data, 0, got, limit=limit, whole=self.whole)
+            self.position = start + stop.position
+            if positions:
+                yield Window(data, start, positions, sizes)
             if stop.stop is not Stop.MORE:
-                self.stopped = ChainEnd(self.position, stop.stop, stop.detail, stop.size)
+                self.stopped = stop._replace(position=self.position)
                 return
-            want = max(self.window, stop.size)
+            want = max(min(2 * want, self.window), stop.size)
 
-    def _read(self, position: int, length: int) -> tuple[memoryview, int]:
-        """`length` bytes at `position` (fewer at the end of the file). An uninitialised numpy buffer: a bytearray
-        would be zero-filled first."""
+    def _read(self, position: int, length: int) -> tuple[bytes | memoryview, int]:
+        """`length` bytes at `position` (fewer at the end of the file). With padding, into an uninitialised numpy
+        buffer: a bytearray would be zero-filled first."""
+        if not self.padding:
+            data = os.pread(self.fd, length, position)
+            return data, len(data)
         view = np.empty(length + self.padding, dtype=np.uint8).data
         done = 0
         while done < length:

@@ -74,7 +74,7 @@ class IndexEntries:
 class Chunk:
     """Whole batches read from `path` at `file_position`, with their parsed table."""
 
-    data: memoryview  # the batches, then spare bytes (the decoder's padding)
+    data: bytes | memoryview  # the batches, then spare bytes (the decoder's padding)
     table: BatchTable
     path: Path
     file_position: int
@@ -310,7 +310,7 @@ class PartitionFiles:
 
 def _chunks(
     fd: int, path: Path, position: int, size: int, chunk_bytes: int
-) -> Iterator[tuple[memoryview, BatchTable, int]]:
+) -> Iterator[tuple[bytes | memoryview, BatchTable, int]]:
     """Whole batches from `position` to `size`, about `chunk_bytes` at a time (a larger batch in a read of its own),
     each read with PADDING spare bytes after it, which lets the columnar decoder read its varint windows without
     copying the chunk. Stops at a partial tail (a batch being written, or torn); damage is a LogFilesError."""

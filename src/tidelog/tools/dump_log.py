@@ -128,7 +128,7 @@ def dump_files(files: list[str], options: DumpOptions, out: TextIO | None = None
     return status
 
 
-def _batches(chain: ChainReader) -> Iterator[tuple[memoryview, BatchInfo]]:
+def _batches(chain: ChainReader) -> Iterator[tuple[bytes | memoryview, BatchInfo]]:
     """(window, batch) for each whole batch of the chain; raises TidelogError for a batch that does not decode."""
     for window in chain:
         for pos in window.positions:
@@ -176,7 +176,7 @@ def _dump_log(path: Path, options: DumpOptions, problems: _Problems, out: TextIO
         print(f"Found {trailing} invalid bytes at the end of {path.name}", file=out)
 
 
-def _batch_line(data: memoryview, info: BatchInfo, position: int) -> str:
+def _batch_line(data: bytes | memoryview, info: BatchInfo, position: int) -> str:
     valid = is_valid(data, info)
     tail = (
         f" position: {position} {info.timestamp_type.kafka_name}: {info.max_timestamp} size: {info.size}"
@@ -196,7 +196,7 @@ def _batch_line(data: memoryview, info: BatchInfo, position: int) -> str:
     return f"offset: {info.last_offset}" + tail
 
 
-def _record_lines(data: memoryview, info: BatchInfo, options: DumpOptions) -> Iterator[tuple[str, int]]:
+def _record_lines(data: bytes | memoryview, info: BatchInfo, options: DumpOptions) -> Iterator[tuple[str, int]]:
     timestamp_name = info.timestamp_type.kafka_name
     header = info.header
     if isinstance(header, BatchHeader):
@@ -276,7 +276,7 @@ def _control_text(record: Record) -> str:
 
 def _first_batch_with(
     log_path: Path, position: int, offset: int, limit: int = INT_MAX
-) -> tuple[memoryview, BatchInfo] | None:
+) -> tuple[bytes | memoryview, BatchInfo] | None:
     """The first batch from `position` (within `limit` bytes of it) whose last offset >= `offset`, or None."""
     try:
         with open(log_path, "rb") as handle:
@@ -284,7 +284,7 @@ def _first_batch_with(
             for data, info in _batches(ChainReader(handle.fileno(), position, end, window=LOOKUP_BYTES)):
                 if info.last_offset >= offset:
                     return data, info
-    except (TidelogError, FileNotFoundError):
+    except TidelogError:
         return None
     return None
 

@@ -198,11 +198,13 @@ class MappedIndex:
         except OSError as exc:
             raise KafkaStorageError(f"cannot write index entry to {self.path}: {exc.strerror}") from exc
 
-    def _largest_lower_bound(self, target: int, key: Callable[[int], int]) -> int:
-        """Slot of the greatest entry whose key <= target, or -1: Kafka's warm-then-cold binary search."""
+    def _largest_lower_bound(self, target: int) -> int:
+        """Slot of the greatest entry whose key (its first field: relative offset, timestamp) <= target, or -1:
+        Kafka's warm-then-cold binary search."""
         entries = self.entries
         if entries == 0:
             return -1
+        key = self._key()
         warm = WARM_SECTION_BYTES // self.entry.size
         first_hot = max(0, entries - 1 - warm)
         if key(first_hot) < target:
@@ -210,6 +212,14 @@ class MappedIndex:
         if key(0) > target:
             return -1
         return self._binary_search(target, key, 0, first_hot)
+
+    def _key(self) -> Callable[[int], int]:
+        """Slot -> its entry's first field; straight from the mapping when there is one (the lookups of every read)."""
+        buf = self._map
+        if buf is None:
+            return lambda slot: self.read_entry(slot)[0]
+        unpack, size = self.entry.unpack_from, self.entry.size
+        return lambda slot: unpack(buf, slot * size)[0]
 
     @staticmethod
     def _binary_search(target: int, key: Callable[[int], int], lo: int, hi: int) -> int:

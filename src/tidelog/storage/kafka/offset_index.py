@@ -62,7 +62,7 @@ class OffsetIndex(MappedIndex):
             self.last_offset = entries[-1][0]
 
     def lookup(self, target_offset: int) -> OffsetPosition:
-        slot = self._largest_lower_bound(target_offset - self.base_offset, self._relative_offset)
+        slot = self._largest_lower_bound(target_offset - self.base_offset)
         if slot < 0:
             return OffsetPosition(self.base_offset, 0)
         return self.entry_at(slot)
@@ -70,7 +70,7 @@ class OffsetIndex(MappedIndex):
     def truncate_to(self, offset: int) -> None:
         """Drop every entry for an offset >= `offset`."""
         relative = offset - self.base_offset
-        slot = self._largest_lower_bound(relative, self._relative_offset)
+        slot = self._largest_lower_bound(relative)
         if slot < 0:
             keep = 0
         elif self._relative_offset(slot) == relative:

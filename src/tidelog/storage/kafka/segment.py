@@ -10,7 +10,6 @@ a short forward scan of batch headers, and hand out file slices.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import random
@@ -19,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from tidelog.codec.batch_chain import ChainEnd, ChainReader, Stop, check_stored
+from tidelog.codec.batch_chain import ChainEnd, ChainReader, Stop, Window, check_stored
 from tidelog.codec.record_batch import HEADER_SIZE, BatchHeader
 from tidelog.codec.record_set import decode_batch, peek_batch, read_batch_info
 from tidelog.config import INT_MAX, LogConfig
@@ -169,60 +168,64 @@ class LogSegment:
 
     # --- reading ---------------------------------------------------------------------------------------------
 
-    def batch_locations(
-        self, position: int, end: int | None = None, first_read: int = SCAN_CHUNK_BYTES
-    ) -> Iterator[BatchLocation]:
+    def batch_locations(self, position: int, end: int | None = None) -> Iterator[BatchLocation]:
         """Headers of the batches from `position` (a batch start) to `end`; stops quietly at a partial tail and
-        raises CorruptRecordError where the chain is damaged (batch_chain.py).
-
-        The first read is `first_read` bytes (a lookup expects its batch within one index interval), later
-        reads SCAN_CHUNK_BYTES; bodies that reach past a read are skipped unread."""
-        chain = ChainReader(
-            self._fd,
-            position,
-            self.size if end is None else end,
-            window=SCAN_CHUNK_BYTES,
-            first_window=max(first_read, HEADER_SIZE),
-            whole=False,
-        )
+        raises CorruptRecordError where the chain is damaged (batch_chain.py)."""
+        chain = self._header_walk(position, end)
         for window in chain:
-            data, start = window.data, window.position
-            for pos, size in zip(window.positions, window.sizes, strict=True):
-                peeked = peek_batch(data, pos)
-                assert peeked is not None  # the chain holds its header
-                yield BatchLocation(start + pos, size, peeked.last_offset, peeked.max_timestamp, peeked.header)
+            for slot in range(len(window.positions)):
+                yield _location(window, slot)
+        self._raise_if_damaged(chain)
+
+    def _header_walk(self, position: int, end: int | None = None) -> ChainReader:
+        """The chain from `position` to `end` (default: the segment's size), walked over headers. The first read
+        covers one index interval (a lookup expects its batch within it), each later one twice the one before, up to
+        SCAN_CHUNK_BYTES; bodies that reach past a read are skipped unread."""
+        first = self.config.index_interval_bytes + HEADER_SIZE
+        end = self.size if end is None else end
+        return ChainReader(self._fd, position, end, window=SCAN_CHUNK_BYTES, first_window=first, whole=False)
+
+    def _raise_if_damaged(self, chain: ChainReader) -> None:
         assert chain.stopped is not None
         if chain.stopped.stop.is_damage:
             raise CorruptRecordError(f"{self.log_path}: {chain.stopped}")
 
     def translate_offset(self, target_offset: int, starting_position: int = 0) -> BatchLocation | None:
-        """The first batch whose last offset >= target (index lookup, then a short scan).
+        """The first batch whose last offset >= target (index lookup, then a short walk over headers).
 
         An index entry that does not name a batch at or before its offset (the index file was damaged after it
         was trusted at open) is not followed: the lookup scans from `starting_position` instead."""
         entry = self.index.lookup(target_offset)
         position = max(entry.position, starting_position)
-        first_read = self.config.index_interval_bytes + HEADER_SIZE
         if position > starting_position:
             try:
-                locations = self.batch_locations(position, first_read=first_read)
-                first = next(locations, None)
-                if first is not None and first.last_offset <= entry.offset:
-                    for location in itertools.chain((first,), locations):
-                        if location.last_offset >= target_offset:
-                            return location
-                    return None
+                return self._first_batch_to(target_offset, position, entry.offset)
             except TidelogError:
-                pass
-            log.warning(
-                "%s: entry (%d at byte %d) does not name a batch of the log; scanning the segment instead",
-                self.index.path,
-                entry.offset,
-                entry.position,
-            )
-        for location in self.batch_locations(starting_position):
-            if location.last_offset >= target_offset:
-                return location
+                log.warning(
+                    "%s: entry (%d at byte %d) does not name a batch of the log; scanning the segment instead",
+                    self.index.path,
+                    entry.offset,
+                    entry.position,
+                )
+        return self._first_batch_to(target_offset, starting_position)
+
+    def _first_batch_to(
+        self, target_offset: int, position: int, indexed_offset: int | None = None
+    ) -> BatchLocation | None:
+        """The first batch from `position` whose last offset >= target, or None. Given `indexed_offset`, the batch at
+        `position` must end at or before it, else CorruptIndexError."""
+        chain = self._header_walk(position)
+        for window in chain:
+            first = _location(window, 0)
+            if indexed_offset is not None and first.last_offset > indexed_offset:
+                raise CorruptIndexError(f"{self.log_path}: the batch at byte {position} ends after {indexed_offset}")
+            indexed_offset = None
+            found = _first_ending_at_or_after(window, first, target_offset)
+            if found is not None:
+                return found
+        self._raise_if_damaged(chain)
+        if indexed_offset is not None:
+            raise CorruptIndexError(f"{self.log_path}: no batch starts at byte {position}")
         return None
 
     def read(
@@ -441,6 +444,39 @@ class LogSegment:
         self.time_index.delete()
         self.file.close()
         self.log_path.unlink(missing_ok=True)
+
+
+def _location(window: Window, slot: int) -> BatchLocation:
+    """The `slot`th batch of a read of a header walk."""
+    position = window.positions[slot]
+    peeked = peek_batch(window.data, position)
+    assert peeked is not None  # the walk holds its header
+    return BatchLocation(
+        window.position + position, window.sizes[slot], peeked.last_offset, peeked.max_timestamp, peeked.header
+    )
+
+
+def _first_ending_at_or_after(window: Window, first: BatchLocation, target_offset: int) -> BatchLocation | None:
+    """The first batch of the read (`first` is its batch 0) whose last offset >= target, or None. Last offsets
+    increase along the chain: batches 0, 1, 3, 7, ... are decoded until one ends at or after the target, then the
+    last gap is halved, so a target near the start costs about as many header decodes as a walk would, one far off
+    a logarithmic number."""
+    last = len(window.positions) - 1
+    before, probe = -1, 0  # batch `before` ends below the target (-1: none yet)
+    found = first
+    while found.last_offset < target_offset:
+        if probe == last:
+            return None
+        before, probe = probe, min(last, 2 * probe + 1)
+        found = _location(window, probe)
+    while probe - before > 1:
+        middle = (before + probe) // 2
+        location = _location(window, middle)
+        if location.last_offset < target_offset:
+            before = middle
+        else:
+            probe, found = middle, location
+    return found
 
 
 def now_ms() -> int:

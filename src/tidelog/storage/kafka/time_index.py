@@ -72,7 +72,7 @@ class TimeIndex(MappedIndex):
 
     def lookup(self, target_timestamp: int) -> TimestampOffset:
         """Greatest entry with timestamp <= target, or (-1, base offset)."""
-        slot = self._largest_lower_bound(target_timestamp, self._timestamp)
+        slot = self._largest_lower_bound(target_timestamp)
         if slot < 0:
             return TimestampOffset(NO_TIMESTAMP, self.base_offset)
         return self.entry_at(slot)
