@@ -9,8 +9,9 @@ only pages that are already in the page cache.
 Opened read-only (`writable=False`, as Kafka's DumpLogSegments opens its indexes; the Spark path reader, the
 dump-log tool), nothing is created, written or mapped: entries are read with pread, since a mapped file that its
 writer trims (on roll) is a SIGBUS. The length found at open counts the entries, as Kafka does; bytes past a
-shorter file's end read as zeros, which is what the preallocated tail held. `valid_entries()` gives what a reader
-can rely on in a file a live broker is appending to: the entries before the zero-filled preallocated tail, up to
+shorter file's end read as zeros, which is what the preallocated tail held. A lookup in a live broker's
+preallocated file may land on that tail, whose entries name position 0: a safe, slower place to scan from.
+`valid_entries()` gives what a reader can rely on in such a file: the entries before the zero-filled tail, up to
 the first that breaks the order appends keep.
 """
 
