@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tidelog import Record
-from tidelog.codec.batch_table import scan_batches
+from tidelog.codec.batch_chain import Window, batch_table, scan_chain
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import build_batch
 from tidelog.codec.record_layout import key_digests, record_layout
@@ -424,7 +424,8 @@ def test_key_digests_tell_keys_apart_and_match_equal_keys() -> None:
     keys += [k for k in keys]  # each twice
     keys += [f"key-{i}".encode() for i in range(2000)]
     batch = build_batch([Record(b"v" * (i % 7), key=k, timestamp_ms=TS) for i, k in enumerate(keys)])
-    layout = record_layout(batch, scan_batches(batch))
+    chain = scan_chain(batch)
+    layout = record_layout(batch, batch_table(Window(batch, 0, chain.positions, chain.sizes)))
     digests = key_digests(layout, np.arange(len(keys)))
     assert all(len(d) == 16 for d in digests)
     by_key: dict[bytes, set[bytes]] = {}
