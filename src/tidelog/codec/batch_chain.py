@@ -20,6 +20,10 @@ END, TORN_TAIL and BEYOND_END end a chain quietly (a reader stops there; recover
 are damage. `check_stored` adds what recovery checks of each entry: CRC, attributes, offsets that increase and fit
 the segment (BAD_CRC, BAD_ATTRIBUTES, BAD_OFFSETS).
 
+Every walk along stored batches is this one: a segment's reads and recovery (storage/kafka/segment.py), completing
+an interrupted swap at load (log_loader.py, over headers), the log cleaner's reads (cleaner.py, with `batch_table`),
+the Spark reader and dump-log.
+
 Files are read with pread into fresh buffers, never mapped: a mapped file that another process truncates is a
 SIGBUS. A reader walks up to the size it is given, so what a writer appends meanwhile is not looked at.
 """
