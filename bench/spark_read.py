@@ -35,8 +35,9 @@ from crc32c import crc32c
 
 import tidelog
 from benchutil import add_dir_argument, console, fmt_bytes, new_table, print_machine, scratch_dir
+from tidelog.codec.batch_chain import Window, batch_table, scan_chain
 from tidelog.codec.batch_columns import decode_v2
-from tidelog.codec.batch_table import scan_batches
+from tidelog.codec.batch_table import BatchTable
 from tidelog.codec.record_batch import CRC_OFFSET, Record, build_batch
 
 T0 = 1_700_000_000_000
@@ -47,6 +48,12 @@ TOPIC = "bench"
 # --- data -----------------------------------------------------------------------------------------------------
 
 
+def table_of(data: bytes) -> BatchTable:
+    """The batches of `data` as the Spark source's table (batch_chain's walk, then batch_table)."""
+    chain = scan_chain(data)
+    return batch_table(Window(data, 0, chain.positions, chain.sizes))
+
+
 class BatchFactory:
     """Encodes a template batch once; each new batch is the template with fresh random keys, values and times."""
 
@@ -55,7 +62,7 @@ class BatchFactory:
             Record(value=bytes(value_bytes), key=bytes(key_bytes), timestamp_ms=T0 + i) for i in range(per_batch)
         ]
         self.template = build_batch(records)
-        cols = decode_v2(self.template, scan_batches(self.template))
+        cols = decode_v2(self.template, table_of(self.template))
         self.key_index = (cols.key_start[:, None] + np.arange(key_bytes)).ravel()
         self.value_index = (cols.value_start[:, None] + np.arange(value_bytes)).ravel()
         self.rng = np.random.default_rng(7)
@@ -92,7 +99,7 @@ def decode_only(root: Path) -> float:
 
     segment = sorted((root / f"{TOPIC}-0").glob("*.log"))[0]
     data = segment.read_bytes()[: 64 << 20]
-    table = scan_batches(data)
+    table = table_of(data)
     to_record_batch(decode_v2(data, table.take(slice(0, 8))), TOPIC, 0, False)  # warm-up (Arrow kernels)
     started = time.perf_counter()
     rows = 0

@@ -5,10 +5,10 @@ The contract under test: every rejection is a `TidelogError` subclass naming wha
 (IndexError, struct.error, UnicodeDecodeError, RecursionError, MemoryError, ...) escapes the target and is a bug;
 so is a hang (the runner's -timeout) or a huge allocation (its -rss_limit_mb).
 
-- `record_batch`: the codec as storage and clients reach it - record sets (iter_batches, peek_batch,
-  scan_stored_batches, is_valid, decode_batch), check_batch / decode_records, the columnar decoder the Spark source
-  reads segment files with, the legacy (magic 0/1) reader, every decompressor, and the __consumer_offsets key/value
-  formats. The first byte picks a mode; most modes
+- `record_batch`: the codec as storage and clients reach it - record sets (iter_batches, peek_batch, is_valid,
+  decode_batch), the batch-chain walk and recovery's checks (scan_chain, check_stored), check_batch /
+  decode_records, the columnar decoder the Spark source reads segment files with, the legacy (magic 0/1) reader,
+  every decompressor, and the __consumer_offsets key/value formats. The first byte picks a mode; most modes
   repair lengths and checksums first, so the fuzzer reaches the record parsers behind the CRC.
 - `request`: a connection's byte stream as the broker reads it - frame sizes (check_frame_size), then
   decode_request with the broker's own table of supported versions, then the first look a handler takes at the
@@ -30,7 +30,7 @@ from crc32c import crc32c
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.run import parse_overrides
-from tidelog.codec import batch_columns, batch_table, group_records, legacy, record_set
+from tidelog.codec import batch_chain, batch_columns, group_records, legacy, record_set
 from tidelog.codec.compression import Compression, compress, decompress
 from tidelog.codec.record_batch import (
     HEADER,
@@ -88,16 +88,24 @@ def _read_record_set(buf: bytes) -> None:
     for info in record_set.iter_batches(buf):
         record_set.is_valid(buf, info)
         record_set.decode_batch(buf, info)
-    record_set.scan_stored_batches(buf, 0, -1, 0)
+    for whole in (True, False):
+        batch_chain.scan_chain(buf, whole=whole)
+    batch_chain.check_stored(_window(buf), -1, 0)
     pos = 0
     while (peek := record_set.peek_batch(buf, pos)) is not None and peek.size > 0:
         pos += peek.size
     list(record_set.iter_records(buf, include_control=True))
 
 
+def _window(buf: bytes) -> batch_chain.Window:
+    """`buf` as a window of a segment file that ends with it: the entries the chain walk finds."""
+    chain = batch_chain.scan_chain(buf)
+    return batch_chain.Window(memoryview(buf), 0, chain.positions, chain.sizes)
+
+
 def _read_columnar(buf: bytes) -> None:
-    """What the Spark source does with a chunk of a segment file: scan, keep the v2 data batches, decode columns."""
-    table = batch_table.scan_batches(buf)
+    """What the Spark source does with a chunk of a segment file: walk it, keep the v2 data batches, decode columns."""
+    table = batch_chain.batch_table(_window(buf))
     data_batches = (table.magic == 2) & ~table.is_control
     if data_batches.any():
         batch_columns.decode_v2(buf, table.take(data_batches), with_headers=True)

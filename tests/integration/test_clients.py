@@ -10,10 +10,12 @@ has each client (kcat as `-G`) consume every codec as a group member and commit,
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import random
 import re
 import shutil
+import socket
 import string
 import subprocess
 import threading
@@ -1168,6 +1170,40 @@ def test_metadata_auto_creates_only_when_allowed(broker) -> None:
     ck_produce_ok(bootstrap, "auto-created", [Rec(b"k", b"v")])  # a producer's metadata request may create it
     topics = admin(bootstrap).list_topics(timeout=10).topics
     assert len(topics["auto-created"].partitions) == 1  # num.partitions defaults to 1
+
+
+def test_concurrent_auto_creation_of_one_topic_answers_every_client(start_broker) -> None:
+    """Topic creation runs on the broker's admin thread: several Metadata requests asking for the same new topic at
+    once queue several creations; the ones after the first find the topic made and describe it, none is told
+    TOPIC_ALREADY_EXISTS. Raw Metadata v4 requests (allow_auto_topic_creation), all sent before any is answered."""
+    from kio.schema.metadata.v4.request import MetadataRequest, MetadataRequestTopic
+    from kio.schema.metadata.v4.response import MetadataResponse
+    from kio.serial import entity_reader, entity_writer
+    from kio.static.primitive import i32
+
+    broker = start_broker({"num.partitions": 300})  # slow enough to create that the requests overlap
+    body = MetadataRequest(topics=(MetadataRequestTopic(name="racy"),), allow_auto_topic_creation=True)
+    header_cls = MetadataRequest.__header_schema__
+    buffer = io.BytesIO()
+    entity_writer(header_cls)(buffer, header_cls(request_api_key=body.__api_key__, request_api_version=body.__version__,
+                                                 correlation_id=i32(7), client_id="racer"))  # fmt: skip
+    entity_writer(MetadataRequest)(buffer, body)
+    request = len(buffer.getvalue()).to_bytes(4, "big") + buffer.getvalue()
+    sockets = [socket.create_connection(("127.0.0.1", broker.port), timeout=60) for _ in range(4)]
+    try:
+        for sock in sockets:
+            sock.sendall(request)
+        errors = []
+        for sock in sockets:
+            size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
+            payload = sock.recv(size, socket.MSG_WAITALL)
+            _header, offset = entity_reader(MetadataResponse.__header_schema__)(payload, 0)
+            response, _ = entity_reader(MetadataResponse)(payload, offset)
+            errors += [(topic.name, int(topic.error_code), len(topic.partitions)) for topic in response.topics]
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert errors == [("racy", 0, 300)] * len(sockets)
 
 
 # --- the harness itself --------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The columnar decoder (codec/batch_table.py, codec/batch_columns.py, codec/record_columns.py) and its Arrow form
-(spark/arrow.py) against the row decoder.
+"""The columnar decoder (codec/batch_chain.py's batch_table, codec/batch_columns.py, codec/record_columns.py) and
+its Arrow form (spark/arrow.py) against the row decoder.
 
 Pure tests, no JVM: random batch runs (sizes, codecs, null keys and values, headers, offset gaps, negative
 timestamp deltas, LogAppendTime) must decode to exactly what `record_set.decode_batch` gives; framing errors
@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tidelog.codec.batch_chain import ChainEnd, Stop, Window, batch_table, scan_chain
 from tidelog.codec.batch_columns import decode_v2
-from tidelog.codec.batch_table import scan_batches
+from tidelog.codec.batch_table import BatchTable
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, TimestampType, build_batch
 from tidelog.codec.record_columns import RecordColumns, from_records
@@ -27,6 +28,15 @@ from tidelog.errors import CorruptRecordError
 
 pa = pytest.importorskip("pyarrow")
 from tidelog.spark.arrow import SCHEMA_WITH_HEADERS, to_record_batch  # noqa: E402
+
+
+def table_of(data: bytes) -> BatchTable:
+    """The entries of `data` as the Spark source's table (batch_chain's walk); a damaged chain is a
+    CorruptRecordError."""
+    chain = scan_chain(data)
+    if chain.end.stop.is_damage:
+        raise CorruptRecordError(str(chain.end))
+    return batch_table(Window(data, 0, chain.positions, chain.sizes))
 
 
 def row_decode(data: bytes) -> list[Record]:
@@ -98,7 +108,7 @@ def test_random_batches_match_the_row_decoder(batches: list[tuple[list[Record], 
         )
         offset += deltas[-1] + 1
     data = b"".join(parts)
-    table = scan_batches(data)
+    table = table_of(data)
     assert len(table) == len(batches)
     decoded = as_records(decode_v2(data, table))
     assert decoded == row_decode(data)
@@ -126,7 +136,7 @@ def test_framing_paths_agree(per_batch: int, value_size: str) -> None:
         offset += per_batch
         total += per_batch
     data = b"".join(parts)
-    cols = decode_v2(data, scan_batches(data))
+    cols = decode_v2(data, table_of(data))
     assert len(cols) == total
     assert as_records(cols) == row_decode(data)
 
@@ -135,9 +145,9 @@ def test_partial_tail_is_not_a_batch() -> None:
     one = build_batch([Record(value=b"a")])
     two = build_batch([Record(value=b"b")], base_offset=1)
     data = one + two[:-3]
-    table = scan_batches(data)
+    table = table_of(data)
     assert len(table) == 1 and table.end == len(one)
-    assert len(scan_batches(one[:30])) == 0
+    assert len(table_of(one[:30])) == 0
 
 
 def test_corrupt_framing_raises_naming_the_batch() -> None:
@@ -146,10 +156,10 @@ def test_corrupt_framing_raises_naming_the_batch() -> None:
     second = len(good)
     data[second + 61] = 0x7E  # first record of the second batch claims 63 bytes
     with pytest.raises(CorruptRecordError, match=f"batch at byte {second}"):
-        decode_v2(bytes(data), scan_batches(bytes(data)))
+        decode_v2(bytes(data), table_of(bytes(data)))
     struct.pack_into(">i", data, 8, 5)  # a size no message format allows
-    with pytest.raises(CorruptRecordError, match="entry at byte 0 declares size 5"):
-        scan_batches(bytes(data))
+    detail = "entry declares size 5, smaller than any message format allows"
+    assert scan_chain(bytes(data)).end == ChainEnd(0, Stop.BAD_SIZE, detail)
 
 
 def test_select_keeps_headers_with_their_records() -> None:
@@ -167,7 +177,7 @@ def test_arrow_batch_matches_sparks_schema_and_values() -> None:
         Record(value=b"v", key=None, timestamp_ms=2_000),
     ]
     data = build_batch(records, base_offset=40)
-    batch = to_record_batch(decode_v2(data, scan_batches(data)), "t", 3, include_headers=True)
+    batch = to_record_batch(decode_v2(data, table_of(data)), "t", 3, include_headers=True)
     assert batch.schema.equals(SCHEMA_WITH_HEADERS)
     got = batch.to_pylist()
     assert [(r["key"], r["value"], r["offset"], r["partition"], r["topic"]) for r in got] == [
@@ -194,7 +204,7 @@ def test_damaged_bytes_raise_corrupt_record_or_decode_like_the_row_decoder(
         data[position] = value
     raw = bytes(data)
     try:
-        table = scan_batches(raw)
+        table = table_of(raw)
         v2 = table.take((table.magic == 2) & ~table.is_control)  # decode_v2's contract, as the source calls it
         cols = decode_v2(raw, v2)
     except CorruptRecordError:
@@ -211,10 +221,10 @@ def test_impossible_counts_fail_fast() -> None:
     batch = bytearray(build_batch([Record(value=b"v", key=b"k", headers=[("h", b"1")]) for _ in range(3)]))
     struct.pack_into(">i", batch, 57, 1 << 30)  # recordsCount
     with pytest.raises(CorruptRecordError, match="declares 1073741824 records"):
-        decode_v2(bytes(batch), scan_batches(bytes(batch)))
+        decode_v2(bytes(batch), table_of(bytes(batch)))
     batch = bytearray(build_batch([Record(value=b"v", key=b"k", headers=[("h", b"1")])]))
     header_count_at = len(batch) - 1 - 1 - 1 - 1 - 1  # ... | headerCount | keyLen 'h' | valLen '1'
     assert batch[header_count_at] == 2  # zig-zag 1
     batch[header_count_at] = 0x7E  # 63 headers in a 10-byte record
     with pytest.raises(CorruptRecordError, match="more headers than it has bytes for"):
-        decode_v2(bytes(batch), scan_batches(bytes(batch)))
+        decode_v2(bytes(batch), table_of(bytes(batch)))

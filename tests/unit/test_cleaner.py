@@ -6,6 +6,7 @@ the cleaner-offset-checkpoint, keyless produce, and cleaned segments read by dum
 from __future__ import annotations
 
 import io
+import logging
 import os
 import shutil
 import struct
@@ -17,12 +18,13 @@ import numpy as np
 import pytest
 
 from tidelog import Record
-from tidelog.codec.batch_table import scan_batches
+from tidelog.codec.batch_chain import Window, batch_table, scan_chain
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import build_batch
 from tidelog.codec.record_layout import key_digests, record_layout
 from tidelog.config import EngineConfig
-from tidelog.errors import ConfigError, InvalidRecordError, OutOfOrderSequenceError
+from tidelog.errors import ConfigError, CorruptRecordError, InvalidRecordError, OutOfOrderSequenceError
+from tidelog.storage.kafka import cleaner
 from tidelog.storage.kafka.engine import KafkaEngine
 from tidelog.storage.kafka.offset_map import OffsetMap
 from tidelog.tools.dump_log import DumpOptions, dump_files
@@ -205,6 +207,72 @@ def test_a_full_offset_map_ends_the_pass_early(tmp_path: Path, clock: Clock) -> 
         assert stats.end_offset > 12
 
 
+# --- how a pass reads segments ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", [Compression.NONE, Compression.ZSTD])
+def test_any_read_size_cleans_the_same(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch, codec: Compression
+) -> None:
+    """A pass reads segments in windows of whole batches (batch_chain's ChainReader): windows of many batches, of
+    about one, or smaller than any batch (read again, as large as the batch) give the same cleaned log."""
+    big = [Record(os.urandom(1500), key=f"k{k}".encode(), timestamp_ms=TS + 30) for k in range(3)]
+    results = []
+    for window in (cleaner.READ_CHUNK_BYTES, 700, 50):
+        monkeypatch.setattr(cleaner, "READ_CHUNK_BYTES", window)
+        path = tmp_path / str(window)
+        with open_engine(path, clock, **{"log.segment.bytes": 6000}) as engine:
+            engine.create_topic("t", 1, configs=COMPACT)
+            produce_rounds(engine, "t", 30, 6, compression=codec)
+            engine.append("t", 0, build_batch(big, compression=codec))  # larger than the small windows
+            produce_rounds(engine, "t", 30, 3, start=31, compression=codec)  # k3..k5 stay in a batch of six
+            engine.partition_log("t", 0).roll()
+            first = engine.clean_logs()[0]
+            produce_rounds(engine, "t", 10, 2, start=61, compression=codec)  # the next pass maps from mid-log
+            engine.partition_log("t", 0).roll()
+            second = engine.clean_logs()[0]
+            files = {p.name: p.read_bytes() for p in sorted((path / "t-0").glob("*.log"))}
+            results.append((first, second, files, contents(engine, "t")))
+    assert results[0][0].segments_cleaned > 1 and results[0][0].batches_rewritten > 0
+    assert results[1] == results[0] and results[2] == results[0]
+
+
+@pytest.mark.parametrize("phase", ["offset map", "recopy"])
+@pytest.mark.parametrize("damage", ["magic", "size"])
+def test_a_damaged_segment_stops_the_pass_and_leaves_the_log_as_it_was(
+    tmp_path: Path, clock: Clock, phase: str, damage: str
+) -> None:
+    """Damage in the chain of a segment a pass reads (a dirty one while mapping keys, a clean one while recopying)
+    is a CorruptRecordError naming the file and byte; nothing is swapped in and no `.cleaned` file stays."""
+    with open_engine(tmp_path, clock) as engine:
+        engine.create_topic("t", 1, configs=COMPACT)
+        produce_rounds(engine, "t", 20, 4)
+        for r in range(10):  # batches the first pass keeps
+            engine.append("t", 0, build_batch([Record(b"v", key=b"once-%d" % r, timestamp_ms=TS)]))
+        if phase == "recopy":
+            engine.clean_logs()  # the segments below the first dirty offset are clean now
+            produce_rounds(engine, "t", 20, 4, start=20)
+        partition = engine.partition_log("t", 0)
+        first_dirty = engine.cleaner.first_dirty.get(("t", 0), 0)
+        segment, second = next(
+            (s, second)
+            for s in partition.segments[:-1]
+            if (s.base_offset >= first_dirty) == (phase == "offset map")
+            and s.size > 0
+            and (second := struct.unpack_from(">i", s.read_bytes(8, 4))[0] + 12) < s.size
+        )
+        if damage == "magic":
+            os.pwrite(segment.file.fileno(), b"\x07", second + 16)
+            message = "entry has unknown magic 7"
+        else:
+            os.pwrite(segment.file.fileno(), struct.pack(">i", 5), second + 8)
+            message = "entry declares size 5"
+        files = {p.name: p.read_bytes() for p in (tmp_path / "t-0").iterdir()}
+        with pytest.raises(CorruptRecordError, match=f"{segment.log_path.name}: at byte {second}: {message}"):
+            engine.clean_logs()
+        assert {p.name: p.read_bytes() for p in (tmp_path / "t-0").iterdir()} == files
+
+
 # --- tombstones --------------------------------------------------------------------------------------------------
 
 
@@ -374,6 +442,53 @@ def test_a_crash_in_the_middle_of_a_swap_leaves_a_consistent_log(tmp_path: Path,
         assert values == {f"k{k}".encode(): f"r43-k{k}".encode() for k in range(4)}
 
 
+def test_a_swap_covers_the_offsets_of_its_batch_headers_up_to_a_partial_tail(
+    tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Completing a `.log.swap` at load replaces the segments below the offset after its last whole batch, read from
+    the batch headers over several reads (bodies larger than a read skipped unread), not from a torn tail; a damaged
+    chain in it stops the load with a CorruptRecordError."""
+    with open_engine(tmp_path / "log", clock, **{"log.segment.bytes": 2000}) as engine:
+        engine.create_topic("t", 1, configs=COMPACT)
+        produce_rounds(engine, "t", 100, 4)
+        before = contents(engine, "t")
+        bases = [s.base_offset for s in engine.partition_log("t", 0).segments]
+    cut = bases[2]
+    assert bases[0] == 0 and len(bases) > 4
+    bigs = {cut // 2, cut - 1}  # batches larger than a header read
+
+    def value(offset: int) -> bytes:
+        return (bytes(100_000) if offset in bigs else b"") + b"new-%d" % offset
+
+    batches = [build_batch([Record(value(o), key=b"n%d" % o, timestamp_ms=TS)], base_offset=o) for o in range(cut)]
+    swap = b"".join(batches)
+    assert len(swap) > 3 * 64 * 1024
+    for name in ("torn", "damaged"):
+        shutil.copytree(tmp_path / "log", tmp_path / name)
+    swap_name = f"{0:020d}.log.swap"
+    (tmp_path / "log" / "t-0" / swap_name).write_bytes(swap)
+    with open_engine(tmp_path / "log", clock) as engine:
+        assert [s.base_offset for s in engine.partition_log("t", 0).segments] == [0, *bases[2:]]
+        got = contents(engine, "t")
+    assert [(r[0], r[2]) for r in got[:cut]] == [(o, value(o)) for o in range(cut)]
+    assert got[cut:] == [r for r in before if r[0] >= cut]
+
+    # a torn batch after the last whole one, reaching past bases[4], covers nothing (recovery then cuts it off)
+    torn = build_batch([Record(b"torn", key=b"t", timestamp_ms=TS)] * 200, base_offset=cut)[:80]
+    (tmp_path / "torn" / "t-0" / swap_name).write_bytes(swap + torn)
+    with caplog.at_level(logging.INFO, logger="tidelog.storage"), open_engine(tmp_path / "torn", clock) as engine:
+        assert contents(engine, "t")[:cut] == got[:cut]
+    replaced = {m.split()[1] for m in caplog.messages if " is replaced by " in m}
+    assert replaced == {f"{base:020d}{suffix}" for base in bases[:2] for suffix in (".log", ".index", ".timeindex")}
+
+    damaged = bytearray(swap)
+    position = sum(len(b) for b in batches[: cut // 2 + 1])  # the batch after the first large one
+    damaged[position + 8 : position + 12] = bytes(4)
+    (tmp_path / "damaged" / "t-0" / swap_name).write_bytes(damaged)
+    with pytest.raises(CorruptRecordError, match=rf"{swap_name}: at byte {position}: entry declares size 0"):
+        open_engine(tmp_path / "damaged", clock)
+
+
 def test_readers_holding_slices_keep_reading_through_a_swap(tmp_path: Path, clock: Clock) -> None:
     settings = {"log.segment.bytes": 600, "log.segment.delete.delay.ms": 60_000, "log.cleaner.enable": False}
     config = EngineConfig.from_mapping(settings, log_dir=tmp_path)
@@ -424,7 +539,8 @@ def test_key_digests_tell_keys_apart_and_match_equal_keys() -> None:
     keys += [k for k in keys]  # each twice
     keys += [f"key-{i}".encode() for i in range(2000)]
     batch = build_batch([Record(b"v" * (i % 7), key=k, timestamp_ms=TS) for i, k in enumerate(keys)])
-    layout = record_layout(batch, scan_batches(batch))
+    chain = scan_chain(batch)
+    layout = record_layout(batch, batch_table(Window(batch, 0, chain.positions, chain.sizes)))
     digests = key_digests(layout, np.arange(len(keys)))
     assert all(len(d) == 16 for d in digests)
     by_key: dict[bytes, set[bytes]] = {}

@@ -216,3 +216,29 @@ def test_a_file_that_is_not_a_segment_is_refused_clearly(tmp_path: Path, capsys:
     stray.write_bytes(b"hello")
     assert main(["dump-log", "--files", str(stray)]) == 1
     assert "must start with its base offset" in capsys.readouterr().err
+
+
+def test_a_live_brokers_active_segment_is_dumped_without_touching_it(tmp_path: Path) -> None:
+    """The engine keeps the active segment's indexes preallocated (zeros after the entries) and a producer may be
+    half-way through a batch: the dump reads what is there, reports the partial batch, and changes no file."""
+    with tidelog.open(tmp_path, config={"log.index.interval.bytes": 200}, background=False) as log:
+        log.create_topic("t", partitions=1)
+        for i in range(30):
+            log.produce("t", 0, [tidelog.Record(value=b"x" * 90, key=b"%d" % i, timestamp_ms=1_700_000_000_000 + i)])
+        directory = tmp_path / "t-0"
+        segment = directory / "00000000000000000000.log"
+        batch = build_control_batch(ControlRecordType.COMMIT, producer_id=7, producer_epoch=1, coordinator_epoch=3)
+        with open(segment, "ab") as handle:  # a batch being written: only part of it is there yet
+            handle.write(batch[:40])
+        files = [segment, segment.with_suffix(".index"), segment.with_suffix(".timeindex")]
+        before = {f: f.read_bytes() for f in files}
+        assert len(before[files[1]]) > 1000  # preallocated
+        out, err = io.StringIO(), io.StringIO()
+        assert dump_files([str(f) for f in files], DumpOptions(deep_iteration=True), out=out, err=err) == 0
+        lines = out.getvalue().splitlines()
+        assert sum(line.startswith("baseOffset: ") for line in lines) == 30
+        assert "Found 40 invalid bytes at the end of 00000000000000000000.log" in lines
+        offsets = [line for line in lines if line.startswith("offset: ")]
+        assert offsets and all(not line.startswith("offset: 0 ") for line in offsets)  # the zero tail is not an entry
+        assert err.getvalue() == ""
+        assert {f: f.read_bytes() for f in files} == before

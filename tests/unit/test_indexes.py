@@ -1,5 +1,6 @@
 """OffsetIndex and TimeIndex on real files (Kafka's layout: 8-byte and 12-byte entries, preallocation,
-warm/cold lookups, truncation, trim on close, reopen by length, the time index's reserved slot, sanity checks).
+warm/cold lookups, truncation, trim on close, reopen by length, the time index's reserved slot, sanity checks,
+read-only opening next to a live writer).
 
 Expected values are computed here independently (struct, bisect), never through the classes under test.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.errors import CorruptIndexError
+from tidelog.errors import CorruptIndexError, TidelogError
 from tidelog.storage.kafka.offset_index import OffsetIndex, OffsetPosition
 from tidelog.storage.kafka.time_index import TimeIndex, TimestampOffset
 
@@ -531,3 +532,84 @@ def test_time_index_cut_at_an_entry_boundary_is_rebuilt(tmp_path: Path, caplog: 
     time_index.write_bytes(time_index.read_bytes()[:12])
     _check_every_offset(tmp_path / "data")
     assert "below the timestamp" in caplog.text
+
+
+# --- read-only opening (the Spark path reader, dump-log), next to a live writer -----------------------------------
+
+
+def test_read_only_open_of_a_missing_index_creates_nothing(index_path: Path, time_index_path: Path) -> None:
+    with (
+        OffsetIndex(index_path, BASE, writable=False) as index,
+        TimeIndex(time_index_path, BASE, writable=False) as time_index,
+    ):
+        assert index.entries == time_index.entries == 0
+        assert index.lookup(BASE + 5) == OffsetPosition(BASE, 0)
+        assert [len(a) for a in (*index.valid_arrays(), *time_index.valid_arrays())] == [0, 0, 0, 0]
+    assert not index_path.exists() and not time_index_path.exists()
+
+
+def test_read_only_index_of_a_live_active_segment(index_path: Path) -> None:
+    """The writer's file is preallocated and zero-filled past its entries: a reader counts its length as Kafka
+    does, trusts only the written entries, sees entries appended later, never writes, and keeps working (zeros
+    past the end, no SIGBUS) when the writer trims the file under it."""
+    entries = offset_entries(300)
+    writer = OffsetIndex(index_path, BASE, 4096)
+    for offset, position in entries[:100]:
+        writer.append(offset, position)
+    before = index_path.read_bytes()
+    reader = OffsetIndex(index_path, BASE, writable=False)
+    assert reader.entries == 4096 // 8  # Kafka's count: the preallocated length
+    offsets, positions = reader.valid_arrays()
+    assert list(zip(offsets.tolist(), positions.tolist(), strict=True)) == entries[:100]
+    with pytest.raises(TidelogError):  # the file's length counts as full, and the descriptor is O_RDONLY
+        reader.append(entries[100][0], entries[100][1])
+    with pytest.raises(OSError):
+        reader.resize(80)
+    assert index_path.read_bytes() == before
+    for offset, position in entries[100:200]:
+        writer.append(offset, position)
+    assert len(reader.valid_arrays()[0]) == 200  # the file's bytes are read each time
+    writer.close()  # trimmed to 200 entries while the reader still counts 512
+    assert index_path.stat().st_size == 200 * 8
+    assert reader.entry_at(511) == OffsetPosition(BASE, 0)  # past the end: the zeros the tail held
+    assert len(reader.valid_arrays()[0]) == 200
+    for offset, position in entries[:200]:  # a lookup over the zero slots lands on (base, 0) at worst: a safe start
+        found = reader.lookup(offset)
+        assert found in (OffsetPosition(offset, position), OffsetPosition(BASE, 0))
+    reader.close()
+    assert index_path.stat().st_size == 200 * 8
+
+
+def test_read_only_time_index_trusts_written_entries_in_append_order(time_index_path: Path) -> None:
+    entries = time_entries(50)
+    raw = [TIME_ENTRY.pack(t, o - BASE) for t, o in entries]
+    raw[30] = TIME_ENTRY.pack(entries[29][0], entries[30][1] - BASE)  # a timestamp that does not grow: damage
+    time_index_path.write_bytes(b"".join(raw) + bytes(12 * 20))
+    with TimeIndex(time_index_path, BASE, writable=False) as index:
+        assert index.entries == 70
+        timestamps, offsets = index.valid_arrays()
+        assert list(zip(timestamps.tolist(), offsets.tolist(), strict=True)) == entries[:30]
+        with pytest.raises(CorruptIndexError, match="last timestamp is 0"):  # Kafka's check sees the zero tail
+            index.kafka_sanity_check()
+
+
+def test_every_offset_is_found_whatever_the_batch_sizes(tmp_path: Path) -> None:
+    """Lookups search each read of the log by halves: batches of 1 to 40 records, sparse and dense index entries."""
+    import random
+
+    import tidelog
+    from tidelog import Record
+
+    rnd = random.Random(5)
+    for interval in (100, 4096):
+        with tidelog.open(tmp_path / f"i{interval}", config={"log.index.interval.bytes": interval}) as engine:
+            engine.create_topic("t", 1)
+            ends = []
+            for _ in range(300):
+                count = rnd.choice([1, 1, 2, 5, 40])
+                engine.produce("t", 0, [Record(b"x" * rnd.randrange(200), timestamp_ms=TS) for _ in range(count)])
+                ends.append(engine.log_end_offset("t", 0))
+            for offset in range(ends[-1]):
+                found = engine.read("t", 0, offset, 1).read_bytes()
+                base, _length, _epoch, _magic = struct.unpack_from(">qiib", found)
+                assert base == ([0, *ends][bisect.bisect_right(ends, offset)]), offset

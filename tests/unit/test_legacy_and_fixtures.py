@@ -1,8 +1,10 @@
-"""Legacy message sets (magic 0/1) and record sets a real Kafka broker wrote (tests/fixtures/kafka-written)."""
+"""Legacy message sets (magic 0/1) and record sets a real Kafka broker wrote (tests/fixtures/kafka-written), and the
+walk along their chain of entries (codec/batch_chain.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -11,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidelog.codec import legacy, record_set
+from tidelog.codec import batch_chain, legacy, record_set
+from tidelog.codec.batch_chain import ChainReader, Stop, check_stored, scan_chain
 from tidelog.codec.compression import Compression, compress, xerial_compress, xxh32_short
 from tidelog.codec.record_batch import BatchHeader, Record, TimestampType, build_batch, check_batch
 from tidelog.errors import (
@@ -168,6 +171,105 @@ def test_fixture_flipped_bytes_in_legacy_messages(name: str) -> None:
             assert not record_set.is_valid(damaged, damaged_info)
             with pytest.raises(CrcMismatchError):
                 legacy.check_legacy_message(damaged, start)
+
+
+# --- the chain walk over the fixtures ------------------------------------------------------------------------
+
+
+def entry_bounds(buf: bytes) -> list[tuple[int, int]]:
+    """(position, size) of each entry, from the record-set decoder."""
+    return [(i.position, i.size) for i in record_set.iter_batches(buf)]
+
+
+def read_chain(path: Path, end: int, window: int, *, whole: bool = True) -> tuple[list[tuple[int, int]], object]:
+    """The entries (file positions) and the stop a ChainReader finds in the first `end` bytes of `path`."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chain = ChainReader(fd, 0, end, window=window, first_window=max(1, window // 3), whole=whole)
+        found = [(w.position + p, s) for w in chain for p, s in zip(w.positions, w.sizes, strict=True)]
+        return found, chain.stopped
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_fixture_chain_walk_finds_every_entry(name: str) -> None:
+    buf = load(name)
+    for whole in (True, False):
+        chain = scan_chain(buf, whole=whole)
+        assert list(zip(chain.positions, chain.sizes, strict=True)) == entry_bounds(buf)
+        assert chain.end == batch_chain.ChainEnd(len(buf), Stop.END)
+    batches, failure = check_stored(batch_chain.Window(buf, 0, chain.positions, chain.sizes), -1, 0)
+    assert failure is None
+    assert [(b.position, b.size) for b in batches] == entry_bounds(buf)
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_fixture_chain_walk_of_every_truncation(name: str, tmp_path: Path) -> None:
+    """A cut anywhere ends the chain quietly after the last whole entry: END on an entry boundary, TORN_TAIL when
+    the size field itself is cut, BEYOND_END when the entry it declares runs past the end. A file read in windows
+    (of any size, even smaller than one entry) gives the same; a walk over headers keeps an entry whose header is
+    all there only when its body is too (the file ends there)."""
+    buf = load(name)
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(buf)
+    bounds = entry_bounds(buf)
+    for cut in range(len(buf) + 1):
+        whole = [(p, s) for p, s in bounds if p + s <= cut]
+        end = whole[-1][0] + whole[-1][1] if whole else 0
+        expected = Stop.END if end == cut else Stop.TORN_TAIL if cut - end < 17 else Stop.BEYOND_END
+        chain = scan_chain(buf[:cut])
+        assert list(zip(chain.positions, chain.sizes, strict=True)) == whole, cut
+        assert (chain.end.position, chain.end.stop) == (end, expected), cut
+        for window in (7, 200):
+            found, stopped = read_chain(path, cut, window)
+            assert found == whole and stopped == chain.end, (cut, window)
+            assert read_chain(path, cut, window, whole=False) == (found, stopped), (cut, window)
+
+
+def test_chain_walk_says_where_and_why_it_stops() -> None:
+    good = build_batch([Record(b"v", timestamp_ms=TS)], base_offset=0)
+    legacy_entry = message(1, b"k", b"v")
+    damaged_cases = [
+        (struct.pack(">qi", 2, 13) + bytes(40), Stop.BAD_SIZE, "declares size 13"),
+        (struct.pack(">qiib", 2, 40, 0, 2) + bytes(40), Stop.BAD_SIZE, "batchLength 40"),
+        (struct.pack(">qiib", 2, 40, 0, 7) + bytes(40), Stop.BAD_MAGIC, "unknown magic 7"),
+        (struct.pack(">qiib", 2, 40, 0, -1) + bytes(40), Stop.BAD_MAGIC, "unknown magic -1"),
+    ]
+    for tail, stop, detail in damaged_cases:
+        chain = scan_chain(good + legacy_entry + tail)
+        assert chain.positions == [0, len(good)]
+        assert chain.end.position == len(good) + len(legacy_entry)
+        assert chain.end.stop is stop and stop.is_damage and detail in chain.end.detail
+        assert str(chain.end).startswith(f"at byte {chain.end.position}: ")
+        with pytest.raises(CorruptRecordError):  # the record-set decoder refuses the same bytes
+            list(record_set.iter_batches(good + legacy_entry + tail))
+    # an entry being written: its declared size runs past the end, whatever its (not yet written) magic
+    torn = struct.pack(">qiib", 2, 500, 0, 9) + bytes(40)
+    assert scan_chain(good + torn).end == batch_chain.ChainEnd(
+        len(good), Stop.BEYOND_END, f"entry declares 512 bytes, {len(torn)} are left"
+    )
+
+
+def test_recovery_checks_stop_at_the_first_bad_batch() -> None:
+    batches = [build_batch([Record(b"v%d" % i, timestamp_ms=TS + i)], base_offset=10 + i) for i in range(3)]
+    buf = b"".join(batches)
+    chain = scan_chain(buf)
+    window = batch_chain.Window(buf, 1000, chain.positions, chain.sizes)  # read at file byte 1000
+    passed, failure = check_stored(window, 9, 10)
+    assert [(b.position, b.last_offset) for b in passed] == [(1000 + p, 10 + n) for n, p in enumerate(chain.positions)]
+    assert failure is None
+    passed, failure = check_stored(window, 10, 10)  # offset 10 is already in the log
+    assert passed == [] and failure is not None and failure.stop is Stop.BAD_OFFSETS and failure.position == 1000
+    passed, failure = check_stored(window, -1, 11)  # offset 10 is below the segment's base
+    assert passed == [] and failure is not None and "off the segment" in failure.detail
+    flipped = bytearray(buf)
+    flipped[len(batches[0]) + 65] ^= 1  # inside the second batch's records
+    chain = scan_chain(flipped)
+    passed, failure = check_stored(batch_chain.Window(bytes(flipped), 0, chain.positions, chain.sizes), 9, 10)
+    assert len(passed) == 1 and failure == batch_chain.ChainEnd(
+        len(batches[0]), Stop.BAD_CRC, "batch fails its CRC check"
+    )
 
 
 # --- hand-built legacy messages ------------------------------------------------------------------------------

@@ -891,8 +891,8 @@ def test_every_record_check_also_holds_for_the_batches_checked_while_written(dat
 def test_whatever_append_accepts_every_reader_decodes(data_dir: Path) -> None:
     """Flipped bytes in the records of good batches, CRC made to fit: each append is refused or, if taken, the
     batch decodes through consume(), the columnar decoder and the cleaner's record layout."""
+    from tidelog.codec.batch_chain import Window, batch_table, scan_chain
     from tidelog.codec.batch_columns import decode_v2
-    from tidelog.codec.batch_table import scan_batches
     from tidelog.codec.record_layout import record_layout
 
     rng = random.Random(5)
@@ -917,7 +917,8 @@ def test_whatever_append_accepts_every_reader_decodes(data_dir: Path) -> None:
                 continue
             accepted += 1
             stored = engine.read("t", 0, result.base_offset, 1 << 20).read_bytes()
-            table = scan_batches(stored)
+            chain = scan_chain(stored)
+            table = batch_table(Window(stored, 0, chain.positions, chain.sizes))
             assert len(decode_v2(stored, table)) == len(record_layout(stored, table)) == result.record_count
             assert [r.offset for r in engine.consume("t", 0, result.base_offset)] == list(
                 range(result.base_offset, result.last_offset + 1)

@@ -173,6 +173,8 @@ class TopicApis:
                 _take_partition_budget(budget, name, self.config.engine.num_partitions)
                 description = await self.admin.run(engine.create_topic, name)
                 log.info("auto-created topic %s with %d partition(s)", name, description.partitions)
+            except TopicExistsError:  # another request's auto-creation ran first on the admin thread
+                description = engine.topics().get(name)
             except TidelogError as exc:
                 return {"error_code": exc.kafka_error_code, "name": name, "partitions": []}
         if description is None:

@@ -1,7 +1,7 @@
 """Columnar decoding of stored record batches for the Spark reader: bytes in, numpy columns out, no per-record
 Python objects.
 
-`decode_v2(buf, table)` decodes every record of the batches of a BatchTable (batch_table.scan_batches) at once.
+`decode_v2(buf, table)` decodes every record of the batches of a BatchTable (batch_chain.batch_table) at once.
 Records inside a batch are varint-framed, so where record i+1 starts depends on record i's length; that chain is
 the only sequential part (record_framing.frame_records: runs of equal-sized records verified with a few vectorised
 operations, other batches walked in lockstep or, when few are left, by a tight Python loop). Every field after the

@@ -1,13 +1,9 @@
-"""The batch chain of a record set, as numpy arrays: where each complete entry lies and its parsed v2 header.
+"""The batch chain of a record set as numpy arrays: where each complete entry lies and its parsed v2 header.
 
-- `scan_batches(buf, start, end)` walks the entries from `start` (a Python step per *batch*: each entry's size
-  says where the next starts) and gathers every 61-byte v2 header into a structured array (HEADER_DTYPE) in one
-  go. It takes bytes of a log segment (or a record set); it returns a BatchTable of the complete entries, stopping
-  quietly at a partial entry at the tail like Kafka's FileLogInputStream, and raises CorruptRecordError for an
-  entry size no message format allows, a v2 batch shorter than its header or an unknown magic. CRCs are not
-  checked.
 - `BatchTable` holds, for each entry, its byte position, total size (the 12-byte offset/size prefix included),
   magic and header (meaningful where magic is 2), with the offsets, timestamps and control flags derived from them.
+  batch_chain.py's walk finds the entries (scan_chain over a buffer, ChainReader over a file) and its
+  `batch_table(window)` gathers every 61-byte header into a structured array (HEADER_DTYPE) in one go.
 - `table_sections(buf, table, codecs)` gives the records sections of a table's v2 batches as one buffer with the
   spare bytes record_framing's reads need, decompressing compressed batches once each.
 
@@ -16,20 +12,12 @@ Readers of stored batches (the Spark reader's batch_columns.decode_v2, the clean
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from tidelog.codec.compression import Compression, decompress
-from tidelog.codec.legacy import RECORD_OVERHEAD_V0
-from tidelog.codec.record_batch import (
-    CONTROL_MASK,
-    HEADER_SIZE,
-    LOG_OVERHEAD,
-    MAGIC_OFFSET,
-    MIN_BATCH_LENGTH,
-)
+from tidelog.codec.record_batch import CONTROL_MASK, HEADER_SIZE
 from tidelog.codec.record_framing import PADDING
 from tidelog.errors import CorruptRecordError
 
@@ -52,9 +40,6 @@ HEADER_DTYPE = np.dtype(
     ]
 )
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
-
-_OFFSET_AND_SIZE = struct.Struct(">qi")
-_HEADER_COLUMNS = np.arange(HEADER_SIZE)
 
 
 @dataclass(slots=True)
@@ -95,44 +80,6 @@ class BatchTable:
 
     def take(self, selector: np.ndarray | slice) -> BatchTable:
         return BatchTable(self.position[selector], self.size[selector], self.magic[selector], self.header[selector])
-
-
-def scan_batches(buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None) -> BatchTable:
-    """Every complete entry from `start` up to `end`; a partial entry at the tail ends the scan quietly."""
-    end = len(buf) if end is None else min(end, len(buf))
-    positions: list[int] = []
-    sizes: list[int] = []
-    pos = start
-    unpack = _OFFSET_AND_SIZE.unpack_from
-    while end - pos > MAGIC_OFFSET:
-        _offset, size = unpack(buf, pos)
-        if size < RECORD_OVERHEAD_V0:
-            raise CorruptRecordError(
-                f"entry at byte {pos} declares size {size}, smaller than any message format allows"
-            )
-        total = size + LOG_OVERHEAD
-        if total > end - pos:
-            break
-        positions.append(pos)
-        sizes.append(total)
-        pos += total
-    position = np.array(positions, dtype=np.int64)
-    arr = np.frombuffer(buf, dtype=np.uint8)
-    if len(position) == 0:
-        return BatchTable(position, position.copy(), np.zeros(0, dtype=np.int8), np.zeros(0, dtype=HEADER_DTYPE))
-    magic = arr[position + MAGIC_OFFSET].view(np.int8)
-    rows = arr[np.minimum(position[:, None] + _HEADER_COLUMNS, len(arr) - 1)]
-    header = np.ascontiguousarray(rows).view(HEADER_DTYPE).reshape(-1)
-    size_array = np.array(sizes, dtype=np.int64)
-    bad = (magic == 2) & (size_array < MIN_BATCH_LENGTH + LOG_OVERHEAD)
-    if bad.any():
-        where = int(position[np.argmax(bad)])
-        raise CorruptRecordError(f"batch at byte {where} is shorter than a v2 batch header")
-    unknown = (magic < 0) | (magic > 2)
-    if unknown.any():
-        where = int(np.argmax(unknown))
-        raise CorruptRecordError(f"entry at byte {int(position[where])} has unknown magic {int(magic[where])}")
-    return BatchTable(position, size_array, magic, header)
 
 
 def table_sections(

@@ -1,7 +1,7 @@
 """The log cleaner's view of stored records: where each lies, and a digest of each key, computed for a chunk of
 batches at once.
 
-- `record_layout(buf, table)` takes the v2 data batches of a BatchTable (batch_table.scan_batches; control batches
+- `record_layout(buf, table)` takes the v2 data batches of a BatchTable (batch_chain.batch_table; control batches
   and legacy entries dropped by the caller) and returns a RecordLayout: for every record of those batches, in
   batch order, its batch row, absolute offset, CreateTime, offset delta, key (start, length), value length, and
   where the part from its key length on starts and ends in `data` (the batches' records sections, decompressed),

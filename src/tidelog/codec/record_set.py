@@ -4,7 +4,8 @@ Every message format starts with `offset i64 | size i32` and keeps its magic byt
 reader peeks 17 bytes, then dispatches: magic 2 is a RecordBatch, magic 0/1 a legacy entry. Like
 Kafka's FileLogInputStream, iteration stops quietly at a partial tail (fewer than 17 bytes, or fewer
 than the declared size) - a fetch may end mid-batch, a crash may leave half a batch - and raises
-CorruptRecordError for a size field that no message format allows.
+CorruptRecordError for a size field that no message format allows. (Walking the chain of a `.log` file, and
+recovery's checks of it, are batch_chain.py's.)
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from crc32c import crc32c
-
 from tidelog.codec import legacy
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import (
-    ATTRIBUTES_OFFSET,
     HEADER,
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -36,11 +34,10 @@ from tidelog.codec.record_batch import (
     peek_offset_and_length,
     read_header,
 )
-from tidelog.errors import CorruptRecordError, TidelogError, UnsupportedMagicError
+from tidelog.errors import CorruptRecordError, UnsupportedMagicError
 
 HEADER_SIZE_UP_TO_MAGIC = MAGIC_OFFSET + 1  # 17
 _INT64 = struct.Struct(">q")
-_INT32 = struct.Struct(">i")
 
 
 @dataclass(slots=True)
@@ -194,81 +191,3 @@ def iter_records(
         for record in decode_batch(buf, info):
             if record.offset >= min_offset:
                 yield record
-
-
-class ScannedBatch(NamedTuple):
-    position: int
-    size: int
-    base_offset: int
-    last_offset: int
-    max_timestamp: int
-    partition_leader_epoch: int
-
-
-class ScanResult(NamedTuple):
-    batches: list[ScannedBatch]
-    end: int  # position after the last valid batch
-    problem: str | None  # why scanning stopped before the end of `buf`, unless it was a partial batch
-    partial_size: int | None  # size of the batch that does not fit in `buf` (None if the header does not either)
-
-
-_V2_PREFIX = struct.Struct(">qiibIhiqq")  # baseOffset .. maxTimestamp: what recovery needs of a v2 header
-_RECORDS_COUNT_OFFSET = 57
-_KNOWN_ATTRIBUTES = 0x7F
-
-
-def scan_stored_batches(
-    buf: bytes | bytearray | memoryview, start: int, previous_last_offset: int, segment_base: int
-) -> ScanResult:
-    """Walk stored batches from `start` checking what recovery must: sizes, magic, CRC, attributes, and offsets
-    that increase and fit the segment (base <= offset <= base + 2^31-1). Stops at the first problem or at a batch
-    that `buf` holds only part of. A tight loop over v2 headers; legacy entries take the general decoder."""
-    view = memoryview(buf)
-    end = len(view)
-    batches: list[ScannedBatch] = []
-    append = batches.append
-    last_offset = previous_last_offset
-    position = start
-    max_relative = segment_base + 0x7FFFFFFF
-    unpack_v2 = _V2_PREFIX.unpack_from
-    while True:
-        if end - position < HEADER_SIZE_UP_TO_MAGIC:
-            return ScanResult(batches, position, None, None)
-        _offset, length = peek_offset_and_length(view, position)
-        size = length + LOG_OVERHEAD
-        if length < legacy.RECORD_OVERHEAD_V0:
-            return ScanResult(batches, position, f"entry at byte {position} declares size {length}", None)
-        if position + size > end:
-            return ScanResult(batches, position, None, size)
-        magic = view[position + MAGIC_OFFSET]
-        if magic == MAGIC_V2:
-            if length < MIN_BATCH_LENGTH:
-                return ScanResult(batches, position, f"batch at byte {position} declares batchLength {length}", None)
-            base, _length, epoch, _magic, crc, attributes, delta, _base_ts, max_ts = unpack_v2(view, position)
-            if crc32c(view[position + ATTRIBUTES_OFFSET : position + size]) != crc:
-                return ScanResult(batches, position, f"batch at byte {position} fails its CRC check", None)
-            if attributes & ~_KNOWN_ATTRIBUTES or attributes & 0x07 > 4:
-                return ScanResult(batches, position, f"batch at byte {position} has invalid attributes", None)
-            if delta < 0 or _INT32.unpack_from(view, position + _RECORDS_COUNT_OFFSET)[0] < 0:
-                return ScanResult(batches, position, f"batch at byte {position} has an impossible offset range", None)
-            last = base + delta
-        elif magic in (0, 1):
-            try:
-                info = read_batch_info(view, position)
-            except TidelogError as exc:
-                return ScanResult(batches, position, str(exc), None)
-            assert info is not None
-            if not is_valid(view, info):
-                return ScanResult(batches, position, f"entry at byte {position} fails its CRC check", None)
-            base, last, max_ts, epoch = info.base_offset, info.last_offset, info.max_timestamp, -1
-        else:
-            return ScanResult(batches, position, f"entry at byte {position} has unknown magic {magic}", None)
-        if last <= last_offset or (base >= 0 and base <= last_offset):
-            return ScanResult(
-                batches, position, f"batch at byte {position} has offset {last}, not above {last_offset}", None
-            )
-        if last > max_relative or (base >= 0 and base < segment_base):
-            return ScanResult(batches, position, f"batch at byte {position} has offset {last} off the segment", None)
-        append(ScannedBatch(position, size, base, last, max_ts, epoch))
-        last_offset = last
-        position += size

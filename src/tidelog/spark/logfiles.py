@@ -7,12 +7,14 @@ module only lists directories and reads files with `pread`:
 - partitions are the `<topic>-<n>` directories (deleted and future ones skipped), segments the `<20 digits>.log`
   files in them; the log start offset is the larger of the first segment's base and the log-dir level
   `log-start-offset-checkpoint` entry;
-- `.index` (8-byte entries: relative offset, position) and `.timeindex` (12-byte entries: timestamp, relative
-  offset) are read into numpy arrays. The active segment's index files are preallocated and zero-filled past the
-  last entry, so only the prefix of entries that increase is trusted; an index only narrows where a scan starts,
-  so a short or damaged index costs time, never records;
-- the log end offset is found by scanning batch headers from the last index entry of the last segment to the
-  last *complete* batch (a batch being written shows up as a partial tail and is not counted);
+- `.index` and `.timeindex` files are opened read-only with the storage engine's own OffsetIndex and TimeIndex
+  (formats in offset_index.py, time_index.py) and their valid entries taken as numpy arrays: the active segment's
+  index files are preallocated and zero-filled past the last entry, so only the written entries that keep the
+  order appends keep are trusted; an index only narrows where a scan starts, so a short or damaged index costs
+  time, never records;
+- batches are walked with codec/batch_chain.py's ChainReader, in windows of whole batches read into numpy
+  buffers; the log end offset is found by walking from the last index entry of the last segment to the last
+  *complete* batch (a batch being written shows up as a partial tail and is not counted);
 - `PartitionFiles.read(start, end)` yields chunks of whole batches holding offsets [start, end), planned on the
   driver: bytes a writer appends later are never looked at, and a segment removed by retention in between
   raises DataLossError or is skipped, as `failOnDataLoss` says.
@@ -30,19 +32,20 @@ from pathlib import Path
 
 import numpy as np
 
-from tidelog.codec.batch_table import BatchTable, scan_batches
-from tidelog.codec.record_batch import LOG_OVERHEAD
+from tidelog.codec.batch_chain import ChainReader, batch_table
+from tidelog.codec.batch_table import BatchTable
 from tidelog.codec.record_framing import PADDING
 from tidelog.codec.record_set import decode_batch, read_batch_info
 from tidelog.errors import (
     CorruptCheckpointError,
     DataLossError,
     LogFilesError,
-    TidelogError,
     UnknownTopicOrPartitionError,
 )
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint
 from tidelog.storage.kafka.checkpoints import LOG_START_OFFSET_CHECKPOINT
+from tidelog.storage.kafka.offset_index import OffsetIndex
+from tidelog.storage.kafka.time_index import TimeIndex
 
 PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 SEGMENT_LOG = re.compile(r"^(\d{20})\.log$")
@@ -72,7 +75,7 @@ class IndexEntries:
 class Chunk:
     """Whole batches read from `path` at `file_position`, with their parsed table."""
 
-    data: memoryview  # the batches, then spare bytes (the decoder's padding)
+    data: bytes | memoryview  # the batches, then spare bytes (the decoder's padding)
     table: BatchTable
     path: Path
     file_position: int
@@ -80,16 +83,6 @@ class Chunk:
     def describe(self, position: int) -> str:
         """Names the batch at `position` of `data` by file and file byte, for error messages."""
         return f"{self.path}: batch at file byte {self.file_position + position}"
-
-
-def _pread_exact(fd: int, length: int, position: int) -> bytes:
-    data = os.pread(fd, length, position)
-    while len(data) < length:
-        more = os.pread(fd, length - len(data), position + len(data))
-        if not more:
-            break
-        data += more
-    return data
 
 
 def _open_segment(path: Path) -> int | None:
@@ -107,37 +100,13 @@ def _open_segment(path: Path) -> int | None:
     return fd
 
 
-def _read_entries(path: Path, entry_size: int) -> bytes:
-    """The leading non-zero entries of an index file (a preallocated active index is zero-filled after them)."""
+def _valid_arrays(index_class: type[OffsetIndex | TimeIndex], path: Path, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """An index file's valid entries (none when it is missing), opened read-only."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return b""
-    except OSError as exc:
-        raise LogFilesError(f"{path}: the index file cannot be opened: {exc.strerror}") from exc
-    try:
-        count = os.fstat(fd).st_size // entry_size
-        zero = bytes(entry_size)
-        lo, hi = 0, count  # entries [0, lo) are non-zero, [hi, count) zero: binary search for the boundary
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if os.pread(fd, entry_size, mid * entry_size) == zero:
-                hi = mid
-            else:
-                lo = mid + 1
-        return _pread_exact(fd, lo * entry_size, 0)
+        with index_class(path, base, writable=False) as index:
+            return index.valid_arrays()
     except OSError as exc:
         raise LogFilesError(f"{path}: the index file cannot be read: {exc.strerror}") from exc
-    finally:
-        os.close(fd)
-
-
-def _increasing_prefix(values: np.ndarray) -> int:
-    """Length of the strictly increasing prefix of `values`."""
-    if len(values) <= 1:
-        return len(values)
-    breaks = np.nonzero(np.diff(values) <= 0)[0]
-    return int(breaks[0]) + 1 if len(breaks) else len(values)
 
 
 class PartitionFiles:
@@ -176,19 +145,9 @@ class PartitionFiles:
         return entries
 
     def _load_index(self, base: int) -> IndexEntries:
-        raw = _read_entries(self.directory / f"{base:020d}.index", 8)
-        pairs = np.frombuffer(raw, dtype=">i4").reshape(-1, 2).astype(np.int64)
-        offsets, positions = pairs[:, 0] + base, pairs[:, 1]
-        keep = min(_increasing_prefix(offsets), _increasing_prefix(positions))
-        raw_time = _read_entries(self.directory / f"{base:020d}.timeindex", 12)
-        time_entries = np.frombuffer(raw_time, dtype=np.dtype([("ts", ">i8"), ("rel", ">i4")]))
-        timestamps = time_entries["ts"].astype(np.int64)
-        time_offsets = time_entries["rel"].astype(np.int64) + base
-        keep_time = _increasing_prefix(timestamps)
-        if keep_time > 1:  # offsets must not decrease either
-            ok = np.diff(time_offsets[:keep_time]) >= 0
-            keep_time = min(keep_time, int(np.argmin(ok)) + 1 if not ok.all() else keep_time)
-        return IndexEntries(offsets[:keep], positions[:keep], timestamps[:keep_time], time_offsets[:keep_time])
+        offsets, positions = _valid_arrays(OffsetIndex, self.directory / f"{base:020d}.index", base)
+        timestamps, time_offsets = _valid_arrays(TimeIndex, self.directory / f"{base:020d}.timeindex", base)
+        return IndexEntries(offsets, positions, timestamps, time_offsets)
 
     def position_for(self, base: int, target_offset: int, file_size: int | None = None) -> int:
         """Byte position in segment `base` from which a scan reaches the batch holding `target_offset`."""
@@ -350,54 +309,21 @@ class PartitionFiles:
             )
 
 
-def _entry_size(chunk: bytes | memoryview) -> int | None:
-    """Total size of the entry at the start of `chunk`, or None when even its prefix is not there."""
-    if len(chunk) < LOG_OVERHEAD:
-        return None
-    return int.from_bytes(bytes(chunk[8:12]), "big", signed=True) + LOG_OVERHEAD
-
-
-def _read_padded(fd: int, path: Path, length: int, position: int) -> tuple[memoryview, int]:
-    """`length` bytes at `position` (fewer at the end of the file) in a buffer with PADDING spare bytes after them,
-    which lets the columnar decoder read its varint windows without copying the chunk. (An uninitialised numpy
-    buffer: a bytearray would first be zero-filled.)"""
-    view = np.empty(length + PADDING, dtype=np.uint8).data  # its memoryview (typed, unlike memoryview(array))
-    done = 0
-    while done < length:
-        try:
-            n = os.preadv(fd, [view[done:length]], position + done)
-        except OSError as exc:
-            raise LogFilesError(f"{path}: reading at file byte {position + done} failed: {exc.strerror}") from exc
-        if n <= 0:
-            break
-        done += n
-    return view, done
-
-
-def _scan(chunk: bytes | memoryview, path: Path, file_position: int, end: int | None = None) -> BatchTable:
-    try:
-        return scan_batches(chunk, 0, end)
-    except TidelogError as exc:
-        raise LogFilesError(f"{path}: at file byte {file_position}: {exc}") from exc
-
-
 def _chunks(
     fd: int, path: Path, position: int, size: int, chunk_bytes: int
-) -> Iterator[tuple[memoryview, BatchTable, int]]:
-    """Whole batches from `position` to `size`, about `chunk_bytes` at a time; stops at a partial tail."""
-    while position < size:
-        chunk, length = _read_padded(fd, path, min(chunk_bytes, size - position), position)
-        table = _scan(chunk, path, position, length)
-        if len(table) == 0:
-            needed = _entry_size(chunk[:length])
-            if needed is None or position + needed > size:
-                return  # a partial batch at the tail (being written, or torn)
-            chunk, length = _read_padded(fd, path, needed, position)
-            table = _scan(chunk, path, position, length)
-            if len(table) == 0:
-                return
-        yield chunk, table, position
-        position += table.end
+) -> Iterator[tuple[bytes | memoryview, BatchTable, int]]:
+    """Whole batches from `position` to `size`, about `chunk_bytes` at a time (a larger batch in a read of its own),
+    each read with PADDING spare bytes after it, which lets the columnar decoder read its varint windows without
+    copying the chunk. Stops at a partial tail (a batch being written, or torn); damage is a LogFilesError."""
+    chain = ChainReader(fd, position, size, window=chunk_bytes, padding=PADDING)
+    try:
+        for window in chain:
+            yield window.data, batch_table(window), window.position
+    except OSError as exc:
+        raise LogFilesError(f"{path}: reading at file byte {chain.position} failed: {exc.strerror}") from exc
+    assert chain.stopped is not None
+    if chain.stopped.stop.is_damage:
+        raise LogFilesError(f"{path}: {chain.stopped}")
 
 
 class LogFiles:

@@ -10,23 +10,23 @@
 (the batch line is one line). `.index` files print `offset: O position: P`, `.timeindex` files
 `timestamp: T offset: O`, `.txnindex` files their aborted transactions; mismatches between an index
 and its log go to stderr at the end, as Kafka does. Bytes after the last whole batch are reported as
-`Found N invalid bytes at the end of <name>`. Files are only read, never modified.
+`Found N invalid bytes at the end of <name>`. Files are only read, never modified or mapped: `.log` files are
+walked with codec/batch_chain.py's ChainReader, indexes opened read-only with the storage engine's OffsetIndex and
+TimeIndex (as Kafka's tool opens its own index classes), so a live broker's segments can be dumped.
 """
 
 from __future__ import annotations
 
-import bisect
-import mmap
 import os
 import struct
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from tidelog.codec import legacy
+from tidelog.codec.batch_chain import ChainReader
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import (
     NO_SEQUENCE,
@@ -37,12 +37,14 @@ from tidelog.codec.record_batch import (
     decode_records,
     parse_control_record,
 )
-from tidelog.codec.record_set import BatchInfo, decode_batch, is_valid, iter_batches
-from tidelog.errors import TidelogError
+from tidelog.codec.record_set import BatchInfo, decode_batch, is_valid, read_batch_info
+from tidelog.errors import CorruptIndexError, TidelogError
+from tidelog.storage.kafka.offset_index import OffsetIndex
+from tidelog.storage.kafka.time_index import TimeIndex
 
 INT_MAX = (1 << 31) - 1
-_OFFSET_ENTRY = struct.Struct(">ii")
-_TIME_ENTRY = struct.Struct(">qi")
+READ_BYTES = 8 << 20  # a window of the log read at once (a larger batch is read whole)
+LOOKUP_BYTES = 64 << 10  # the same to find the batch an index entry names
 _TXN_ENTRY = struct.Struct(">hqqqq")
 
 
@@ -126,20 +128,13 @@ def dump_files(files: list[str], options: DumpOptions, out: TextIO | None = None
     return status
 
 
-@contextmanager
-def _mapped(path: Path, limit: int = INT_MAX) -> Iterator[memoryview]:
-    """The file's bytes (at most `limit`) without copying them; empty files give an empty view."""
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size == 0:
-            yield memoryview(b"")
-            return
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
-            view = memoryview(mapping)[: min(size, limit)]
-            try:
-                yield view
-            finally:
-                view.release()
+def _batches(chain: ChainReader) -> Iterator[tuple[bytes | memoryview, BatchInfo]]:
+    """(window, batch) for each whole batch of the chain; raises TidelogError for a batch that does not decode."""
+    for window in chain:
+        for pos in window.positions:
+            info = read_batch_info(window.data, pos)
+            assert info is not None  # the chain holds it whole
+            yield window.data, info
 
 
 def _base_offset(path: Path) -> int:
@@ -155,11 +150,13 @@ def _bool(value: bool) -> str:
 
 def _dump_log(path: Path, options: DumpOptions, problems: _Problems, out: TextIO, err: TextIO) -> None:
     print(f"Log starting offset: {_base_offset(path)}", file=out)
-    with _mapped(path, options.max_bytes) as data:
+    with open(path, "rb") as handle:
+        end = min(os.fstat(handle.fileno()).st_size, options.max_bytes)
+        chain = ChainReader(handle.fileno(), 0, end, window=READ_BYTES)
         valid_bytes = 0
         last_offset = -1
         try:
-            for info in iter_batches(data):
+            for data, info in _batches(chain):
                 print(_batch_line(data, info, valid_bytes), file=out)
                 if options.is_deep_iteration:
                     for line, offset in _record_lines(data, info, options):
@@ -170,12 +167,16 @@ def _dump_log(path: Path, options: DumpOptions, problems: _Problems, out: TextIO
                 valid_bytes += info.size
         except TidelogError as exc:
             print(f"Stopped at byte {valid_bytes} of {path.name}: {exc}", file=err)
-        trailing = len(data) - valid_bytes
+        else:
+            assert chain.stopped is not None
+            if chain.stopped.stop.is_damage:
+                print(f"Stopped at byte {valid_bytes} of {path.name}: {chain.stopped.detail}", file=err)
+    trailing = end - valid_bytes
     if trailing > 0 and options.max_bytes == INT_MAX:
         print(f"Found {trailing} invalid bytes at the end of {path.name}", file=out)
 
 
-def _batch_line(data: memoryview, info: BatchInfo, position: int) -> str:
+def _batch_line(data: bytes | memoryview, info: BatchInfo, position: int) -> str:
     valid = is_valid(data, info)
     tail = (
         f" position: {position} {info.timestamp_type.kafka_name}: {info.max_timestamp} size: {info.size}"
@@ -195,7 +196,7 @@ def _batch_line(data: memoryview, info: BatchInfo, position: int) -> str:
     return f"offset: {info.last_offset}" + tail
 
 
-def _record_lines(data: memoryview, info: BatchInfo, options: DumpOptions) -> Iterator[tuple[str, int]]:
+def _record_lines(data: bytes | memoryview, info: BatchInfo, options: DumpOptions) -> Iterator[tuple[str, int]]:
     timestamp_name = info.timestamp_type.kafka_name
     header = info.header
     if isinstance(header, BatchHeader):
@@ -273,110 +274,77 @@ def _control_text(record: Record) -> str:
 # --- .index and .timeindex ---------------------------------------------------------------------------------------
 
 
-def _read_entries(path: Path, entry: struct.Struct) -> list[tuple[int, ...]]:
-    raw = path.read_bytes()
-    usable = len(raw) - len(raw) % entry.size
-    return list(entry.iter_unpack(raw[:usable]))
-
-
-def _first_batch_at(log_path: Path, position: int, limit: int) -> BatchInfo | None:
-    with open(log_path, "rb") as handle:
-        data = os.pread(handle.fileno(), limit, position)
+def _first_batch_with(
+    log_path: Path, position: int, offset: int, limit: int = INT_MAX
+) -> tuple[bytes | memoryview, BatchInfo] | None:
+    """The first batch from `position` (within `limit` bytes of it) whose last offset >= `offset`, or None."""
     try:
-        return next(iter_batches(data), None)
+        with open(log_path, "rb") as handle:
+            end = min(os.fstat(handle.fileno()).st_size, position + limit)
+            for data, info in _batches(ChainReader(handle.fileno(), position, end, window=LOOKUP_BYTES)):
+                if info.last_offset >= offset:
+                    return data, info
     except TidelogError:
         return None
-
-
-def _offset_index_sanity(path: Path, last_relative_offset: int, base: int) -> str | None:
-    """Kafka's OffsetIndex.sanityCheck, reported as text instead of an exception."""
-    size = path.stat().st_size
-    absolute = path.resolve()
-    if last_relative_offset < 0:
-        return (
-            f"Corrupt index found, index file ({absolute}) has non-zero size but the last offset is "
-            f"{base + last_relative_offset} which is less than the base offset {base}."
-        )
-    if size % _OFFSET_ENTRY.size:
-        return (
-            f"Index file {absolute} is corrupt, found {size} bytes which is neither positive nor a multiple of "
-            f"{_OFFSET_ENTRY.size}."
-        )
     return None
 
 
-def _time_index_sanity(path: Path, entries: list[tuple[int, ...]], base: int) -> str | None:
-    """Kafka's TimeIndex.sanityCheck, in its order, reported as text: the last entry's timestamp below the first's
-    (a zero-filled preallocated tail reads as entries of timestamp 0), its offset below the base, a partial entry."""
-    absolute = path.resolve()
-    if entries and entries[-1][0] < entries[0][0]:
-        return (
-            f"Corrupt time index found, time index file ({absolute}) has non-zero size but the last timestamp is "
-            f"{entries[-1][0]} which is less than the first entry {entries[0][0]}"
-        )
-    if entries and entries[-1][1] < 0:
-        return (
-            f"Corrupt time index found, time index file ({absolute}) has non-zero size but the last offset is "
-            f"{base + entries[-1][1]} which is less than the first offset {base}"
-        )
-    size = path.stat().st_size
-    if size % _TIME_ENTRY.size:
-        return (
-            f"Time index file {absolute} is corrupt, found {size} bytes which is neither positive nor a multiple of "
-            f"{_TIME_ENTRY.size}."
-        )
-    return None
+def _print_sanity(index: OffsetIndex | TimeIndex, out: TextIO) -> None:
+    """Kafka's sanity check of the index, reported as its message instead of an exception."""
+    try:
+        index.kafka_sanity_check()
+    except CorruptIndexError as exc:
+        print(exc, file=out)
+    else:
+        print(f"{index.path} passed sanity check.", file=out)
 
 
 def _dump_index(path: Path, options: DumpOptions, problems: _Problems, out: TextIO) -> None:
     base = _base_offset(path)
     log_path = path.with_suffix(".log")
-    entries = _read_entries(path, _OFFSET_ENTRY)
-    if not entries:
-        print(f"{path} is empty.", file=out)
-        return
-    if options.index_sanity_check:
-        failure = _offset_index_sanity(path, entries[-1][0], base)
-        print(failure or f"{path} passed sanity check.", file=out)
-        return
-    for slot, (relative, position) in enumerate(entries):
-        offset = base + relative
-        if offset == base and slot > 0:  # preallocated zeros after a crash: stop, as Kafka does
+    with OffsetIndex(path, base, writable=False) as index:
+        if index.entries == 0:
+            print(f"{path} is empty.", file=out)
             return
-        batch = _first_batch_at(log_path, position, options.max_message_size)
-        found = batch.last_offset if batch is not None else -1
-        if found != offset:
-            problems.index_mismatches.setdefault(str(path.resolve()), []).append((offset, found))
-        if not options.verify_index_only:
-            print(f"offset: {offset} position: {position}", file=out)
+        if options.index_sanity_check:
+            _print_sanity(index, out)
+            return
+        for slot in range(index.entries):
+            offset, position = index.entry_at(slot)
+            if offset == base and slot > 0:  # preallocated zeros after a crash: stop, as Kafka does
+                return
+            batch = _first_batch_with(log_path, position, -1, options.max_message_size)
+            found = batch[1].last_offset if batch is not None else -1
+            if found != offset:
+                problems.index_mismatches.setdefault(str(path.resolve()), []).append((offset, found))
+            if not options.verify_index_only:
+                print(f"offset: {offset} position: {position}", file=out)
 
 
 def _dump_time_index(path: Path, options: DumpOptions, problems: _Problems, out: TextIO) -> None:
     base = _base_offset(path)
     log_path = path.with_suffix(".log")
-    entries = _read_entries(path, _TIME_ENTRY)
-    if options.index_sanity_check:
-        print(_time_index_sanity(path, entries, base) or f"{path} passed sanity check.", file=out)
-        return
-    index_path = path.with_suffix(".index")
-    offset_entries = _read_entries(index_path, _OFFSET_ENTRY) if index_path.exists() else []
-    indexed_offsets = [base + relative for relative, _ in offset_entries]
-    key = str(path.resolve())
-    previous = -1
-    with _mapped(log_path) as data:
-        for slot, (timestamp, relative) in enumerate(entries):
-            offset = base + relative
+    with (
+        TimeIndex(path, base, writable=False) as index,
+        OffsetIndex(path.with_suffix(".index"), base, writable=False) as offset_index,
+    ):
+        if options.index_sanity_check:
+            _print_sanity(index, out)
+            return
+        key = str(path.resolve())
+        previous = -1
+        for slot in range(index.entries):
+            timestamp, offset = index.entry_at(slot)
             if offset == base and slot > 0:
                 return
-            lookup = bisect.bisect_right(indexed_offsets, offset) - 1
-            position = offset_entries[lookup][1] if lookup >= 0 else 0
-            batch = _first_batch_with(data, position, offset)
+            batch = _first_batch_with(log_path, offset_index.lookup(offset).position, offset)
             if batch is None:
                 problems.time_not_found.setdefault(key, []).append((offset, -1))
-            elif batch.last_offset != offset:
-                problems.time_not_found.setdefault(key, []).append((offset, batch.last_offset))
+            elif batch[1].last_offset != offset:
+                problems.time_not_found.setdefault(key, []).append((offset, batch[1].last_offset))
             else:
-                max_timestamp = max((r.timestamp_ms or -1 for r in decode_batch(data, batch)), default=-1)
+                data, info = batch
+                max_timestamp = max((r.timestamp_ms or -1 for r in decode_batch(data, info)), default=-1)
                 if max_timestamp != timestamp:
                     problems.time_mismatches.setdefault(key, []).append((timestamp, max_timestamp))
                 if previous >= timestamp:
@@ -384,16 +352,6 @@ def _dump_time_index(path: Path, options: DumpOptions, problems: _Problems, out:
             if not options.verify_index_only:
                 print(f"timestamp: {timestamp} offset: {offset}", file=out)
             previous = timestamp
-
-
-def _first_batch_with(data: memoryview, position: int, offset: int) -> BatchInfo | None:
-    try:
-        for info in iter_batches(data, position):
-            if info.last_offset >= offset:
-                return info
-    except TidelogError:
-        return None
-    return None
 
 
 def _dump_txn_index(path: Path, out: TextIO, err: TextIO) -> None:

@@ -35,7 +35,6 @@ re-encoded batch.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,7 +43,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tidelog.codec.batch_table import BatchTable, scan_batches
+from tidelog.codec.batch_chain import ChainReader, batch_table
+from tidelog.codec.batch_table import BatchTable
 from tidelog.codec.record_batch import (
     COMPRESSION_MASK,
     CONTROL_MASK,
@@ -56,10 +56,11 @@ from tidelog.codec.record_batch import (
     compute_crc,
     read_header,
 )
+from tidelog.codec.record_framing import PADDING
 from tidelog.codec.record_layout import RecordLayout, key_digest_array, key_digests, record_layout
 from tidelog.codec.varint import encode_varint, encode_varlong
 from tidelog.config import INT_MAX, CleanerConfig
-from tidelog.errors import CorruptCheckpointError
+from tidelog.errors import CorruptCheckpointError, CorruptRecordError
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.kafka.offset_map import NOT_FOUND, OffsetMap
 from tidelog.storage.kafka.segment import (
@@ -78,7 +79,6 @@ log = logging.getLogger("tidelog.storage")
 
 CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
 READ_CHUNK_BYTES = 4 * 1024 * 1024
-_OFFSET_AND_SIZE = struct.Struct(">qi")
 
 
 @dataclass
@@ -108,22 +108,16 @@ class LogToClean:
         return self.cleanable_bytes / total if total else 0.0
 
 
-def segment_chunks(segment: LogSegment, position: int = 0) -> Iterator[tuple[bytes, BatchTable]]:
-    """The segment's complete batches from `position`, a few MiB at a time (a larger batch in a read of its own)."""
-    end = segment.size
-    read_size = READ_CHUNK_BYTES
-    while position < end:
-        chunk = segment.read_bytes(position, min(read_size, end - position))
-        table = scan_batches(chunk)
-        if len(table) == 0:
-            if len(chunk) < 17 or position + len(chunk) >= end:
-                return  # a partial tail: nothing more to clean here
-            _offset, size = _OFFSET_AND_SIZE.unpack_from(chunk, 0)
-            read_size = size + 12
-            continue
-        read_size = READ_CHUNK_BYTES
-        yield chunk, table
-        position += table.end
+def segment_chunks(segment: LogSegment, position: int = 0) -> Iterator[tuple[bytes | memoryview, BatchTable]]:
+    """The segment's complete batches from `position` (a batch start), a few MiB at a time (a larger batch in a read
+    of its own), walked by batch_chain's ChainReader. Each read has record_framing's spare bytes after it, so
+    record_layout frames it without a copy. Stops quietly at a partial tail; damage is a CorruptRecordError."""
+    chain = ChainReader(segment.file.fileno(), position, segment.size, window=READ_CHUNK_BYTES, padding=PADDING)
+    for window in chain:
+        yield window.data, batch_table(window)
+    assert chain.stopped is not None
+    if chain.stopped.stop.is_damage:
+        raise CorruptRecordError(f"{segment.log_path}: {chain.stopped}")
 
 
 class CleaningAborted(Exception):
@@ -204,7 +198,7 @@ class Cleaner:
                     return offset_map.latest_offset + 1
         return first_uncleanable
 
-    def _map_chunk(self, chunk: bytes, table: BatchTable, offset_map: OffsetMap) -> bool:
+    def _map_chunk(self, chunk: bytes | memoryview, table: BatchTable, offset_map: OffsetMap) -> bool:
         """Put the keys of the chunk's data batches in the map; True when the map filled (after a whole batch)."""
         data_rows = np.nonzero((table.magic == 2) & ~table.is_control)[0]
         layout = record_layout(chunk, table.take(data_rows))
@@ -258,7 +252,7 @@ class Cleaner:
 
     def _clean_chunk(
         self,
-        chunk: bytes,
+        chunk: bytes | memoryview,
         table: BatchTable,
         cleaned: LogSegment,
         partition_log: PartitionLog,
@@ -324,7 +318,9 @@ class Cleaner:
         cleaned.append([batch], len(batch), last_offset, max_timestamp, last_offset, max_timestamp)
 
     @staticmethod
-    def _rebuild(chunk: bytes, position: int, layout: RecordLayout, rows: np.ndarray, horizon: int | None) -> bytes:
+    def _rebuild(
+        chunk: bytes | memoryview, position: int, layout: RecordLayout, rows: np.ndarray, horizon: int | None
+    ) -> bytes:
         """The batch at `position` holding only the records `rows`, re-encoded with its codec and header fields."""
         original = read_header(chunk, position)
         check_crc(original, compute_crc(chunk, position, original.size_in_bytes), position)
@@ -366,7 +362,7 @@ class Cleaner:
         )
 
     @staticmethod
-    def _empty_batch(chunk: bytes, position: int) -> bytes:
+    def _empty_batch(chunk: bytes | memoryview, position: int) -> bytes:
         """RETAIN_EMPTY: the header alone, count 0, uncompressed (Kafka's DefaultRecordBatch.writeEmptyHeader)."""
         original = read_header(chunk, position)
         return assemble_batch(

@@ -32,10 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidelog.atomic_files import fsync_directory
-from tidelog.codec.record_batch import HEADER_SIZE
-from tidelog.codec.record_set import peek_batch
+from tidelog.codec.batch_chain import ChainReader, batch_table
 from tidelog.config import LogConfig
-from tidelog.errors import CorruptCheckpointError, TidelogError
+from tidelog.errors import CorruptCheckpointError, CorruptRecordError, TidelogError
 from tidelog.storage.common.producer_state import ProducerStateManager
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka import checkpoints
@@ -46,6 +45,7 @@ from tidelog.storage.kafka.segment import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    SCAN_CHUNK_BYTES,
     SWAP_SUFFIX,
     TIME_INDEX_SUFFIX,
     LogSegment,
@@ -242,17 +242,20 @@ class LogLoader:
         return needs_recovery
 
     def _complete_swap(self, swap_name: str) -> int:
-        """Put a finished `.log.swap` in place of the segments its offsets cover; returns its base offset."""
+        """Put a finished `.log.swap` in place of the segments its offsets cover; returns its base offset. The covered
+        offsets are read from the batch headers (batch_chain's walk, bodies skipped unread): up to a partial tail,
+        and a chain damaged before it is a CorruptRecordError."""
         base = offset_from_file_name(swap_name)
         swap_path = self.directory / swap_name
         next_offset = base + 1
         with open(swap_path, "rb") as handle:
-            position, size = 0, os.fstat(handle.fileno()).st_size
-            while (peeked := peek_batch(os.pread(handle.fileno(), HEADER_SIZE, position), 0)) is not None:
-                if position + peeked.size > size:
-                    break
-                next_offset = max(next_offset, peeked.last_offset + 1)
-                position += peeked.size
+            size = os.fstat(handle.fileno()).st_size
+            chain = ChainReader(handle.fileno(), 0, size, window=SCAN_CHUNK_BYTES, whole=False)
+            for window in chain:
+                next_offset = max(next_offset, int(batch_table(window).last_offset.max()) + 1)
+        assert chain.stopped is not None
+        if chain.stopped.stop.is_damage:
+            raise CorruptRecordError(f"{swap_path}: {chain.stopped}")
         for path in list(self.directory.iterdir()):
             name = path.name
             covered = SEGMENT_FILE.match(name) and base <= offset_from_file_name(name) < next_offset

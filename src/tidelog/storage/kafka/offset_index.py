@@ -3,7 +3,8 @@
 Entry, 8 bytes big-endian: relativeOffset int32 (offset - segment base) | position int32.
 An entry (O, P) means "the batch whose last offset is O starts at byte P"; appends are strictly
 increasing. `lookup(t)` gives the greatest entry with offset <= t, or (base, 0); scanning batches
-forward from there reaches the batch holding t.
+forward from there reaches the batch holding t. The storage engine opens it writable; the Spark path reader and
+the dump-log tool read-only (mapped_index.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 from typing import NamedTuple
+
+import numpy as np
 
 from tidelog.errors import CorruptIndexError
 from tidelog.storage.kafka.mapped_index import MappedIndex
@@ -25,14 +28,14 @@ class OffsetPosition(NamedTuple):
 
 class OffsetIndex(MappedIndex):
     entry = struct.Struct(">ii")
+    entry_dtype = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
 
-    def __init__(self, path: Path, base_offset: int, max_index_size: int) -> None:
-        super().__init__(path, base_offset, max_index_size)
+    def __init__(self, path: Path, base_offset: int, max_index_size: int = 0, *, writable: bool = True) -> None:
+        super().__init__(path, base_offset, max_index_size, writable=writable)
         self.last_offset = self._read_last_offset()
 
     def _relative_offset(self, slot: int) -> int:
-        assert self._map is not None
-        return self.entry.unpack_from(self._map, slot * 8)[0]
+        return self.read_entry(slot)[0]
 
     def _read_last_offset(self) -> int:
         return self.base_offset + (self._relative_offset(self.entries - 1) if self.entries else 0)
@@ -59,7 +62,7 @@ class OffsetIndex(MappedIndex):
             self.last_offset = entries[-1][0]
 
     def lookup(self, target_offset: int) -> OffsetPosition:
-        slot = self._largest_lower_bound(target_offset - self.base_offset, self._relative_offset)
+        slot = self._largest_lower_bound(target_offset - self.base_offset)
         if slot < 0:
             return OffsetPosition(self.base_offset, 0)
         return self.entry_at(slot)
@@ -67,7 +70,7 @@ class OffsetIndex(MappedIndex):
     def truncate_to(self, offset: int) -> None:
         """Drop every entry for an offset >= `offset`."""
         relative = offset - self.base_offset
-        slot = self._largest_lower_bound(relative, self._relative_offset)
+        slot = self._largest_lower_bound(relative)
         if slot < 0:
             keep = 0
         elif self._relative_offset(slot) == relative:
@@ -81,23 +84,35 @@ class OffsetIndex(MappedIndex):
         super().reset()
         self.last_offset = self.base_offset
 
-    def sanity_check(self, log_size: int) -> None:
-        """Kafka's check (plus: positions inside the log), run before trusting an index found on disk."""
-        if self._length % self.entry.size:
-            raise CorruptIndexError(f"{self.path}: length {self._length} is not a multiple of {self.entry.size}")
+    def valid_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """`valid_entries()` as int64 arrays: (absolute offsets, positions)."""
+        entries = self.valid_entries()
+        return entries["relative_offset"].astype(np.int64) + self.base_offset, entries["position"].astype(np.int64)
+
+    def _rules_kept(self, entries: np.ndarray) -> int:
+        """Offsets and positions strictly increase (from above -1)."""
+        offsets = entries["relative_offset"].astype(np.int64)
+        positions = entries["position"].astype(np.int64)
+        broken = (offsets <= np.append(-1, offsets[:-1])) | (positions <= np.append(-1, positions[:-1]))
+        return int(np.argmax(broken)) if broken.any() else len(entries)
+
+    def kafka_sanity_check(self) -> None:
+        """Kafka's OffsetIndex.sanityCheck, with its messages (what kafka-dump-log --index-sanity-check prints)."""
         if self.entries and self.last_offset < self.base_offset:
             raise CorruptIndexError(
-                f"{self.path}: last offset {self.last_offset} is below the segment base {self.base_offset}"
+                f"Corrupt index found, index file ({self.path.resolve()}) has non-zero size but the last offset is "
+                f"{self.last_offset} which is less than the base offset {self.base_offset}."
             )
+        if self._length % self.entry.size:
+            raise CorruptIndexError(
+                f"Index file {self.path.resolve()} is corrupt, found {self._length} bytes which is neither positive "
+                f"nor a multiple of {self.entry.size}."
+            )
+
+    def sanity_check(self, log_size: int) -> None:
+        """Kafka's check, plus: entries in the order appends keep, and inside the log. Run before trusting an index
+        found on disk (the zero-filled preallocated tail a crash leaves behind is not trusted)."""
+        self.kafka_sanity_check()
+        self.check_entries()
         if self.entries and self.entry_at(self.entries - 1).position >= max(log_size, 1):
             raise CorruptIndexError(f"{self.path}: last entry points beyond the end of the log ({log_size} bytes)")
-        # appends only ever add larger offsets at larger positions: anything else is damage (or the zero-filled
-        # preallocated tail a crash leaves behind)
-        previous_offset = previous_position = -1
-        for slot, (relative, position) in enumerate(self.entry.iter_unpack(self.entry_bytes())):
-            if relative <= previous_offset or position <= previous_position:
-                raise CorruptIndexError(
-                    f"{self.path}: entry {slot} ({self.base_offset + relative} at byte {position}) does not follow "
-                    f"the entry before it"
-                )
-            previous_offset, previous_position = relative, position

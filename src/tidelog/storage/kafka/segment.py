@@ -10,7 +10,6 @@ a short forward scan of batch headers, and hand out file slices.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import random
@@ -19,10 +18,11 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from tidelog.codec.batch_chain import ChainEnd, ChainReader, Stop, Window, check_stored
 from tidelog.codec.record_batch import HEADER_SIZE, BatchHeader
-from tidelog.codec.record_set import decode_batch, peek_batch, read_batch_info, scan_stored_batches
+from tidelog.codec.record_set import decode_batch, peek_batch, read_batch_info
 from tidelog.config import INT_MAX, LogConfig
-from tidelog.errors import CorruptIndexError, KafkaStorageError, TidelogError
+from tidelog.errors import CorruptIndexError, CorruptRecordError, KafkaStorageError, TidelogError
 from tidelog.storage.api import FileSlice
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
@@ -168,57 +168,64 @@ class LogSegment:
 
     # --- reading ---------------------------------------------------------------------------------------------
 
-    def batch_locations(
-        self, position: int, end: int | None = None, first_read: int = SCAN_CHUNK_BYTES
-    ) -> Iterator[BatchLocation]:
-        """Headers of the batches from `position` (a batch start) to `end`; stops at a partial tail.
+    def batch_locations(self, position: int, end: int | None = None) -> Iterator[BatchLocation]:
+        """Headers of the batches from `position` (a batch start) to `end`; stops quietly at a partial tail and
+        raises CorruptRecordError where the chain is damaged (batch_chain.py)."""
+        chain = self._header_walk(position, end)
+        for window in chain:
+            for slot in range(len(window.positions)):
+                yield _location(window, slot)
+        self._raise_if_damaged(chain)
 
-        The first read is `first_read` bytes (a lookup expects its batch within one index interval), later
-        reads SCAN_CHUNK_BYTES."""
+    def _header_walk(self, position: int, end: int | None = None) -> ChainReader:
+        """The chain from `position` to `end` (default: the segment's size), walked over headers. The first read
+        covers one index interval (a lookup expects its batch within it), each later one twice the one before, up to
+        SCAN_CHUNK_BYTES; bodies that reach past a read are skipped unread."""
+        first = self.config.index_interval_bytes + HEADER_SIZE
         end = self.size if end is None else end
-        chunk = b""
-        chunk_start = position
-        read_size = max(first_read, HEADER_SIZE)
-        while position < end:
-            relative = position - chunk_start
-            if relative + HEADER_SIZE > len(chunk) and chunk_start + len(chunk) < end:
-                chunk = os.pread(self._fd, min(read_size, end - position), position)
-                chunk_start, relative = position, 0
-                read_size = SCAN_CHUNK_BYTES
-            peeked = peek_batch(chunk, relative)
-            if peeked is None or position + peeked.size > end:
-                return
-            yield BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.header)
-            position += peeked.size
+        return ChainReader(self._fd, position, end, window=SCAN_CHUNK_BYTES, first_window=first, whole=False)
+
+    def _raise_if_damaged(self, chain: ChainReader) -> None:
+        assert chain.stopped is not None
+        if chain.stopped.stop.is_damage:
+            raise CorruptRecordError(f"{self.log_path}: {chain.stopped}")
 
     def translate_offset(self, target_offset: int, starting_position: int = 0) -> BatchLocation | None:
-        """The first batch whose last offset >= target (index lookup, then a short scan).
+        """The first batch whose last offset >= target (index lookup, then a short walk over headers).
 
         An index entry that does not name a batch at or before its offset (the index file was damaged after it
         was trusted at open) is not followed: the lookup scans from `starting_position` instead."""
         entry = self.index.lookup(target_offset)
         position = max(entry.position, starting_position)
-        first_read = self.config.index_interval_bytes + HEADER_SIZE
         if position > starting_position:
             try:
-                locations = self.batch_locations(position, first_read=first_read)
-                first = next(locations, None)
-                if first is not None and first.last_offset <= entry.offset:
-                    for location in itertools.chain((first,), locations):
-                        if location.last_offset >= target_offset:
-                            return location
-                    return None
+                return self._first_batch_to(target_offset, position, entry.offset)
             except TidelogError:
-                pass
-            log.warning(
-                "%s: entry (%d at byte %d) does not name a batch of the log; scanning the segment instead",
-                self.index.path,
-                entry.offset,
-                entry.position,
-            )
-        for location in self.batch_locations(starting_position):
-            if location.last_offset >= target_offset:
-                return location
+                log.warning(
+                    "%s: entry (%d at byte %d) does not name a batch of the log; scanning the segment instead",
+                    self.index.path,
+                    entry.offset,
+                    entry.position,
+                )
+        return self._first_batch_to(target_offset, starting_position)
+
+    def _first_batch_to(
+        self, target_offset: int, position: int, indexed_offset: int | None = None
+    ) -> BatchLocation | None:
+        """The first batch from `position` whose last offset >= target, or None. Given `indexed_offset`, the batch at
+        `position` must end at or before it, else CorruptIndexError."""
+        chain = self._header_walk(position)
+        for window in chain:
+            first = _location(window, 0)
+            if indexed_offset is not None and first.last_offset > indexed_offset:
+                raise CorruptIndexError(f"{self.log_path}: the batch at byte {position} ends after {indexed_offset}")
+            indexed_offset = None
+            found = _first_ending_at_or_after(window, first, target_offset)
+            if found is not None:
+                return found
+        self._raise_if_damaged(chain)
+        if indexed_offset is not None:
+            raise CorruptIndexError(f"{self.log_path}: no batch starts at byte {position}")
         return None
 
     def read(
@@ -292,38 +299,30 @@ class LogSegment:
         offset_entries: list[tuple[int, int]] = []
         time_entries: list[tuple[int, int]] = []
         epochs: list[tuple[int, int]] = []
-        valid_bytes = 0
         last_index_entry_position = 0
         last_offset = max(previous_last_offset, self.base_offset - 1)
-        reason: str | None = None
-        read_size = RECOVERY_CHUNK_BYTES
-        while valid_bytes < file_size:
-            chunk_start = valid_bytes
-            chunk = os.pread(self._fd, min(read_size, file_size - chunk_start), chunk_start)
-            scan = scan_stored_batches(chunk, 0, last_offset, self.base_offset)
-            for batch in scan.batches:
+        chain = ChainReader(self._fd, 0, file_size, window=RECOVERY_CHUNK_BYTES)
+        failure: ChainEnd | None = None
+        for window in chain:
+            batches, failure = check_stored(window, last_offset, self.base_offset)
+            for batch in batches:
                 if batch.max_timestamp > max_ts:
                     max_ts, max_ts_offset = batch.max_timestamp, batch.last_offset
-                position = chunk_start + batch.position
-                if position - last_index_entry_position > interval:
-                    offset_entries.append((batch.last_offset, position))
+                if batch.position - last_index_entry_position > interval:
+                    offset_entries.append((batch.last_offset, batch.position))
                     if max_ts > indexed_ts:
                         time_entries.append((max_ts, max_ts_offset))
                         indexed_ts = max_ts
-                    last_index_entry_position = position
+                    last_index_entry_position = batch.position
                 if batch.partition_leader_epoch >= 0 and (not epochs or batch.partition_leader_epoch > epochs[-1][0]):
                     epochs.append((batch.partition_leader_epoch, batch.base_offset))
-            if scan.batches:
-                last_offset = scan.batches[-1].last_offset
-            valid_bytes = chunk_start + scan.end
-            if scan.problem is not None:
-                reason = f"{scan.problem} (counting from byte {chunk_start} of the file)"
+            if batches:
+                last_offset = batches[-1].last_offset
+            if failure is not None:
                 break
-            if valid_bytes < file_size and chunk_start + len(chunk) >= file_size:
-                reason = f"a partial batch of {file_size - valid_bytes} bytes ends the file"
-                break
-            # a batch straddling the chunk boundary is read again from its start, all of it
-            read_size = max(RECOVERY_CHUNK_BYTES, scan.partial_size or HEADER_SIZE)
+        stopped = failure or chain.stopped
+        assert stopped is not None
+        valid_bytes = stopped.position
         self.index.append_entries(offset_entries)
         self.time_index.append_entries(time_entries)
         truncated = file_size - valid_bytes
@@ -333,7 +332,7 @@ class LogSegment:
         self.time_index.maybe_append(max_ts, max_ts_offset, skip_full_check=True)
         self.bytes_since_last_index_entry = valid_bytes - last_index_entry_position
         self._rolling_based_timestamp = None
-        return RecoveryResult(truncated, epochs, reason if truncated else None)
+        return RecoveryResult(truncated, epochs, str(stopped) if stopped.stop is not Stop.END else None)
 
     def truncate_log_file(self, size: int) -> None:
         os.ftruncate(self._fd, size)
@@ -445,6 +444,39 @@ class LogSegment:
         self.time_index.delete()
         self.file.close()
         self.log_path.unlink(missing_ok=True)
+
+
+def _location(window: Window, slot: int) -> BatchLocation:
+    """The `slot`th batch of a read of a header walk."""
+    position = window.positions[slot]
+    peeked = peek_batch(window.data, position)
+    assert peeked is not None  # the walk holds its header
+    return BatchLocation(
+        window.position + position, window.sizes[slot], peeked.last_offset, peeked.max_timestamp, peeked.header
+    )
+
+
+def _first_ending_at_or_after(window: Window, first: BatchLocation, target_offset: int) -> BatchLocation | None:
+    """The first batch of the read (`first` is its batch 0) whose last offset >= target, or None. Last offsets
+    increase along the chain: batches 0, 1, 3, 7, ... are decoded until one ends at or after the target, then the
+    last gap is halved, so a target near the start costs about as many header decodes as a walk would, one far off
+    a logarithmic number."""
+    last = len(window.positions) - 1
+    before, probe = -1, 0  # batch `before` ends below the target (-1: none yet)
+    found = first
+    while found.last_offset < target_offset:
+        if probe == last:
+            return None
+        before, probe = probe, min(last, 2 * probe + 1)
+        found = _location(window, probe)
+    while probe - before > 1:
+        middle = (before + probe) // 2
+        location = _location(window, middle)
+        if location.last_offset < target_offset:
+            before = middle
+        else:
+            probe, found = middle, location
+    return found
 
 
 def now_ms() -> int:

@@ -4,7 +4,8 @@ Entry, 12 bytes big-endian: timestamp int64 | relativeOffset int32. (T, O) means
 timestamp in the segment up to and including the batch whose last offset is O is T", so any record
 with a timestamp above T lies after O. Entries are added only when the timestamp grows, so
 timestamps in the file strictly increase. One slot is kept free for the final entry written when
-the segment is rolled or closed, which always records the segment's max timestamp.
+the segment is rolled or closed, which always records the segment's max timestamp. The storage engine opens it
+writable; the Spark path reader and the dump-log tool read-only (mapped_index.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 from typing import NamedTuple
+
+import numpy as np
 
 from tidelog.errors import CorruptIndexError
 from tidelog.storage.kafka.mapped_index import MappedIndex
@@ -27,14 +30,14 @@ class TimestampOffset(NamedTuple):
 
 class TimeIndex(MappedIndex):
     entry = struct.Struct(">qi")
+    entry_dtype = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
 
-    def __init__(self, path: Path, base_offset: int, max_index_size: int) -> None:
-        super().__init__(path, base_offset, max_index_size)
+    def __init__(self, path: Path, base_offset: int, max_index_size: int = 0, *, writable: bool = True) -> None:
+        super().__init__(path, base_offset, max_index_size, writable=writable)
         self.last_entry = self._read_last_entry()
 
     def _timestamp(self, slot: int) -> int:
-        assert self._map is not None
-        return self.entry.unpack_from(self._map, slot * 12)[0]
+        return self.read_entry(slot)[0]
 
     def _read_last_entry(self) -> TimestampOffset:
         if self.entries == 0:
@@ -69,7 +72,7 @@ class TimeIndex(MappedIndex):
 
     def lookup(self, target_timestamp: int) -> TimestampOffset:
         """Greatest entry with timestamp <= target, or (-1, base offset)."""
-        slot = self._largest_lower_bound(target_timestamp, self._timestamp)
+        slot = self._largest_lower_bound(target_timestamp)
         if slot < 0:
             return TimestampOffset(NO_TIMESTAMP, self.base_offset)
         return self.entry_at(slot)
@@ -86,21 +89,38 @@ class TimeIndex(MappedIndex):
         super().reset()
         self.last_entry = TimestampOffset(NO_TIMESTAMP, self.base_offset)
 
-    def sanity_check(self) -> None:
-        if self._length % self.entry.size:
-            raise CorruptIndexError(f"{self.path}: length {self._length} is not a multiple of {self.entry.size}")
+    def valid_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """`valid_entries()` as int64 arrays: (timestamps, absolute offsets)."""
+        entries = self.valid_entries()
+        return entries["timestamp"].astype(np.int64), entries["relative_offset"].astype(np.int64) + self.base_offset
+
+    def _rules_kept(self, entries: np.ndarray) -> int:
+        """Timestamps strictly increase (from above NO_TIMESTAMP) and offsets never go back (maybe_append's rules)."""
+        timestamps = entries["timestamp"].astype(np.int64)
+        offsets = entries["relative_offset"].astype(np.int64)
+        broken = (timestamps <= np.append(NO_TIMESTAMP, timestamps[:-1])) | (offsets < np.append(0, offsets[:-1]))
+        return int(np.argmax(broken)) if broken.any() else len(entries)
+
+    def kafka_sanity_check(self) -> None:
+        """Kafka's TimeIndex.sanityCheck, in its order and with its messages (what kafka-dump-log
+        --index-sanity-check prints): a zero-filled preallocated tail fails the first."""
+        if self.entries and self.last_entry.timestamp < self._timestamp(0):
+            raise CorruptIndexError(
+                f"Corrupt time index found, time index file ({self.path.resolve()}) has non-zero size but the last "
+                f"timestamp is {self.last_entry.timestamp} which is less than the first entry {self._timestamp(0)}"
+            )
         if self.entries and self.last_entry.offset < self.base_offset:
             raise CorruptIndexError(
-                f"{self.path}: last offset {self.last_entry.offset} is below the segment base {self.base_offset}"
+                f"Corrupt time index found, time index file ({self.path.resolve()}) has non-zero size but the last "
+                f"offset is {self.last_entry.offset} which is less than the first offset {self.base_offset}"
             )
-        if self.entries and self.last_entry.timestamp < self._timestamp(0):
-            raise CorruptIndexError(f"{self.path}: last timestamp is below the first one")
-        # timestamps strictly increase and offsets never go back (maybe_append's rules)
-        previous_timestamp, previous_offset = NO_TIMESTAMP, 0
-        for slot, (timestamp, relative) in enumerate(self.entry.iter_unpack(self.entry_bytes())):
-            if timestamp <= previous_timestamp or relative < previous_offset:
-                raise CorruptIndexError(
-                    f"{self.path}: entry {slot} ({timestamp}, {self.base_offset + relative}) does not follow "
-                    f"the entry before it"
-                )
-            previous_timestamp, previous_offset = timestamp, relative
+        if self._length % self.entry.size:
+            raise CorruptIndexError(
+                f"Time index file {self.path.resolve()} is corrupt, found {self._length} bytes which is neither "
+                f"positive nor a multiple of {self.entry.size}."
+            )
+
+    def sanity_check(self) -> None:
+        """Kafka's check, plus: entries in the order maybe_append keeps. Run before trusting an index found on disk."""
+        self.kafka_sanity_check()
+        self.check_entries()
