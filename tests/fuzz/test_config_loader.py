@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tidelog.broker.config import SERVER_KEYS, BrokerConfig, Listener
@@ -65,6 +65,7 @@ def names_a_key(message: str, keys: dict[str, str]) -> bool:
 
 @settings(max_examples=400, deadline=None)
 @given(settings_maps)
+@example({"listeners": "SSL://:0"})  # a TLS listener without a keystore: the error names both keys
 def test_broker_settings_load_or_name_the_key(settings_map: dict[str, str]) -> None:
     try:
         config = BrokerConfig.from_mapping(settings_map)

@@ -416,7 +416,9 @@ class SecurityConfig:
         )
         tls = [listener.name for listener in listeners if listener.tls]
         if tls and not config.ssl_keystore_location:
-            raise ConfigError(f"config ssl.keystore.location: listener {tls[0]} uses TLS and needs a PEM keystore")
+            raise ConfigError(
+                f"config ssl.keystore.location: listener {tls[0]} (listeners) uses TLS and needs a PEM keystore"
+            )
         if tls and config.ssl_client_auth != "none" and not config.ssl_truststore_location:
             raise ConfigError(
                 f"config ssl.truststore.location: ssl.client.auth={config.ssl_client_auth} needs the CA certificates "
