@@ -402,7 +402,9 @@ CreateTopics, CreatePartitions and DeleteTopics on a second connection. Idle is 
 alone, the reference from the same run; each admin phase lasts while its request is in flight, and a round trip
 counts in the phase it overlaps. A heartbeat that arrives while the loop is busy waits, so a stall shows as one
 long round trip: max is the longest stall, and "max ÷ request" is the share of the admin request's time the loop
-spent in that one stall (near 100 %: the whole request ran on the loop without yielding).
+spent in that one stall (near 100 %: the whole request ran on the loop without yielding). Off the loop, an admin
+request shares the interpreter (the GIL) with a loop that keeps answering thousands of heartbeats a second, so the
+request itself may take longer than when it stalled everything else.
 `--partitions N` runs a smaller version; `--baseline /other/checkout/src` measures that checkout's broker first,
 in the same run, for a before/after comparison.
 
