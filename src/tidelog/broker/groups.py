@@ -129,9 +129,11 @@ class GroupCoordinator:
         authorizer: Authorizer,
         store: OffsetStore,
         is_stopping: Callable[[], bool],
+        partition_exists: Callable[[str, int], bool] | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
+        self._cluster_has_partition = partition_exists  # a cluster's: a partition may be held by other brokers
         self.authorizer = authorizer
         self.store = store
         self.is_stopping = is_stopping
@@ -694,6 +696,8 @@ class GroupCoordinator:
         return {"throttle_time": 0, "topics": topics}
 
     def _partition_exists(self, topic: str, partition: int) -> bool:
+        if self._cluster_has_partition is not None:
+            return self._cluster_has_partition(topic, partition)
         try:
             self.engine.partition(topic, partition)
         except UnknownTopicOrPartitionError:
