@@ -116,3 +116,9 @@ def fetch_error(bootstrap: str, topic: str, partition: int, leader_epoch: int = 
     }
     response = request(bootstrap, ApiKey.FETCH, FETCH_VERSION, body)
     return int(response.responses[0].partitions[0].error_code)
+
+
+def find_coordinator(bootstrap: str, group: str) -> tuple[int, int]:
+    """(error code, node id) of this broker's FindCoordinator answer for `group`."""
+    response = request(bootstrap, ApiKey.FIND_COORDINATOR, 3, {"key": group, "key_type": 0})
+    return int(response.error_code), int(response.node_id)

@@ -1,8 +1,8 @@
 """Topics replicated over a cluster of three `tidelog serve` brokers and a real ZooKeeper: creation through one
 broker in Kafka's znode layout, every broker's replicas on disk under the cluster's topic id, Metadata that agrees
-from every broker, leaders that alone serve produce and fetch (librdkafka), the controller moving leadership when a
-broker is killed (kill -9) and back to an offline partition's last in-sync replica when it returns, and deletion
-across the brokers.
+from every broker, leaders that alone serve produce and fetch (librdkafka), a consumer group coordinated by the
+leader of its `__consumer_offsets` partition, the controller moving leadership when a broker is killed (kill -9)
+and back to an offline partition's last in-sync replica when it returns, and deletion across the brokers.
 
 Followers hold no data yet (replication is the next slice of issue 13): after a failover the new leader's log starts
 from what is produced to it."""
@@ -19,10 +19,11 @@ import kafka_wire
 import pytest
 from cluster_checks import controller, controller_epoch, registered, wait_for
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kazoo.client import KazooClient
 
 from broker_process import BrokerProcess
+from tidelog.codec.group_records import partition_for_group
 from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker
 
 FAILOVER_S = SESSION_TIMEOUT_MS / 1000 + 20  # ZooKeeper notices the death, then the controller acts; busy cores
@@ -79,8 +80,43 @@ def produce(producer: Producer, topic: str, values: dict[int, list[str]]) -> Non
     assert not failures, failures
 
 
+def committed(bootstrap: str, group: str, topic: str, partitions: range) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        return {
+            tp.partition: tp.offset for tp in consumer.committed([TopicPartition(topic, p) for p in partitions], 30)
+        }
+    finally:
+        consumer.close()
+
+
+def read_in_group(bootstrap: str, group: str, topic: str, count: int) -> list[str]:
+    """Subscribe as a member of `group`, read `count` records, commit their offsets."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        values: list[str] = []
+        deadline = time.monotonic() + 60
+        while len(values) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                values.append(message.value().decode())
+        consumer.commit(asynchronous=False)
+        return values
+    finally:
+        consumer.close()
+
+
 def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
-    brokers = {broker_id: cluster_broker(broker_id) for broker_id in (1, 2, 3)}
+    settings = {"offsets.topic.num.partitions": 3, "group.initial.rebalance.delay.ms": 0}
+    brokers = {broker_id: cluster_broker(broker_id, settings) for broker_id in (1, 2, 3)}
     wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
     victim = wait_for(lambda: controller(zk_client), what="a controller")
     assert isinstance(victim, int)
@@ -140,7 +176,7 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
     for broker in brokers.values():
         wait_for(lambda b=broker: kafka_wire.partitions(b.bootstrap, "orders") == expected, what="Metadata")
         listed = {t.name: t for t in kafka_wire.metadata(broker.bootstrap).topics}
-        assert sorted(listed) == ["orders", "solo"]
+        assert sorted(listed) == ["orders", "solo"]  # __consumer_offsets comes with the first group
 
     # producing to every partition and reading back: only leaders serve
     bootstrap = ",".join(b.bootstrap for b in brokers.values())
@@ -152,6 +188,19 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
         for follower in replicas[p][1:]:
             assert kafka_wire.produce_error(brokers[follower].bootstrap, "orders", p) == NOT_LEADER_OR_FOLLOWER
             assert kafka_wire.fetch_error(brokers[follower].bootstrap, "orders", p) == NOT_LEADER_OR_FOLLOWER
+
+    # a consumer group: the first FindCoordinator creates __consumer_offsets over the three brokers; every broker
+    # then names the same coordinator, the leader of the group's partition, which keeps the committed offsets
+    wait_for(lambda: kafka_wire.find_coordinator(brokers[2].bootstrap, "readers")[0] == 0, what="a coordinator")
+    offsets_topic = json.loads(zk_client.get("/brokers/topics/__consumer_offsets")[0])
+    assert len(offsets_topic["partitions"]) == 3 and all(len(r) == 3 for r in offsets_topic["partitions"].values())
+    assert json.loads(zk_client.get("/config/topics/__consumer_offsets")[0])["config"]["cleanup.policy"] == "compact"
+    group_partition = partition_for_group("readers", 3)
+    coordinator = state(zk_client, "__consumer_offsets", group_partition)["leader"]
+    for broker in brokers.values():
+        assert kafka_wire.find_coordinator(broker.bootstrap, "readers") == (0, coordinator)
+    assert len(read_in_group(bootstrap, "readers", "orders", 30)) == 30
+    assert committed(brokers[3].bootstrap, "readers", "orders", range(6)) == {p: 5 for p in range(6)}
 
     # kill -9 the controller, which leads two partitions: another broker is elected, and it moves their leadership
     # to the first live ISR member, each partition's leader epoch one up
@@ -219,6 +268,18 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
         )
     producer.flush(10)
 
+    # two more partitions, placed over the three brokers as Kafka's addPartitions places them
+    grown = admin.create_partitions([NewPartitions("orders", 8)], operation_timeout=30)["orders"]
+    grown.result(timeout=60)
+    added = {int(p): r for p, r in json.loads(zk_client.get("/brokers/topics/orders")[0])["partitions"].items()}
+    assert sorted(added) == list(range(8)) and {p: added[p] for p in range(6)} == replicas
+    for p in (6, 7):
+        assert sorted(added[p]) == [1, 2, 3]
+        assert state(zk_client, "orders", p)["leader"] == added[p][0]
+    for broker in brokers.values():
+        wait_for(lambda b=broker: sorted(replicas_on_disk(b, "orders")) == list(range(8)), what="the new replicas")
+        wait_for(lambda b=broker: len(kafka_wire.partitions(b.bootstrap, "orders")) == 8, what="Metadata")
+
     # deletion through a survivor: the znodes go, and every broker deletes its replicas
     deleting = AdminClient({"bootstrap.servers": brokers[victim].bootstrap})
     for future in deleting.delete_topics(["orders", "solo"], operation_timeout=30).values():
@@ -234,4 +295,4 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
         wait_for(
             lambda b=broker: not replicas_on_disk(b, "orders") and not replicas_on_disk(b, "solo"), what="deletion"
         )
-        assert not [t.name for t in kafka_wire.metadata(broker.bootstrap).topics]
+        assert [t.name for t in kafka_wire.metadata(broker.bootstrap).topics] == ["__consumer_offsets"]

@@ -18,6 +18,8 @@ With zookeeper.connect, a broker of a cluster (docs/cluster.md) also has:
                                      check produce, fetch and DeleteRecords make
     controller (controller.py)       acts on the broker elected controller: leaders, ISRs, topic deletion
     cluster_topics (cluster_topics.py)  CreateTopics, DeleteTopics, CreatePartitions written to ZooKeeper
+    cluster_groups (cluster_groups.py)  __consumer_offsets as a cluster topic: each group's coordinator is the
+                                     leader of its partition, whose groups it loads when it comes to lead it
 
 What comes next plugs in here: a replica manager (between produce/fetch and the engine: the high watermark, the
 ISR, acks=all over it; it follows `metadata`'s local replicas and their leader epochs), follower fetchers (its
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from tidelog.broker.admin import AdminExecutor
 from tidelog.broker.authorizer import AclApis, Authorizer
+from tidelog.broker.cluster_groups import ClusterGroups
 from tidelog.broker.cluster_membership import ClusterMembership
 from tidelog.broker.cluster_metadata import MetadataCache
 from tidelog.broker.cluster_topics import ClusterTopics
@@ -100,6 +103,9 @@ class Broker:
             self.flusher,
             engine_compacts=self.engine.compacts_topics,
         )
+        self.cluster_groups: ClusterGroups | None = None
+        if self.cluster is not None and self.metadata is not None and cluster_topics is not None:
+            self.cluster_groups = ClusterGroups(self.cluster, self.metadata, cluster_topics, self.offset_store, config)
         self.groups = GroupCoordinator(
             config,
             self.engine,
@@ -107,6 +113,7 @@ class Broker:
             self.offset_store,
             self.is_stopping,
             self.metadata.partition_exists if self.metadata is not None else None,
+            self.cluster_groups,
         )
         if self.metadata is not None:  # a topic deleted from the cluster takes its committed offsets along
             self.metadata.on_topic_deleted = self.groups.forget_topic
@@ -141,12 +148,14 @@ class Broker:
         return self.server.bound_ports
 
     async def start(self) -> None:
-        self.offset_store.open()
+        if self.cluster is None:
+            self.offset_store.open()  # in a cluster, the partitions this broker leads are loaded as it comes to
         self.groups.start()
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
-        if self.metadata is not None and self.controller is not None:
+        if self.metadata is not None and self.controller is not None and self.cluster_groups is not None:
             await self.metadata.start()  # the cluster's topics, and this broker's replicas of them
             self.controller.start()  # before the registration, which runs the election
+            self.cluster_groups.start(self.groups)
         await self.server.start()
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.register, self.server.endpoints())
@@ -159,6 +168,8 @@ class Broker:
         self.stopping = True
         if self.controller is not None:
             await asyncio.to_thread(self.controller.close)
+        if self.cluster_groups is not None:
+            self.cluster_groups.close()
         if self.metadata is not None:
             self.metadata.close()
         if self.cluster is not None:  # the others elect a new controller now, not after the session timeout

@@ -21,8 +21,8 @@ Local replicas: after every change, the cache makes the engine hold exactly the 
 topic id and only the partitions assigned here, grows when partitions are added, takes the cluster's config
 overrides, and is deleted when its znode goes (or when the cluster's topic of that name has another id: it was
 deleted and created again while this broker was away). Topics the engine holds that the cluster never assigned
-(a single broker's topics from before it joined, `__consumer_offsets`, which each broker keeps for itself) are left
-alone: they are not served in cluster mode.
+(a single broker's topics from before it joined) are left alone: they are not served in cluster mode - except a
+`__consumer_offsets` of its own, which makes way for the cluster's (cluster_groups.py).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidelog.cluster")
 
-LOCAL_ONLY_TOPICS = frozenset({"__consumer_offsets"})  # each broker keeps its own; never a cluster topic
+OFFSETS_TOPIC = "__consumer_offsets"  # a cluster topic (cluster_groups.py); a broker's own copy from before is dropped
 
 
 class Role(Enum):
@@ -414,13 +414,21 @@ class MetadataCache:
         engine = self._engine
         held = engine.topics()
         for name, topic in view.topics.items():
-            if name in LOCAL_ONLY_TOPICS or topic.topic_id is None or self._closed:
+            if topic.topic_id is None or self._closed:
                 continue
             mine = [p.partition for p in topic.partitions if self.broker_id in p.replicas]
             description = held.get(name)
             try:
                 if description is not None and description.topic_id != topic.topic_id:
-                    if description.local_partitions is None:
+                    if description.local_partitions is None and name == OFFSETS_TOPIC:
+                        log.warning(
+                            "dropping the %s this broker kept before it joined the cluster (id %s): the cluster's "
+                            "(id %s) holds the groups now, and the offsets committed here before are lost",
+                            name,
+                            description.topic_id,
+                            topic.topic_id,
+                        )
+                    elif description.local_partitions is None:
                         self._warn_once(
                             name,
                             "foreign",
@@ -469,7 +477,7 @@ class MetadataCache:
             except OSError as exc:
                 log.error("cannot bring the replicas of %s in step with the cluster: %s", name, exc)
         for name, description in held.items():
-            if name in view.topic_names or name in LOCAL_ONLY_TOPICS or self._closed:
+            if name in view.topic_names or self._closed:
                 continue
             if description.local_partitions is None:
                 self._warn_once(

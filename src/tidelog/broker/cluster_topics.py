@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from tidelog.broker import zk_layout as zk
-from tidelog.broker.cluster_metadata import LOCAL_ONLY_TOPICS, ClusterView, MetadataCache, TopicView
+from tidelog.broker.cluster_metadata import OFFSETS_TOPIC, ClusterView, MetadataCache, TopicView
 from tidelog.broker.replica_assignment import BrokerPlacement, assign_replicas
 from tidelog.errors import (
     InvalidPartitionsError,
@@ -76,12 +76,17 @@ class ClusterTopics:
         replication_factor: int,
         assignments: Sequence[tuple[int, Sequence[int]]],
         configs: Mapping[str, str],
+        *,
+        internal: bool = False,
     ) -> zk.TopicAssignment:
-        """Check a topic to create against the cluster and place its replicas; nothing is written."""
+        """Check a topic to create against the cluster and place its replicas; nothing is written. `internal`: the
+        brokers' own `__consumer_offsets` (cluster_groups.py), which clients may not create."""
         validate_topic_name(name)
         view = self.cache.view
-        if name in view.topic_names or name in LOCAL_ONLY_TOPICS:
+        if name in view.topic_names:
             raise TopicExistsError(f"Topic '{name}' already exists.")
+        if name == OFFSETS_TOPIC and not internal:
+            raise InvalidTopicError(f"{name} is an internal topic: the brokers create it when a group needs it")
         collision = next((t for t in view.topic_names if t.replace(".", "_") == name.replace(".", "_")), None)
         if collision is not None:
             raise InvalidTopicError(f"Topic '{name}' collides with existing topic: {collision}")
@@ -177,7 +182,7 @@ class ClusterTopics:
     ) -> tuple[TopicView, Assignment]:
         """The partitions to add to `name` and their replicas; nothing is written."""
         topic = self.cache.view.topics.get(name)
-        if topic is None or name in LOCAL_ONLY_TOPICS:
+        if topic is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         current = len(topic.partitions)
         if count < current:

@@ -214,8 +214,8 @@ SERVER_KEYS: dict[str, Key] = {
             minimum=1,
             maximum=32767,
             default="3",
-            doc="Accepted for Kafka's files; not applied yet: in a cluster each broker keeps `__consumer_offsets` "
-            "for the groups it coordinates (docs/cluster.md).",
+            doc="In a cluster: the replicas of `__consumer_offsets` (at most the live brokers when the first "
+            "group creates it).",
         ),
         # security
         Key(
