@@ -170,6 +170,7 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
         wait_for(lambda b=broker: sorted(replicas_on_disk(b, "orders")) == list(range(6)), what="replicas on disk")
         assert all(f"topic_id: {topic_id}" in text for text in replicas_on_disk(broker, "orders").values())
         assert sorted(replicas_on_disk(broker, "solo")) == ([0] if broker_id == victim else [])
+        assert not list(broker.log_dir.glob("*-delete")), "a replica was deleted since the topic was created"
 
     # Metadata agrees from every broker
     expected = {p: (0, replicas[p][0], 0, [1, 2, 3], [1, 2, 3], []) for p in range(6)}
@@ -253,7 +254,7 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
     assert set(read) >= {v for vs in after.values() for v in vs}
 
     # the killed broker comes back: it registers again, leads its offline partition again, keeps its replicas
-    brokers[victim].start()
+    brokers[victim].restart()  # on its old port if it is still free
     wait_for(lambda: registered(zk_client) == [1, 2, 3], what="the broker registering again")
     wait_for(lambda: state(zk_client, "solo", 0)["leader"] == victim, timeout_s=FAILOVER_S, what="solo's leader")
     assert state(zk_client, "solo", 0)["leader_epoch"] == 2 and state(zk_client, "solo", 0)["isr"] == [victim]
@@ -269,6 +270,7 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
     producer.flush(10)
 
     # two more partitions, placed over the three brokers as Kafka's addPartitions places them
+    admin = AdminClient({"bootstrap.servers": survivors_bootstrap})  # the first one may know only the killed broker
     grown = admin.create_partitions([NewPartitions("orders", 8)], operation_timeout=30)["orders"]
     grown.result(timeout=60)
     added = {int(p): r for p, r in json.loads(zk_client.get("/brokers/topics/orders")[0])["partitions"].items()}

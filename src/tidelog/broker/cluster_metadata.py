@@ -142,12 +142,14 @@ class MetadataCache:
         # run on the event loop when a topic's local replicas are deleted (the group coordinator drops its offsets)
         self.on_topic_deleted = on_topic_deleted
         self._lock = threading.RLock()
+        self._names: frozenset[str] = frozenset()  # /brokers/topics' children
         self._tokens: dict[str, object] = {}  # the watches of each topic; a stale token ends its watches
         self._assignments: dict[str, tuple[zk.TopicAssignment, int]] = {}
         self._configs: dict[str, dict[str, str]] = {}
         self._states: dict[tuple[str, int], tuple[zk.PartitionState, int]] = {}
         self._state_watched: set[tuple[str, int]] = set()
         self._topic_views: dict[str, TopicView] = {}
+        self._local: dict[str, dict[tuple[str, int], LocalReplica]] = {}  # this broker's replicas, by topic
         self._listeners: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: set[asyncio.Future[None]] = set()
@@ -186,14 +188,17 @@ class MetadataCache:
         if self._closed:
             return False
         with self._lock:
-            names = set(children)
+            names = frozenset(children)
+            # first the names: every view published from here on (each new topic's first reads publish one) lists
+            # them, so no view has a topic's data without its name (which a reconcile would take as deleted)
+            self._names = names
             for name in sorted(names - self._tokens.keys()):
                 token = self._tokens[name] = object()
                 self._client.DataWatch(zk.topic_path(name), partial(self._topic_changed, name, token))
                 self._client.DataWatch(zk.topic_config_path(name), partial(self._config_changed, name, token))
             for name in self._tokens.keys() - names:
                 self._forget(name)
-            self._publish(names, changed=None)
+            self._publish(changed=None)
         return None
 
     def _forget(self, name: str) -> None:
@@ -229,7 +234,7 @@ class MetadataCache:
                                 zk.partition_state_path(name, partition),
                                 partial(self._state_changed, name, partition, token),
                             )
-            self._publish(None, changed=name)
+            self._publish(changed=name)
         return True
 
     def _config_changed(self, name: str, token: object, data: bytes | None, _stat: Any, _event: Any = None) -> bool:
@@ -243,7 +248,7 @@ class MetadataCache:
             except zk.MalformedZnodeError as exc:
                 self._warn_once(name, "config", "topic %s: ignoring its config: %s", name, exc)
                 self._configs[name] = {}
-            self._publish(None, changed=name)
+            self._publish(changed=name)
         return True
 
     def _state_changed(
@@ -263,7 +268,7 @@ class MetadataCache:
                 except zk.MalformedZnodeError as exc:
                     log.warning("ignoring the state of %s-%d: %s", name, partition, exc)
                     self._states.pop(key, None)
-            self._publish(None, changed=name)
+            self._publish(changed=name)
         return True
 
     def _warn_once(self, topic: str, reason: str, message: str, *args: object) -> None:
@@ -292,16 +297,10 @@ class MetadataCache:
             )
         return TopicView(name, assignment.topic_id, tuple(partitions), dict(self._configs.get(name, {})), version)
 
-    def _publish(self, names: set[str] | None, *, changed: str | None) -> None:
-        """A new view: `names` the topic list if it changed, `changed` the topic whose znodes changed."""
-        old = self.view
-        if changed is not None:
-            topic_view = self._topic_view(changed)
-            if topic_view is None:
-                self._topic_views.pop(changed, None)
-            else:
-                self._topic_views[changed] = topic_view
-        local = {
+    def _local_replicas(self, topic_view: TopicView | None) -> dict[tuple[str, int], LocalReplica]:
+        if topic_view is None:
+            return {}
+        return {
             (partition.topic, partition.partition): LocalReplica(
                 partition.topic,
                 partition.partition,
@@ -309,12 +308,25 @@ class MetadataCache:
                 partition.leader,
                 partition.leader_epoch,
             )
-            for topic_view in self._topic_views.values()
             for partition in topic_view.partitions
             if self.broker_id in partition.replicas and partition.state is not None
         }
+
+    def _publish(self, *, changed: str | None) -> None:
+        """A new view, after the topic list or the znodes of topic `changed` changed."""
+        if changed is not None:  # only the changed topic is rebuilt; the view's dicts are fresh copies
+            topic_view = self._topic_view(changed)
+            if topic_view is None:
+                self._topic_views.pop(changed, None)
+            else:
+                self._topic_views[changed] = topic_view
+            self._local[changed] = self._local_replicas(topic_view)
+        for name in self._local.keys() - self._topic_views.keys():
+            del self._local[name]
         self.view = ClusterView(
-            frozenset(names) if names is not None else old.topic_names, dict(self._topic_views), local
+            self._names,
+            dict(self._topic_views),
+            {key: replica for replicas in self._local.values() for key, replica in replicas.items()},
         )
         for listener in self._listeners:
             try:
@@ -406,7 +418,10 @@ class MetadataCache:
                     self._reconcile_running = False
                     return
                 self._reconcile_wanted = False
-            self._reconcile()
+            try:
+                self._reconcile()
+            except Exception:  # the next change tries again
+                log.exception("keeping the local replicas in step failed")
 
     def _reconcile(self) -> None:
         """Make the engine hold this broker's replicas of the view's topics (see the module docstring)."""
@@ -477,7 +492,7 @@ class MetadataCache:
             except OSError as exc:
                 log.error("cannot bring the replicas of %s in step with the cluster: %s", name, exc)
         for name, description in held.items():
-            if name in view.topic_names or self._closed:
+            if name in view.topic_names or name in view.topics or self._closed:
                 continue
             if description.local_partitions is None:
                 self._warn_once(
