@@ -47,19 +47,21 @@ def _read(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def metadata(bootstrap: str, topics: list[str] | None = None) -> Any:
+def metadata(bootstrap: str, topics: list[str] | None = None, *, auto_create: bool = False) -> Any:
     body = {
         "topics": None if topics is None else [{"name": t, "topic_id": None} for t in topics],
-        "allow_auto_topic_creation": False,
+        "allow_auto_topic_creation": auto_create,
         "include_topic_authorized_operations": False,
     }
     return request(bootstrap, ApiKey.METADATA, METADATA_VERSION, body)
 
 
 def partitions(bootstrap: str, topic: str) -> dict[int, tuple[int, int, int, list[int], list[int], list[int]]]:
-    """partition -> (error code, leader, leader epoch, replicas, ISR, offline replicas) from the broker's Metadata."""
+    """partition -> (error code, leader, leader epoch, replicas, ISR, offline replicas) from the broker's Metadata
+    ({} while the broker answers the topic with an error: it has not seen it yet, or it has no leaders yet)."""
     [answer] = [t for t in metadata(bootstrap, [topic]).topics if t.name == topic]
-    assert answer.error_code == 0, f"Metadata of {topic}: error {answer.error_code}"
+    if answer.error_code != 0:
+        return {}
     return {
         p.partition_index: (
             int(p.error_code),
@@ -122,3 +124,16 @@ def find_coordinator(bootstrap: str, group: str) -> tuple[int, int]:
     """(error code, node id) of this broker's FindCoordinator answer for `group`."""
     response = request(bootstrap, ApiKey.FIND_COORDINATOR, 3, {"key": group, "key_type": 0})
     return int(response.error_code), int(response.node_id)
+
+
+def list_offsets_error(bootstrap: str, topic: str, partition: int) -> int:
+    """The error code a ListOffsets (latest) of `topic`-`partition` gets from this broker."""
+    body = {
+        "replica_id": -1,
+        "isolation_level": 0,
+        "topics": [
+            {"name": topic, "partitions": [{"partition_index": partition, "current_leader_epoch": -1, "timestamp": -1}]}
+        ],
+    }
+    response = request(bootstrap, ApiKey.LIST_OFFSETS, 7, body)
+    return int(response.topics[0].partitions[0].error_code)

@@ -179,6 +179,13 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
         listed = {t.name: t for t in kafka_wire.metadata(broker.bootstrap).topics}
         assert sorted(listed) == ["orders", "solo"]  # __consumer_offsets comes with the first group
 
+    # a topic a client's Metadata asks for is auto-created (default.replication.factor, 1): LEADER_NOT_AVAILABLE
+    # until the controller has chosen its leader
+    [auto] = kafka_wire.metadata(brokers[3].bootstrap, ["auto"], auto_create=True).topics
+    assert auto.error_code == LEADER_NOT_AVAILABLE
+    wait_for(lambda: kafka_wire.partitions(brokers[1].bootstrap, "auto").get(0, (-1,))[0] == 0, what="its leader")
+    assert len(json.loads(zk_client.get("/brokers/topics/auto")[0])["partitions"]["0"]) == 1
+
     # producing to every partition and reading back: only leaders serve
     bootstrap = ",".join(b.bootstrap for b in brokers.values())
     producer = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5})
@@ -189,6 +196,8 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
         for follower in replicas[p][1:]:
             assert kafka_wire.produce_error(brokers[follower].bootstrap, "orders", p) == NOT_LEADER_OR_FOLLOWER
             assert kafka_wire.fetch_error(brokers[follower].bootstrap, "orders", p) == NOT_LEADER_OR_FOLLOWER
+            assert kafka_wire.list_offsets_error(brokers[follower].bootstrap, "orders", p) == NOT_LEADER_OR_FOLLOWER
+        assert kafka_wire.list_offsets_error(brokers[replicas[p][0]].bootstrap, "orders", p) == 0
 
     # a consumer group: the first FindCoordinator creates __consumer_offsets over the three brokers; every broker
     # then names the same coordinator, the leader of the group's partition, which keeps the committed offsets
@@ -284,7 +293,7 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
 
     # deletion through a survivor: the znodes go, and every broker deletes its replicas
     deleting = AdminClient({"bootstrap.servers": brokers[victim].bootstrap})
-    for future in deleting.delete_topics(["orders", "solo"], operation_timeout=30).values():
+    for future in deleting.delete_topics(["orders", "solo", "auto"], operation_timeout=30).values():
         future.result(timeout=60)
     for path in (
         "/brokers/topics/orders",
