@@ -279,6 +279,13 @@ TOPIC_KEYS: dict[str, Key] = _keys(
         engines=KAFKA,
         doc="How long a tombstone (null value) stays after the first cleaning pass that sees it.",
     ),
+    Key(
+        "unclean.leader.election.enable",
+        parse_bool,
+        default="false",
+        doc="In a cluster: when no in-sync replica of a partition is alive, make another live replica its leader "
+        "(and lose what it lacks) instead of leaving the partition without one.",
+    ),
 )
 
 # Broker keys that set a topic default: broker name -> (topic name, unit multiplier).
@@ -305,6 +312,7 @@ BROKER_TO_TOPIC: dict[str, tuple[str, int]] = {
     "log.cleaner.delete.retention.ms": ("delete.retention.ms", 1),
     "log.cleaner.min.compaction.lag.ms": ("min.compaction.lag.ms", 1),
     "log.cleaner.max.compaction.lag.ms": ("max.compaction.lag.ms", 1),
+    "unclean.leader.election.enable": ("unclean.leader.election.enable", 1),
 }
 _UNITS = {1: "", 60_000: "minutes", 3_600_000: "hours"}
 
@@ -654,6 +662,7 @@ class LogConfig:
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = LONG_MAX
     delete_retention_ms: int = 86_400_000
+    unclean_leader_election_enable: bool = False
 
     @property
     def compact(self) -> bool:

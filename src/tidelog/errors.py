@@ -18,9 +18,12 @@ class ErrorCode(IntEnum):
     OFFSET_OUT_OF_RANGE = 1
     CORRUPT_MESSAGE = 2
     UNKNOWN_TOPIC_OR_PARTITION = 3
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
     REQUEST_TIMED_OUT = 7
     MESSAGE_TOO_LARGE = 10
     OFFSET_METADATA_TOO_LARGE = 12
+    COORDINATOR_LOAD_IN_PROGRESS = 14
     COORDINATOR_NOT_AVAILABLE = 15
     NOT_COORDINATOR = 16
     INVALID_TOPIC_EXCEPTION = 17
@@ -40,6 +43,7 @@ class ErrorCode(IntEnum):
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
     INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
     INVALID_CONFIG = 40
     INVALID_REQUEST = 42
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
@@ -51,6 +55,8 @@ class ErrorCode(IntEnum):
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
     TOPIC_DELETION_DISABLED = 73
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
     UNSUPPORTED_COMPRESSION_TYPE = 76
     MEMBER_ID_REQUIRED = 79
     GROUP_SUBSCRIBED_TO_TOPIC = 86
@@ -224,6 +230,48 @@ class InvalidReplicationFactorError(TidelogError):
 
 class TopicDeletionDisabledError(TidelogError):
     kafka_error_code = ErrorCode.TOPIC_DELETION_DISABLED
+
+
+class InvalidRequestError(TidelogError):
+    """A request whose fields contradict each other (CreateTopics with both a replica assignment and a count)."""
+
+    kafka_error_code = ErrorCode.INVALID_REQUEST
+
+
+class InvalidReplicaAssignmentError(TidelogError):
+    """A CreateTopics or CreatePartitions assignment that names unknown brokers, repeats one, or is uneven."""
+
+    kafka_error_code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+
+
+class NotLeaderOrFollowerError(TidelogError):
+    """A produce, fetch or offset lookup sent to a broker that does not lead the partition (in a cluster)."""
+
+    kafka_error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+class LeaderNotAvailableError(TidelogError):
+    """The partition has no leader now (its replicas are offline, or the controller has not chosen one yet)."""
+
+    kafka_error_code = ErrorCode.LEADER_NOT_AVAILABLE
+
+
+class FencedLeaderEpochError(TidelogError):
+    """The client's leader epoch is older than the partition's: its metadata is stale."""
+
+    kafka_error_code = ErrorCode.FENCED_LEADER_EPOCH
+
+
+class UnknownLeaderEpochError(TidelogError):
+    """The client's leader epoch is newer than this broker knows: this broker has not caught up yet."""
+
+    kafka_error_code = ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+class RequestTimedOutError(TidelogError):
+    """A cluster change was written but did not complete within the request's timeout."""
+
+    kafka_error_code = ErrorCode.REQUEST_TIMED_OUT
 
 
 # --- security: authentication and authorization ----------------------------------------------------------------

@@ -8,41 +8,15 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cluster_checks import controller, controller_epoch, registered, wait_for
 from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
 from broker_process import BrokerFactory, BrokerStartError
-from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker, ZooKeeperProcess
-
-WAIT_S = SESSION_TIMEOUT_MS / 1000 + 10  # the session timeout, and room for two busy cores
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float = WAIT_S, what: str = "the condition") -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def controller(zk: KazooClient) -> int | None:
-    if not zk.exists("/controller"):
-        return None
-    return int(json.loads(zk.get("/controller")[0])["brokerid"])
-
-
-def controller_epoch(zk: KazooClient) -> int:
-    return int(zk.get("/controller_epoch")[0])
-
-
-def registered(zk: KazooClient) -> list[int]:
-    return sorted(int(child) for child in zk.get_children("/brokers/ids"))
+from zookeeper_process import ClusterBroker, ZooKeeperProcess
 
 
 def metadata(bootstrap: str) -> tuple[list[int], int]:

@@ -18,7 +18,13 @@ from tidelog import Record
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import build_batch
 from tidelog.codec.record_set import decode_batch, iter_batches
-from tidelog.errors import OffsetOutOfRangeError, TopicExistsError, UnknownTopicOrPartitionError
+from tidelog.errors import (
+    InvalidPartitionsError,
+    OffsetOutOfRangeError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.kafka_uuid import new_kafka_uuid
 from tidelog.storage.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, StorageEngine
 
 TS = 1_700_000_000_000
@@ -234,6 +240,39 @@ def test_topics_survive_a_reopen(open_log: Opener) -> None:
     assert [r.value for r in engine.consume("a", 2)] == [b"x"]
     engine.create_topic("b", 2)  # a new topic of the old name starts empty
     assert engine.log_end_offset("b", 0) == 0 and list(engine.consume("b", 0)) == []
+
+
+def test_a_topic_held_in_part_keeps_its_given_id(open_log: Opener, engine_name: str, tmp_path: Path) -> None:
+    """A broker of a cluster holds only the replicas assigned to it, under the topic id the cluster gave the topic."""
+    topic_id = new_kafka_uuid()
+    engine = open_log()
+    description = engine.create_topic("part", 4, {"retention.ms": 1000}, topic_id=topic_id, local_partitions=[3, 1])
+    assert (description.topic_id, description.partitions, description.local_partitions) == (topic_id, 4, (1, 3))
+    assert list(description.held) == [1, 3]
+    assert engine.produce("part", 3, [Record(b"x", timestamp_ms=TS)]) == 0
+    with pytest.raises(UnknownTopicOrPartitionError, match="no replica of part-0 is held here"):
+        engine.partition("part", 0)
+    with pytest.raises(UnknownTopicOrPartitionError, match="has no partition 4"):
+        engine.partition("part", 4)
+    with pytest.raises(InvalidPartitionsError, match=r"not all within 0\.\.3"):
+        engine.create_topic("other", 4, local_partitions=[4])
+    assert sorted(key for key in engine.partitions() if key[0] == "part") == [("part", 1), ("part", 3)]
+    engine.create_partitions("part", 6, local_partitions=[5])
+    engine.close()
+    engine = open_log()
+    described = engine.topics()["part"]
+    assert (described.topic_id, described.partitions, described.local_partitions) == (topic_id, 6, (1, 3, 5))
+    assert [r.value for r in engine.consume("part", 3)] == [b"x"]
+    if engine_name == "kafka":
+        assert sorted(p.name for p in (tmp_path / "data").glob("part-*")) == ["part-1", "part-3", "part-5"]
+        assert f"topic_id: {topic_id}" in (tmp_path / "data" / "part-5" / "partition.metadata").read_text()
+    engine.create_partitions("part", 7)  # partitions added without saying which: all of the new ones
+    assert engine.topics()["part"].local_partitions == (1, 3, 5, 6)
+    engine.delete_topic("part")
+    assert "part" not in engine.topics()
+    assert not [key for key in engine.partitions() if key[0] == "part"]
+    whole = engine.create_topic("whole", 2)
+    assert whole.local_partitions is None and list(whole.held) == [0, 1]
 
 
 def deletion_leftovers(root: Path) -> list[Path]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
@@ -31,3 +31,8 @@ class AdminExecutor:
     def close(self) -> None:
         """Wait for the call in progress (a half-done topic change would be repaired only at the next start)."""
         self._executor.shutdown(wait=True)
+
+    def submit(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """`call(*args, **kwargs)` on the admin thread, from any thread (a ZooKeeper callback's); raises RuntimeError
+        once the thread has stopped."""
+        return self._executor.submit(call, *args, **kwargs)

@@ -10,9 +10,21 @@ builds the one handler table, and starts and stops the parts in order. No part h
     offset_store (offset_store.py)   __consumer_offsets, which the group coordinator writes and replays
     server (server.py)               listeners, framing, routing through the table, sending
 
-What comes next plugs in here: a controller (the topic calls' owner instead of `admin`), a replica manager (between
-produce/fetch and the engine: leader checks, the high watermark, ISR), follower fetchers (its clients of other
-brokers' Fetch) and a transaction coordinator (beside the group coordinator, over its own internal topic).
+With zookeeper.connect, a broker of a cluster (docs/cluster.md) also has:
+
+    cluster (cluster_membership.py)  its ZooKeeper session, registration, the live brokers, the controller election
+    metadata (cluster_metadata.py)   the cluster's topics, leaders and ISRs from ZooKeeper watches; the local replicas
+                                     kept in step through the engine's topic calls on the admin thread; the leader
+                                     check produce, fetch and DeleteRecords make
+    controller (controller.py)       acts on the broker elected controller: leaders, ISRs, topic deletion
+    cluster_topics (cluster_topics.py)  CreateTopics, DeleteTopics, CreatePartitions written to ZooKeeper
+    cluster_groups (cluster_groups.py)  __consumer_offsets as a cluster topic: each group's coordinator is the
+                                     leader of its partition, whose groups it loads when it comes to lead it
+
+What comes next plugs in here: a replica manager (between produce/fetch and the engine: the high watermark, the
+ISR, acks=all over it; it follows `metadata`'s local replicas and their leader epochs), follower fetchers (its
+clients of other brokers' Fetch) and a transaction coordinator (beside the group coordinator, over its own internal
+topic).
 """
 
 from __future__ import annotations
@@ -23,8 +35,12 @@ from pathlib import Path
 
 from tidelog.broker.admin import AdminExecutor
 from tidelog.broker.authorizer import AclApis, Authorizer
+from tidelog.broker.cluster_groups import ClusterGroups
 from tidelog.broker.cluster_membership import ClusterMembership
+from tidelog.broker.cluster_metadata import MetadataCache
+from tidelog.broker.cluster_topics import ClusterTopics
 from tidelog.broker.config import BrokerConfig
+from tidelog.broker.controller import Controller
 from tidelog.broker.fetch import FetchApis
 from tidelog.broker.groups import GroupCoordinator
 from tidelog.broker.handler import HandlerTable
@@ -56,9 +72,29 @@ class Broker:
         self.metrics = Metrics()
         self.authorizer = Authorizer(config.security, log_dir)
         self.flusher = Flusher()
-        self.fetch = FetchApis(self.engine, self.authorizer, self.metrics, self.is_stopping)
+        self.metadata: MetadataCache | None = None
+        self.controller: Controller | None = None
+        cluster_topics: ClusterTopics | None = None
+        check_leader = None
+        if self.cluster is not None:
+            self.metadata = MetadataCache(self.cluster.client, config.node_id, self.engine, self.admin)
+            self.controller = Controller(
+                self.cluster,
+                self.metadata,
+                config.engine.log_defaults,
+                delete_topic_enable=config.delete_topic_enable,
+            )
+            cluster_topics = ClusterTopics(self.cluster, self.metadata, config)
+            check_leader = self.metadata.check_leader
+        self.fetch = FetchApis(self.engine, self.authorizer, self.metrics, self.is_stopping, check_leader)
         self.produce = ProduceApis(
-            self.engine, self.authorizer, self.metrics, self.flusher, self.fetch.notifier, ProducerIdAllocator(log_dir)
+            self.engine,
+            self.authorizer,
+            self.metrics,
+            self.flusher,
+            self.fetch.notifier,
+            ProducerIdAllocator(log_dir),
+            check_leader,
         )
         self.offset_store = OffsetStore(
             self.engine,
@@ -67,9 +103,22 @@ class Broker:
             self.flusher,
             engine_compacts=self.engine.compacts_topics,
         )
-        self.groups = GroupCoordinator(config, self.engine, self.authorizer, self.offset_store, self.is_stopping)
+        self.cluster_groups: ClusterGroups | None = None
+        if self.cluster is not None and self.metadata is not None and cluster_topics is not None:
+            self.cluster_groups = ClusterGroups(self.cluster, self.metadata, cluster_topics, self.offset_store, config)
+        self.groups = GroupCoordinator(
+            config,
+            self.engine,
+            self.authorizer,
+            self.offset_store,
+            self.is_stopping,
+            self.metadata.partition_exists if self.metadata is not None else None,
+            self.cluster_groups,
+        )
+        if self.metadata is not None:  # a topic deleted from the cluster takes its committed offsets along
+            self.metadata.on_topic_deleted = self.groups.forget_topic
         self.topics = TopicApis(
-            self.engine, config, self.authorizer, self.admin, self.groups.forget_topic, self.cluster
+            self.engine, config, self.authorizer, self.admin, self.groups.forget_topic, cluster_topics
         )
         self.sasl = SaslApis(config.security, config.listeners, log_dir)
         self.acls = AclApis(self.authorizer)
@@ -99,9 +148,14 @@ class Broker:
         return self.server.bound_ports
 
     async def start(self) -> None:
-        self.offset_store.open()
+        if self.cluster is None:
+            self.offset_store.open()  # in a cluster, the partitions this broker leads are loaded as it comes to
         self.groups.start()
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+        if self.metadata is not None and self.controller is not None and self.cluster_groups is not None:
+            await self.metadata.start()  # the cluster's topics, and this broker's replicas of them
+            self.controller.start()  # before the registration, which runs the election
+            self.cluster_groups.start(self.groups)
         await self.server.start()
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.register, self.server.endpoints())
@@ -112,6 +166,12 @@ class Broker:
         if self.stopping:
             return
         self.stopping = True
+        if self.controller is not None:
+            await asyncio.to_thread(self.controller.close)
+        if self.cluster_groups is not None:
+            self.cluster_groups.close()
+        if self.metadata is not None:
+            self.metadata.close()
         if self.cluster is not None:  # the others elect a new controller now, not after the session timeout
             await asyncio.to_thread(self.cluster.resign)
         self.server.stop_accepting()

@@ -15,7 +15,10 @@ opened: the log directories must belong to the cluster ZooKeeper names), then, o
   epoch is still current). The others watch `/controller` and elect again when it disappears.
 
 ZooKeeper's callbacks run on kazoo's threads; the attributes the event loop reads (`live_brokers`, `controller_id`,
-`controller_epoch`, `is_controller`) are replaced whole, never mutated, so a reader sees one consistent value.
+`controller_epoch`, `is_controller`, `role`) are replaced whole, never mutated, so a reader sees one consistent value.
+`role` is what the controller part (controller.py) acts on: the epoch this broker won and the ZooKeeper version of
+`/controller_epoch` it left, which every controller write checks. Parts that follow the cluster register a listener
+(`add_listener`), called on a kazoo thread after each change (it must not block).
 When the session expires (the broker was paused or cut off longer than zookeeper.session.timeout.ms) ZooKeeper has
 dropped the broker's ephemeral nodes: it stops being controller at once and, when kazoo connects a new session,
 registers and joins the election again.
@@ -28,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -48,6 +52,15 @@ class ClusterError(TidelogError):
     """The broker cannot join the cluster (ZooKeeper unreachable, its id taken by a live broker)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ControllerRole:
+    """This broker is the controller of `epoch`; `epoch_zk_version` is the version of /controller_epoch its election
+    left, which each of its writes checks (a later election changes it, and the write fails)."""
+
+    epoch: int
+    epoch_zk_version: int
+
+
 class ClusterMembership:
     def __init__(
         self,
@@ -64,7 +77,7 @@ class ClusterMembership:
         self._connect = connect
         self._session_timeout_ms = session_timeout_ms
         self._connection_timeout_ms = connection_timeout_ms
-        self._on_change = on_change or (lambda: None)
+        self._listeners: list[Callable[[], None]] = [on_change] if on_change is not None else []
         self._client = KazooClient(hosts=connect, timeout=session_timeout_ms / 1000)
         self._registration: bytes | None = None
         self._session_lost = False
@@ -75,6 +88,25 @@ class ClusterMembership:
         self.controller_id = NO_CONTROLLER
         self.controller_epoch = 0
         self.is_controller = False
+        self.role: ControllerRole | None = None  # set while this broker is the controller
+
+    @property
+    def client(self) -> KazooClient:
+        """The ZooKeeper client (its session is this broker's membership), for the parts that read and write the
+        cluster's other znodes."""
+        return self._client
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (on a kazoo thread; it must not block) after every change of the live brokers, the
+        controller or the session."""
+        self._listeners.append(listener)
+
+    def _on_change(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("a cluster membership listener failed")
 
     # --- start and stop ---------------------------------------------------------------------------------------
 
@@ -142,7 +174,19 @@ class ClusterMembership:
             if self.is_controller:
                 self._delete_if_ours(zk.CONTROLLER_PATH)
                 self.is_controller = False
+                self.role = None
             self._delete_if_ours(zk.broker_path(self.broker_id))
+
+    def abdicate(self) -> None:
+        """Stop being the controller but stay a broker of the cluster (a controller whose writes were fenced by a
+        newer epoch): /controller goes if it is still ours, and every broker elects again."""
+        with self._lock:
+            if self.is_controller:
+                log.warning("giving up the controller role of epoch %d", self.controller_epoch)
+            self.is_controller = False
+            self.role = None
+            self._delete_if_ours(zk.CONTROLLER_PATH)
+        self._on_change()
 
     def close(self) -> None:
         self.resign()
@@ -169,6 +213,7 @@ class ClusterMembership:
             if self.is_controller:
                 log.warning("ZooKeeper session expired: no longer the controller (epoch %d)", self.controller_epoch)
             self.is_controller = False
+            self.role = None
             self.controller_id = NO_CONTROLLER
             self._on_change()
         elif state == KazooState.CONNECTED and self._session_lost and not self._closed:
@@ -207,6 +252,7 @@ class ClusterMembership:
         if data is None:
             self.controller_id = NO_CONTROLLER
             self.is_controller = False
+            self.role = None
             if not self._closed and not self._session_lost:
                 self._client.handler.spawn(self._elect)
         else:
@@ -214,6 +260,9 @@ class ClusterMembership:
                 self.controller_id = zk.decode_controller(data)
             except zk.MalformedZnodeError as exc:
                 log.warning("%s", exc)
+            if self.controller_id != self.broker_id and self.is_controller:
+                self.is_controller = False  # another broker's /controller (ours was removed by hand)
+                self.role = None
         self._on_change()
 
     def _elect(self) -> None:
@@ -242,6 +291,7 @@ class ClusterMembership:
                 return
             self.controller_epoch = epoch + 1
             self.controller_id = self.broker_id
+            self.role = ControllerRole(epoch + 1, results[1].version)
             self.is_controller = True
             log.info("elected controller with epoch %d", self.controller_epoch)
         self._on_change()

@@ -200,6 +200,23 @@ SERVER_KEYS: dict[str, Key] = {
             doc="How long the broker waits to connect to ZooKeeper at start; unset: zookeeper.session.timeout.ms.",
         ),
         Key("broker.rack", parse_str, doc="The broker's rack, for rack-aware replica placement."),
+        Key(
+            "default.replication.factor",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="1",
+            doc="In a cluster: the replicas of a topic created with replication factor -1 or auto-created.",
+        ),
+        Key(
+            "offsets.topic.replication.factor",
+            parse_int,
+            minimum=1,
+            maximum=32767,
+            default="3",
+            doc="In a cluster: the replicas of `__consumer_offsets` (at most the live brokers when the first "
+            "group creates it).",
+        ),
         # security
         Key(
             "listener.security.protocol.map",
@@ -449,6 +466,8 @@ class BrokerConfig:
     zookeeper_session_timeout_ms: int = 18_000
     zookeeper_connection_timeout_ms: int | None = None
     broker_rack: str | None = None
+    default_replication_factor: int = 1
+    offsets_topic_replication_factor: int = 3
     engine: EngineConfig = field(default_factory=EngineConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
@@ -528,6 +547,10 @@ class BrokerConfig:
             ),
             zookeeper_connection_timeout_ms=server.get("zookeeper.connection.timeout.ms"),
             broker_rack=server.get("broker.rack"),
+            default_replication_factor=server.get("default.replication.factor", defaults.default_replication_factor),
+            offsets_topic_replication_factor=server.get(
+                "offsets.topic.replication.factor", defaults.offsets_topic_replication_factor
+            ),
             engine=EngineConfig.from_mapping(select(settings, storage), log_dir=defaults.engine.log_dirs[0]),
             security=security,
         )

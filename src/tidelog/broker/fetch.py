@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import Operation, ResourceType
-from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, RawResponse, Response
+from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, LeaderCheck, RawResponse, Response
 from tidelog.errors import ErrorCode, TidelogError
 from tidelog.protocol.fetch_response import PartitionData, TopicData, encode_fetch_response
 from tidelog.protocol.messages import ApiKey, Request, millis, response_header
@@ -70,9 +70,15 @@ class FetchApis:
     """Fetch and ListOffsets: reads of the engine's data calls, long polls woken by `notifier`."""
 
     def __init__(
-        self, engine: StorageEngine, authorizer: Authorizer, metrics: Metrics, is_stopping: Callable[[], bool]
+        self,
+        engine: StorageEngine,
+        authorizer: Authorizer,
+        metrics: Metrics,
+        is_stopping: Callable[[], bool],
+        check_leader: LeaderCheck | None = None,
     ) -> None:
         self.engine = engine
+        self.check_leader = check_leader  # a cluster's: only the leader serves a partition
         self.authorizer = authorizer
         self.metrics = metrics
         self.is_stopping = is_stopping
@@ -129,6 +135,12 @@ class FetchApis:
                     data.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                     continue
                 try:
+                    if self.check_leader is not None:
+                        self.check_leader(
+                            fetch_topic.topic,
+                            fetch_partition.partition,
+                            getattr(fetch_partition, "current_leader_epoch", -1),
+                        )
                     partition_log = engine.partition(fetch_topic.topic, fetch_partition.partition)
                     data.high_watermark = data.last_stable_offset = partition_log.high_watermark
                     data.log_start_offset = partition_log.log_start_offset
@@ -171,6 +183,12 @@ class FetchApis:
                 if target == EARLIEST_LOCAL_TIMESTAMP:  # no tiered storage: the local log starts at the log start
                     target = EARLIEST_TIMESTAMP
                 try:
+                    if self.check_leader is not None:
+                        self.check_leader(
+                            list_topic.name,
+                            list_partition.partition_index,
+                            getattr(list_partition, "current_leader_epoch", -1),
+                        )
                     found = engine.offset_for_timestamp(list_topic.name, list_partition.partition_index, target)
                     if found is not None:  # no record at or after the timestamp: offset -1, as Kafka answers
                         answer.update(

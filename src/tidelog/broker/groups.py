@@ -11,6 +11,11 @@ A group moves Empty -> PreparingRebalance -> CompletingRebalance -> Stable and b
 - Since JoinGroup v4 a new member first gets MEMBER_ID_REQUIRED with an id to rejoin with.
 Committed offsets and each generation are written to `__consumer_offsets` (offset_store.py) and
 reloaded on start, members included, so a restarted broker keeps its groups.
+
+In a cluster (`placement`, cluster_groups.py) a group's coordinator is the leader of its `__consumer_offsets`
+partition: FindCoordinator names that broker, and every group request to another broker is answered
+NOT_COORDINATOR (COORDINATOR_LOAD_IN_PROGRESS while this broker replays the partition it just came to lead). The
+groups of a partition are loaded when this broker becomes its leader and dropped when it stops being one.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, Response
+from tidelog.broker.offset_store import OFFSETS_TOPIC
 from tidelog.codec import group_records as records
 from tidelog.errors import ErrorCode, UnknownTopicOrPartitionError
 from tidelog.protocol.messages import ApiKey, Request, millis
@@ -35,6 +41,7 @@ from tidelog.storage.api import StorageEngine
 
 if TYPE_CHECKING:
     from tidelog.broker.authorizer import Authorizer
+    from tidelog.broker.cluster_groups import ClusterGroups
     from tidelog.broker.config import BrokerConfig
     from tidelog.broker.offset_store import OffsetStore
 
@@ -44,6 +51,7 @@ NONE = ErrorCode.NONE
 UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 COORDINATOR_NOT_AVAILABLE = ErrorCode.COORDINATOR_NOT_AVAILABLE
 NOT_COORDINATOR = ErrorCode.NOT_COORDINATOR  # this broker stops being the coordinator (shutdown), as Kafka answers
+COORDINATOR_LOAD_IN_PROGRESS = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
 ILLEGAL_GENERATION = ErrorCode.ILLEGAL_GENERATION
 INCONSISTENT_GROUP_PROTOCOL = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
 INVALID_GROUP_ID = ErrorCode.INVALID_GROUP_ID
@@ -129,9 +137,13 @@ class GroupCoordinator:
         authorizer: Authorizer,
         store: OffsetStore,
         is_stopping: Callable[[], bool],
+        partition_exists: Callable[[str, int], bool] | None = None,
+        placement: ClusterGroups | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
+        self._cluster_has_partition = partition_exists  # a cluster's: a partition may be held by other brokers
+        self.placement = placement  # a cluster's: which broker coordinates which group
         self.authorizer = authorizer
         self.store = store
         self.is_stopping = is_stopping
@@ -158,7 +170,48 @@ class GroupCoordinator:
 
     def start(self) -> None:
         """Rebuild groups from the store (members come back alive, as after a Kafka coordinator failover)."""
-        for group_id, stored in self.store.groups.items():
+        self._restore(list(self.store.groups))
+        self._expiry_task = asyncio.create_task(self._expire_members())
+        self._offsets_task = asyncio.create_task(self._expire_offsets_periodically())
+
+    def load_partition(self, partition: int) -> None:
+        """This broker became the coordinator of the groups of `__consumer_offsets` partition `partition`."""
+        started = time.monotonic()
+        count = self.store.load_partition(partition)
+        loaded = [g for g in self.store.groups if self.store.partition_of(g) == partition]
+        self._restore(loaded)
+        log.info(
+            "coordinating the groups of %s-%d: %d group(s) from %d record(s) in %.2f s",
+            OFFSETS_TOPIC,
+            partition,
+            len(loaded),
+            count,
+            time.monotonic() - started,
+        )
+
+    def unload_partition(self, partition: int) -> None:
+        """This broker no longer coordinates the groups of `partition`: forget them, answer their waiting members
+        NOT_COORDINATOR (they find the new coordinator)."""
+        gone = self.store.unload_partition(partition)
+        gone |= {g for g in self.groups if self.store.partition_of(g) == partition}
+        for group_id in gone:
+            group = self.groups.pop(group_id, None)
+            if group is None:
+                continue
+            if group.join_timer is not None:
+                group.join_timer.cancel()
+            for member in group.members.values():
+                member.fail_waiters(NOT_COORDINATOR)
+        if gone:
+            log.info("no longer coordinating the %d group(s) of %s-%d", len(gone), OFFSETS_TOPIC, partition)
+
+    def _not_here(self, group_id: str) -> ErrorCode:
+        """NONE if this broker coordinates the group, else the error to answer (in a cluster)."""
+        return NONE if self.placement is None else self.placement.error_for(group_id)
+
+    def _restore(self, group_ids: list[str]) -> None:
+        for group_id in group_ids:
+            stored = self.store.groups[group_id]
             group = self._group(group_id)
             metadata = stored.metadata
             if metadata is None:
@@ -182,8 +235,6 @@ class GroupCoordinator:
             group.state = GroupState.STABLE if group.members else GroupState.EMPTY
             if not group.members:
                 group.empty_since_ms = metadata.current_state_timestamp
-        self._expiry_task = asyncio.create_task(self._expire_members())
-        self._offsets_task = asyncio.create_task(self._expire_offsets_periodically())
 
     async def stop(self) -> None:
         """Shutdown: stop the timers and answer every member waiting in a JoinGroup or SyncGroup (new waits are
@@ -217,6 +268,24 @@ class GroupCoordinator:
         key_type = getattr(body, "key_type", 0)
         error = NONE if key_type == 0 else COORDINATOR_NOT_AVAILABLE  # no transaction coordinator yet
         message = None if error == NONE else "transactions are not supported by this broker"
+        if self.placement is not None and key_type == 0:
+            placement = self.placement
+
+            def located(key: str) -> dict[str, Any]:
+                found = placement.coordinator_for(key, connection)
+                return {**found, "error_message": None if found["error_code"] == NONE else "no coordinator yet"}
+
+            if request.api_version >= 4:
+                coordinators = [
+                    {"key": key, **self._find_denied()}
+                    if not self._may(connection, Operation.DESCRIBE, key)
+                    else {"key": key, **located(key)}
+                    for key in body.coordinator_keys
+                ]
+                return {"throttle_time": 0, "coordinators": coordinators}
+            if not self._may(connection, Operation.DESCRIBE, body.key):
+                return {"throttle_time": 0, **self._find_denied()}
+            return {"throttle_time": 0, **located(body.key)}
         denied = {
             "node_id": -1,
             "host": "",
@@ -236,6 +305,10 @@ class GroupCoordinator:
             return {"throttle_time": 0, **denied}
         return {"throttle_time": 0, "error_code": error, "error_message": message, **node}
 
+    @staticmethod
+    def _find_denied() -> dict[str, Any]:
+        return {"node_id": -1, "host": "", "port": -1, "error_code": GROUP_AUTHORIZATION_FAILED, "error_message": None}
+
     # --- JoinGroup --------------------------------------------------------------------------------------------
 
     async def handle_join_group(self, request: Request, connection: Connection) -> Response:
@@ -247,6 +320,8 @@ class GroupCoordinator:
             return self._join_error(INVALID_GROUP_ID, body.member_id)
         if not self._may(connection, Operation.READ, body.group_id):
             return self._join_error(GROUP_AUTHORIZATION_FAILED, body.member_id)
+        if elsewhere := self._not_here(body.group_id):
+            return self._join_error(elsewhere, body.member_id)
         if not self.config.group_min_session_timeout_ms <= session_ms <= self.config.group_max_session_timeout_ms:
             return self._join_error(INVALID_SESSION_TIMEOUT, body.member_id)
         group = self._group(body.group_id)
@@ -434,6 +509,8 @@ class GroupCoordinator:
         body = request.body
         if not self._may(connection, Operation.READ, body.group_id):
             return self._sync_response(GROUP_AUTHORIZATION_FAILED)
+        if elsewhere := self._not_here(body.group_id):
+            return self._sync_response(elsewhere)
         group = self.groups.get(body.group_id)
         member = group.members.get(body.member_id) if group is not None else None
         if group is None or member is None:
@@ -486,6 +563,8 @@ class GroupCoordinator:
         member = group.members.get(body.member_id) if group is not None else None
         if not self._may(connection, Operation.READ, body.group_id):
             error = GROUP_AUTHORIZATION_FAILED
+        elif elsewhere := self._not_here(body.group_id):
+            error = elsewhere
         elif group is None or member is None:
             error = UNKNOWN_MEMBER_ID
         elif body.generation_id != group.generation:
@@ -499,6 +578,8 @@ class GroupCoordinator:
         body = request.body
         if not self._may(connection, Operation.READ, body.group_id):
             return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED, "members": []}
+        if elsewhere := self._not_here(body.group_id):
+            return {"throttle_time": 0, "error_code": elsewhere, "members": []}
         group = self.groups.get(body.group_id)
         if request.api_version < 3:
             leaving = [(body.member_id, None)]
@@ -644,6 +725,8 @@ class GroupCoordinator:
             error = INVALID_GROUP_ID
         elif not self._may(connection, Operation.READ, body.group_id):
             error = GROUP_AUTHORIZATION_FAILED
+        elif elsewhere := self._not_here(body.group_id):
+            error = elsewhere
         elif generation < 0:
             if group is not None and group.members:
                 error = UNKNOWN_MEMBER_ID if body.member_id not in group.members else ILLEGAL_GENERATION
@@ -694,6 +777,8 @@ class GroupCoordinator:
         return {"throttle_time": 0, "topics": topics}
 
     def _partition_exists(self, topic: str, partition: int) -> bool:
+        if self._cluster_has_partition is not None:
+            return self._cluster_has_partition(topic, partition)
         try:
             self.engine.partition(topic, partition)
         except UnknownTopicOrPartitionError:
@@ -703,19 +788,20 @@ class GroupCoordinator:
     async def handle_offset_fetch(self, request: Request, connection: Connection) -> Response:
         body = request.body
         if request.api_version >= 8:
-            groups = [
-                {"group_id": g.group_id, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED}
-                if not self._may(connection, Operation.DESCRIBE, g.group_id)
-                else {
-                    "group_id": g.group_id,
-                    "topics": self._fetch_offsets(connection, g.group_id, g.topics),
-                    "error_code": 0,
-                }
-                for g in body.groups
-            ]
+            groups = []
+            for g in body.groups:
+                if not self._may(connection, Operation.DESCRIBE, g.group_id):
+                    groups.append({"group_id": g.group_id, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED})
+                elif elsewhere := self._not_here(g.group_id):
+                    groups.append({"group_id": g.group_id, "topics": [], "error_code": elsewhere})
+                else:
+                    topics = self._fetch_offsets(connection, g.group_id, g.topics)
+                    groups.append({"group_id": g.group_id, "topics": topics, "error_code": 0})
             return {"throttle_time": 0, "groups": groups}
         if not self._may(connection, Operation.DESCRIBE, body.group_id):
             return {"throttle_time": 0, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED}
+        if elsewhere := self._not_here(body.group_id):
+            return {"throttle_time": 0, "topics": [], "error_code": elsewhere}
         topics = self._fetch_offsets(connection, body.group_id, body.topics)
         return {"throttle_time": 0, "topics": topics, "error_code": 0}
 
@@ -766,6 +852,8 @@ class GroupCoordinator:
         body = request.body
         if not self._may(connection, Operation.DELETE, body.group_id):
             return {"error_code": GROUP_AUTHORIZATION_FAILED, "throttle_time": 0, "topics": []}
+        if elsewhere := self._not_here(body.group_id):
+            return {"error_code": elsewhere, "throttle_time": 0, "topics": []}
         stored = self.store.groups.get(body.group_id)
         group = self.groups.get(body.group_id)
         if stored is None and group is None:
@@ -818,6 +906,19 @@ class GroupCoordinator:
             operations = -(1 << 31)
             if include_operations:
                 operations = self.authorizer.authorized_operations(connection, ResourceType.GROUP, group_id)
+            if elsewhere := self._not_here(group_id):
+                described.append(
+                    {
+                        "error_code": elsewhere,
+                        "group_id": group_id,
+                        "group_state": "",
+                        "protocol_type": "",
+                        "protocol_data": "",
+                        "members": [],
+                        "authorized_operations": operations,
+                    }
+                )
+                continue
             if group is None:
                 described.append(
                     {
@@ -878,6 +979,9 @@ class GroupCoordinator:
             stored = self.store.groups.get(group_id)
             if not self._may(connection, Operation.DELETE, group_id):
                 results.append({"group_id": group_id, "error_code": GROUP_AUTHORIZATION_FAILED})
+                continue
+            if elsewhere := self._not_here(group_id):
+                results.append({"group_id": group_id, "error_code": elsewhere})
                 continue
             if group is None and stored is None:
                 results.append({"group_id": group_id, "error_code": GROUP_ID_NOT_FOUND})

@@ -68,6 +68,11 @@ class Connection:
 
 Handler = Callable[[Request, Connection], Awaitable[Response]]
 
+# (topic, partition, the client's current leader epoch or -1) -> None, raising unless this broker leads the partition
+# (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, ...). A broker of a cluster passes its metadata cache's check to the
+# produce and fetch handlers; a single broker leads everything and passes none.
+LeaderCheck = Callable[[str, int, int], None]
+
 
 @dataclass
 class ApiHandler:

@@ -2,8 +2,10 @@
 
 Records use Kafka's key/value formats (codec/group_records.py); each group lives in partition
 `abs(hash(groupId)) % offsets.topic.num.partitions`. On start every partition is replayed (last
-value per key wins, a null value deletes). Writes are appended like produced batches and, when the
-flush policy asks for it, wait for the group commit before the client is answered.
+value per key wins, a null value deletes). In a cluster the topic is the cluster's (cluster_groups.py): a broker
+replays a partition when it becomes its leader (`load_partition`) and forgets its groups when it stops being one.
+Writes are appended like produced batches and, when the flush policy asks for it, wait for the group commit before
+the client is answered.
 
 The topic is created as Kafka creates it: `cleanup.policy=compact`, `segment.bytes=offsets.topic.segment.bytes`
 (and `retention.ms=-1`: nothing goes by age). On the Kafka engine with `log.cleaner.enable=true` (the default) the
@@ -84,9 +86,7 @@ class OffsetStore:
         started = time.monotonic()
         count = 0
         for partition in range(self.partitions):
-            for record in self.engine.consume(OFFSETS_TOPIC, partition):
-                count += 1
-                self._apply(record.key, record.value)
+            count += self.load_partition(partition)
         if count:
             log.info(
                 "loaded %d group(s) from %d record(s) of %s in %.2f s",
@@ -95,6 +95,22 @@ class OffsetStore:
                 OFFSETS_TOPIC,
                 time.monotonic() - started,
             )
+
+    def load_partition(self, partition: int) -> int:
+        """Replay one partition (its groups' offsets and metadata); the number of records read."""
+        count = 0
+        for record in self.engine.consume(OFFSETS_TOPIC, partition):
+            count += 1
+            self._apply(record.key, record.value)
+        return count
+
+    def unload_partition(self, partition: int) -> set[str]:
+        """Forget the groups of one partition (this broker no longer coordinates them); their ids."""
+        gone = {group for group in self.groups if self.partition_of(group) == partition}
+        for group in gone:
+            del self.groups[group]
+        self._compact_above.pop(partition, None)
+        return gone
 
     def _apply(self, key_bytes: bytes | None, value: bytes | None) -> None:
         if key_bytes is None:

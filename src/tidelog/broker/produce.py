@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidelog.atomic_files import write_atomically
 from tidelog.broker.acl import Operation, ResourceType
-from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, Response
+from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, LeaderCheck, Response
 from tidelog.codec.record_batch import read_header
 from tidelog.errors import (
     ErrorCode,
@@ -143,8 +143,10 @@ class ProduceApis:
         flusher: Flusher,
         notifier: AppendNotifier,
         producer_ids: ProducerIdAllocator,
+        check_leader: LeaderCheck | None = None,
     ) -> None:
         self.engine = engine
+        self.check_leader = check_leader  # a cluster's: NOT_LEADER_OR_FOLLOWER for a partition led elsewhere
         self.authorizer = authorizer
         self.metrics = metrics
         self.flusher = flusher
@@ -226,6 +228,8 @@ class ProduceApis:
         header = read_header(records)
         if header.is_transactional or transactional_id is not None:
             raise InvalidTxnStateError("transactions are not supported by this broker yet")
+        if self.check_leader is not None:
+            self.check_leader(topic, partition, -1)
         partition_log = self.engine.partition(topic, partition)
         result = partition_log.append(records)
         answer["base_offset"] = result.base_offset

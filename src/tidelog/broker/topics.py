@@ -1,10 +1,17 @@
 """Metadata, CreateTopics, DeleteTopics, CreatePartitions, DeleteRecords, DescribeConfigs: the cluster as clients
 see it.
 
-One broker is the whole cluster: it is the controller, the leader of every partition and its only
-replica. Metadata auto-creates a requested topic when both the client allows it and
-`auto.create.topics.enable` is on. CreateTopics validates names, partition counts, the replication
-factor (1 or -1 on a single node) and topic configs (Kafka's names) before creating anything.
+A single broker (no zookeeper.connect) is the whole cluster: it is the controller, the leader of every partition and
+its only replica, and topic changes are the engine's topic calls on the admin thread. CreateTopics validates names,
+partition counts, the replication factor (1 or -1 on a single node) and topic configs (Kafka's names) before
+creating anything.
+
+A broker of a cluster (`cluster`, cluster_topics.py) answers from its metadata cache instead: Metadata lists every
+topic of the cluster with each partition's leader, leader epoch, replicas, ISR and offline replicas (a partition
+without a live leader is LEADER_NOT_AVAILABLE), and topic changes are written to ZooKeeper; the controller and each
+broker's cache carry them out. DeleteRecords goes to the partition's leader (NOT_LEADER_OR_FOLLOWER elsewhere).
+
+Metadata auto-creates a requested topic when both the client allows it and `auto.create.topics.enable` is on.
 The internal topic `__consumer_offsets` belongs to the broker: no client may delete it, add partitions to it or
 delete records from it (INVALID_TOPIC_EXCEPTION, as Kafka answers).
 """
@@ -12,11 +19,12 @@ delete records from it (INVALID_TOPIC_EXCEPTION, as Kafka answers).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import CLUSTER_NAME, Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, Response
+from tidelog.broker.zk_layout import NO_LEADER
 from tidelog.config import TOPIC_KEYS
 from tidelog.errors import (
     ConfigError,
@@ -29,13 +37,13 @@ from tidelog.errors import (
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
-from tidelog.protocol.messages import ApiKey, Request, uuid_to_kafka
+from tidelog.protocol.messages import ApiKey, Request, millis, uuid_to_kafka
 from tidelog.storage.api import StorageEngine, validate_topic_name
 
 if TYPE_CHECKING:
     from tidelog.broker.admin import AdminExecutor
     from tidelog.broker.authorizer import Authorizer
-    from tidelog.broker.cluster_membership import ClusterMembership
+    from tidelog.broker.cluster_topics import ClusterTopics
     from tidelog.broker.config import BrokerConfig
 
 log = logging.getLogger("tidelog.broker")
@@ -68,7 +76,7 @@ class TopicApis:
         authorizer: Authorizer,
         admin: AdminExecutor,
         on_topic_deleted: Callable[[str], Awaitable[None]],
-        cluster: ClusterMembership | None = None,
+        cluster: ClusterTopics | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
@@ -99,7 +107,7 @@ class TopicApis:
             # internal topics too, marked is_internal, as Kafka answers; only those the client may describe
             names = [
                 name
-                for name in engine.topics()
+                for name in self._topic_names()
                 if authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.TOPIC, name, log_denied=False)
             ]
             denied: set[str] = set()
@@ -112,7 +120,7 @@ class TopicApis:
         if allow_create and not authorizer.authorize(
             connection, Operation.CREATE, ResourceType.CLUSTER, log_denied=False
         ):
-            existing = engine.topics()
+            existing = self._topic_names()
             denied |= {  # auto-creation needs CREATE on the cluster or on the topic
                 n
                 for n in names
@@ -140,7 +148,7 @@ class TopicApis:
             "throttle_time": 0,
             "brokers": self._brokers(connection),
             "cluster_id": engine.cluster_id,
-            "controller_id": node_id if self.cluster is None else self.cluster.controller_id,
+            "controller_id": node_id if self.cluster is None else self.cluster.membership.controller_id,
             "topics": topics,
             "cluster_authorized_operations": cluster_operations,
         }
@@ -156,7 +164,7 @@ class TopicApis:
         if self.cluster is None:
             return [me]
         brokers = []
-        for broker_id, registration in sorted(self.cluster.live_brokers.items()):
+        for broker_id, registration in sorted(self.cluster.membership.live_brokers.items()):
             endpoint = registration.endpoint(connection.listener.name)
             if broker_id != self.config.node_id and endpoint is not None:
                 brokers.append(
@@ -164,7 +172,15 @@ class TopicApis:
                 )
         return sorted([me, *brokers], key=lambda broker: broker["node_id"])
 
+    def _topic_names(self) -> Collection[str]:
+        """The topics clients see: the engine's on a single broker, the cluster's in a cluster."""
+        if self.cluster is None:
+            return self.engine.topics().keys()
+        return self.cluster.cache.view.topics.keys()
+
     async def _describe_topic(self, name: str, allow_create: bool, node_id: int, budget: list[int]) -> dict[str, Any]:
+        if self.cluster is not None:
+            return await self._describe_cluster_topic(self.cluster, name, allow_create, budget)
         engine = self.engine
         description = engine.topics().get(name)
         if description is None and allow_create:
@@ -199,6 +215,55 @@ class TopicApis:
             "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
         }
 
+    async def _describe_cluster_topic(
+        self, cluster: ClusterTopics, name: str, allow_create: bool, budget: list[int]
+    ) -> dict[str, Any]:
+        topic = cluster.cache.view.topics.get(name)
+        if topic is None and allow_create:
+            try:
+                plan = cluster.plan_topic(name, -1, -1, (), {})
+                _take_partition_budget(budget, name, plan.partition_count)
+                await cluster.create_topic(plan, {})
+                log.info(
+                    "auto-created topic %s with %d partition(s), replication factor %d",
+                    name,
+                    plan.partition_count,
+                    plan.replication_factor,
+                )
+            except TopicExistsError:
+                pass  # created meanwhile (by another client, through another broker)
+            except TidelogError as exc:
+                return {"error_code": exc.kafka_error_code, "name": name, "partitions": []}
+            # the controller elects its leaders next: the client asks again, as Kafka answers a topic just created
+            return {"error_code": ErrorCode.LEADER_NOT_AVAILABLE, "name": name, "partitions": []}
+        if topic is None:
+            return {"error_code": UnknownTopicOrPartitionError.kafka_error_code, "name": name, "partitions": []}
+        if topic.topic_id is None:
+            return {"error_code": ErrorCode.LEADER_NOT_AVAILABLE, "name": name, "partitions": []}
+        live = cluster.membership.live_brokers
+        partitions = []
+        for partition in topic.partitions:
+            leader = partition.leader if partition.leader in live else NO_LEADER
+            partitions.append(
+                {
+                    "error_code": 0 if leader != NO_LEADER else ErrorCode.LEADER_NOT_AVAILABLE,
+                    "partition_index": partition.partition,
+                    "leader_id": leader,
+                    "leader_epoch": partition.leader_epoch,
+                    "replica_nodes": list(partition.replicas),
+                    "isr_nodes": list(partition.isr),
+                    "offline_replicas": [r for r in partition.replicas if r not in live],
+                }
+            )
+        return {
+            "error_code": 0,
+            "name": name,
+            "topic_id": topic.topic_id,
+            "is_internal": name in INTERNAL_TOPICS,
+            "partitions": partitions,
+            "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        }
+
     # --- CreateTopics -----------------------------------------------------------------------------------------
 
     async def handle_create_topics(self, request: Request, connection: Connection) -> Response:
@@ -221,6 +286,9 @@ class TopicApis:
                 connection, Operation.CREATE, ResourceType.TOPIC, topic.name
             ):
                 result.update(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
+                continue
+            if self.cluster is not None:
+                await self._create_cluster_topic(self.cluster, topic, body, result, budget)
                 continue
             try:
                 partitions = None if topic.num_partitions == -1 else topic.num_partitions
@@ -256,13 +324,48 @@ class TopicApis:
                 result.update(error_code=exc.kafka_error_code, error_message=str(exc))
         return {"throttle_time": 0, "topics": results}
 
+    async def _create_cluster_topic(
+        self, cluster: ClusterTopics, topic: Any, body: Any, result: dict[str, Any], budget: list[int]
+    ) -> None:
+        try:
+            configs = {c.name: c.value for c in topic.configs if c.value is not None}
+            plan = cluster.plan_topic(
+                topic.name,
+                topic.num_partitions,
+                topic.replication_factor,
+                [(a.partition_index, a.broker_ids) for a in topic.assignments],
+                configs,
+            )
+            count, factor = plan.partition_count, plan.replication_factor
+            if getattr(body, "validate_only", False):
+                result.update(num_partitions=count, replication_factor=factor)
+                return
+            _take_partition_budget(budget, topic.name, count)
+            await cluster.create_topic(plan, configs)
+            result.update(
+                topic_id=plan.topic_id,
+                num_partitions=count,
+                replication_factor=factor,
+                configs=[
+                    {"name": k, "value": str(v), "read_only": False, "config_source": 1, "is_sensitive": False}
+                    for k, v in sorted(configs.items())
+                ],
+            )
+            log.info("created topic %s: %d partition(s) over brokers %s", topic.name, count, dict(plan.partitions))
+            await cluster.wait_for_leaders(topic.name, plan.topic_id, range(count), millis(body.timeout))
+        except TidelogError as exc:
+            result.update(error_code=exc.kafka_error_code, error_message=str(exc))
+
     # --- DeleteTopics -----------------------------------------------------------------------------------------
 
     async def handle_delete_topics(self, request: Request, connection: Connection) -> Response:
         body = request.body
         engine = self.engine
         if request.api_version >= 6:
-            by_id = {d.topic_id: name for name, d in engine.topics().items()}
+            if self.cluster is not None:
+                by_id = {t.topic_id: name for name, t in self.cluster.cache.view.topics.items()}
+            else:
+                by_id = {d.topic_id: name for name, d in engine.topics().items()}
             names = [t.name if t.name is not None else by_id.get(uuid_to_kafka(t.topic_id), "") for t in body.topics]
         else:
             names = list(body.topic_names)
@@ -278,11 +381,18 @@ class TopicApis:
                     raise TopicDeletionDisabledError("topic deletion is disabled (delete.topic.enable=false)")
                 if name in INTERNAL_TOPICS:
                     raise InvalidTopicError(f"the internal topic {name} cannot be deleted")
-                description = engine.topics().get(name)
-                if description is not None:
-                    result["topic_id"] = description.topic_id
-                await self.admin.run(engine.delete_topic, name)
-                await self.on_topic_deleted(name)
+                if self.cluster is not None:  # the brokers' caches delete their replicas and the offsets
+                    cluster_topic = self.cluster.cache.view.topics.get(name)
+                    if cluster_topic is not None:
+                        result["topic_id"] = cluster_topic.topic_id
+                    await self.cluster.delete_topic(name, millis(body.timeout))
+                    log.info("deleted topic %s from the cluster", name)
+                else:
+                    description = engine.topics().get(name)
+                    if description is not None:
+                        result["topic_id"] = description.topic_id
+                    await self.admin.run(engine.delete_topic, name)
+                    await self.on_topic_deleted(name)
             except TidelogError as exc:
                 result.update(error_code=exc.kafka_error_code, error_message=str(exc))
             responses.append(result)
@@ -304,6 +414,9 @@ class TopicApis:
             try:
                 if topic.name in INTERNAL_TOPICS:
                     raise InvalidTopicError(f"the internal topic {topic.name} cannot get more partitions")
+                if self.cluster is not None:
+                    await self._create_cluster_partitions(self.cluster, topic, body, budget)
+                    continue
                 current = engine.topics().get(topic.name)
                 if current is None:
                     raise UnknownTopicOrPartitionError(f"topic {topic.name!r} does not exist")
@@ -317,6 +430,18 @@ class TopicApis:
             except TidelogError as exc:
                 result.update(error_code=exc.kafka_error_code, error_message=str(exc))
         return {"throttle_time": 0, "results": results}
+
+    async def _create_cluster_partitions(
+        self, cluster: ClusterTopics, topic: Any, body: Any, budget: list[int]
+    ) -> None:
+        assignments = None if topic.assignments is None else [list(a.broker_ids) for a in topic.assignments]
+        current, added = cluster.plan_partitions(topic.name, topic.count, assignments)
+        if body.validate_only:
+            return
+        _take_partition_budget(budget, topic.name, len(added))
+        await cluster.add_partitions(current, added)
+        log.info("topic %s: added partitions %s", topic.name, dict(added))
+        await cluster.wait_for_leaders(topic.name, current.topic_id, sorted(added), millis(body.timeout))
 
     async def handle_delete_records(self, request: Request, connection: Connection) -> Response:
         engine = self.engine
@@ -337,6 +462,8 @@ class TopicApis:
                 try:
                     if topic.name in INTERNAL_TOPICS:  # Kafka's answer: the offsets topic is the broker's to trim
                         raise InvalidTopicError(f"Cannot delete records of internal topic {topic.name}")
+                    if self.cluster is not None:
+                        self.cluster.cache.check_leader(topic.name, partition.partition_index)
                     partition_log = engine.partition(topic.name, partition.partition_index)
                     offset = partition_log.high_watermark if partition.offset == -1 else partition.offset
                     result["low_watermark"] = partition_log.delete_records(offset)
@@ -368,14 +495,14 @@ class TopicApis:
             ):
                 result.update(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message="Authorization failed.")
             elif resource.resource_type == RESOURCE_TOPIC:
-                description = self.engine.topics().get(resource.resource_name)
-                if description is None:
+                overrides = self._topic_overrides(resource.resource_name)
+                if overrides is None:
                     result.update(
                         error_code=UnknownTopicOrPartitionError.kafka_error_code,
                         error_message=f"topic {resource.resource_name!r} does not exist",
                     )
                 else:
-                    result["configs"] = self._topic_configs(description.configs, wanted)
+                    result["configs"] = self._topic_configs(overrides, wanted)
             elif resource.resource_type == RESOURCE_BROKER:
                 result["configs"] = self._broker_configs(wanted)
             else:
@@ -386,6 +513,14 @@ class TopicApis:
             results.append(result)
         return {"throttle_time": 0, "results": results}
 
+    def _topic_overrides(self, name: str) -> Mapping[str, Any] | None:
+        """A topic's config overrides (None: no such topic): the engine's, or in a cluster /config/topics/<t>."""
+        if self.cluster is not None:
+            topic = self.cluster.cache.view.topics.get(name)
+            return topic.configs if topic is not None else None
+        description = self.engine.topics().get(name)
+        return description.configs if description is not None else None
+
     def _topic_configs(self, overrides: Mapping[str, Any], wanted: set[str] | None) -> list[dict[str, Any]]:
         effective = self.config.engine.log_defaults.with_overrides(overrides)
         configs = []
@@ -393,7 +528,13 @@ class TopicApis:
             if wanted is not None and name not in wanted:
                 continue
             value = getattr(effective, name.replace(".", "_"))
-            text = ",".join(value) if isinstance(value, tuple) else str(value)
+            text = (
+                ",".join(value)
+                if isinstance(value, tuple)
+                else str(value).lower()
+                if isinstance(value, bool)
+                else str(value)
+            )
             source = SOURCE_TOPIC if name in overrides else SOURCE_DEFAULT
             configs.append(
                 {

@@ -9,6 +9,19 @@ An operator who knows a Kafka cluster in ZooKeeper mode finds the same tree with
                                          "features":{}, "rack":"r1" (only with broker.rack)}
     /controller             ephemeral   {"version":1,"brokerid":1,"timestamp":"<ms>"}
     /controller_epoch       persistent  "<epoch>", the decimal text of an integer; each new controller adds one
+    /brokers/topics/<t>     persistent  {"version":3,"partitions":{"0":[1,2,3],...},"topic_id":"<Kafka Uuid>",
+                                         "adding_replicas":{},"removing_replicas":{}}
+                                        the replica assignment: partition -> broker ids, the first the preferred
+                                        leader (Kafka's TopicZNode)
+    /brokers/topics/<t>/partitions/<p>/state
+                            persistent  {"controller_epoch":N,"leader":L,"version":1,"leader_epoch":E,"isr":[...]}
+                                        written by the controller only, each write checked against /controller_epoch
+                                        (leader -1: no leader; TopicPartitionStateZNode)
+    /config/topics/<t>      persistent  {"version":1,"config":{"retention.ms":"1000"}}, the topic's overrides, values
+                                        as strings (ConfigEntityZNode)
+    /admin/delete_topics/<t>
+                            persistent  no data: the topic is marked for deletion; the controller removes the
+                                        topic's znodes and then this one (DeleteTopicsTopicZNode)
 
 `host` and `port` repeat the PLAINTEXT endpoint for old tools (null and -1 without one), as Kafka writes them.
 The ephemeral nodes belong to the broker's ZooKeeper session: when the session ends (the broker died or stopped
@@ -20,10 +33,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tidelog.errors import TidelogError
+from tidelog.kafka_uuid import is_kafka_uuid
 
 CLUSTER_ID_PATH = "/cluster/id"
 BROKER_IDS_PATH = "/brokers/ids"
@@ -42,8 +56,15 @@ PERSISTENT_PATHS = (
     "/latest_producer_id_block",
     "/log_dir_event_notification",
 )
+TOPICS_PATH = "/brokers/topics"
+CONFIG_TOPICS_PATH = "/config/topics"
+DELETE_TOPICS_PATH = "/admin/delete_topics"
 BROKER_REGISTRATION_VERSION = 5
 CONTROLLER_VERSION = 1
+TOPIC_VERSION = 3
+PARTITION_STATE_VERSION = 1
+CONFIG_VERSION = 1
+NO_LEADER = -1  # a partition state's leader when no replica can lead (LeaderAndIsr.NoLeader)
 
 
 class MalformedZnodeError(TidelogError):
@@ -163,3 +184,155 @@ def decode_cluster_id(data: bytes) -> str:
 def sorted_broker_ids(children: Sequence[str]) -> list[int]:
     """The ids under /brokers/ids (children that are not integers are ignored, as Kafka does)."""
     return sorted(int(child) for child in children if child.isdigit())
+
+
+# --- topics ---------------------------------------------------------------------------------------------------
+
+
+def topic_path(topic: str) -> str:
+    return f"{TOPICS_PATH}/{topic}"
+
+
+def topic_partitions_path(topic: str) -> str:
+    return f"{TOPICS_PATH}/{topic}/partitions"
+
+
+def partition_path(topic: str, partition: int) -> str:
+    return f"{TOPICS_PATH}/{topic}/partitions/{partition}"
+
+
+def partition_state_path(topic: str, partition: int) -> str:
+    return f"{TOPICS_PATH}/{topic}/partitions/{partition}/state"
+
+
+def topic_config_path(topic: str) -> str:
+    return f"{CONFIG_TOPICS_PATH}/{topic}"
+
+
+def delete_topic_path(topic: str) -> str:
+    return f"{DELETE_TOPICS_PATH}/{topic}"
+
+
+def _broker_ids(path: str, what: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in value):
+        raise MalformedZnodeError(f"znode {path}: {what} is not a list of broker ids: {value!r}")
+    return tuple(value)
+
+
+def _partition_map(path: str, what: str, value: Any) -> dict[int, tuple[int, ...]]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MalformedZnodeError(f"znode {path}: {what} is not an object: {value!r}")
+    result = {}
+    for key, replicas in value.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise MalformedZnodeError(f"znode {path}: {what} has the partition key {key!r}, not a partition number")
+        result[int(key)] = _broker_ids(path, f"{what}[{key}]", replicas)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class TopicAssignment:
+    """A topic's replica assignment, `/brokers/topics/<t>`: each partition's replicas in preference order."""
+
+    topic: str
+    topic_id: str | None
+    partitions: Mapping[int, tuple[int, ...]]
+    adding_replicas: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    removing_replicas: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.partitions)
+
+    @property
+    def replication_factor(self) -> int:
+        return len(self.partitions[0]) if 0 in self.partitions else 0
+
+    def encode(self) -> bytes:
+        value: dict[str, Any] = {
+            "version": TOPIC_VERSION,
+            "partitions": {str(p): list(r) for p, r in sorted(self.partitions.items())},
+        }
+        if self.topic_id is not None:
+            value["topic_id"] = self.topic_id
+        value["adding_replicas"] = {str(p): list(r) for p, r in sorted(self.adding_replicas.items())}
+        value["removing_replicas"] = {str(p): list(r) for p, r in sorted(self.removing_replicas.items())}
+        return _encode(value)
+
+    @classmethod
+    def decode(cls, topic: str, data: bytes) -> TopicAssignment:
+        path = topic_path(topic)
+        value = _decode_object(path, data)
+        version = value.get("version")
+        if not isinstance(version, int) or not 1 <= version <= TOPIC_VERSION:
+            raise MalformedZnodeError(f"znode {path}: unsupported version {version!r}")
+        partitions = _partition_map(path, "partitions", value.get("partitions"))
+        if sorted(partitions) != list(range(len(partitions))):
+            raise MalformedZnodeError(f"znode {path}: partitions {sorted(partitions)} are not 0..n-1")
+        topic_id = value.get("topic_id")
+        if topic_id is not None and (not isinstance(topic_id, str) or not is_kafka_uuid(topic_id)):
+            raise MalformedZnodeError(f"znode {path}: topic_id {topic_id!r} is not a Kafka Uuid")
+        return cls(
+            topic,
+            topic_id,
+            partitions,
+            _partition_map(path, "adding_replicas", value.get("adding_replicas")),
+            _partition_map(path, "removing_replicas", value.get("removing_replicas")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """`/brokers/topics/<t>/partitions/<p>/state`: the leader, its epoch, the in-sync replicas, and the epoch of the
+    controller that wrote it (Kafka's LeaderIsrAndControllerEpoch)."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+
+    def encode(self) -> bytes:
+        return _encode(
+            {
+                "controller_epoch": self.controller_epoch,
+                "leader": self.leader,
+                "version": PARTITION_STATE_VERSION,
+                "leader_epoch": self.leader_epoch,
+                "isr": list(self.isr),
+            }
+        )
+
+    @classmethod
+    def decode(cls, topic: str, partition: int, data: bytes) -> PartitionState:
+        path = partition_state_path(topic, partition)
+        value = _decode_object(path, data)
+        fields = {}
+        for name in ("leader", "leader_epoch", "controller_epoch"):
+            number = value.get(name)
+            if not isinstance(number, int) or isinstance(number, bool):
+                raise MalformedZnodeError(f"znode {path}: {name} is not an integer: {number!r}")
+            fields[name] = number
+        return cls(
+            fields["leader"],
+            fields["leader_epoch"],
+            _broker_ids(path, "isr", value.get("isr")),
+            fields["controller_epoch"],
+        )
+
+
+def encode_topic_config(configs: Mapping[str, Any]) -> bytes:
+    """`/config/topics/<t>`: the topic's overrides, every value as a string (Java Properties)."""
+    return _encode({"version": CONFIG_VERSION, "config": {k: str(v) for k, v in sorted(configs.items())}})
+
+
+def decode_topic_config(topic: str, data: bytes | None) -> dict[str, str]:
+    if not data:
+        return {}
+    path = topic_config_path(topic)
+    value = _decode_object(path, data)
+    config = value.get("config", {})
+    if not isinstance(config, dict) or not all(isinstance(v, str) for v in config.values()):
+        raise MalformedZnodeError(f"znode {path}: config is not an object of strings: {config!r}")
+    return {str(k): v for k, v in config.items()}

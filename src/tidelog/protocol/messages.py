@@ -192,6 +192,11 @@ def _fields(cls: type) -> tuple[_FieldSpec, ...]:
         field_type = hints[field.name]
         optional = False
         is_array = False
+        if typing.get_origin(field_type) in (UnionType, typing.Union):  # a nullable array: tuple[X, ...] | None
+            args = [a for a in typing.get_args(field_type) if a is not NoneType]
+            if typing.get_origin(args[0]) is tuple:
+                optional = True
+                field_type = args[0]
         if typing.get_origin(field_type) is tuple:
             is_array = True
             field_type = typing.get_args(field_type)[0]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
@@ -127,10 +127,19 @@ class KeyLocation(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class TopicDescription:
+    """A topic as the store holds it. `partitions` is the topic's partition count; `local_partitions` the ones
+    this store holds a replica of (a broker in a cluster holds those assigned to it), None: all of them."""
+
     name: str
     topic_id: str
     partitions: int
     configs: Mapping[str, Any] = field(default_factory=dict)
+    local_partitions: tuple[int, ...] | None = None
+
+    @property
+    def held(self) -> Sequence[int]:
+        """The partitions this store holds, in order."""
+        return range(self.partitions) if self.local_partitions is None else self.local_partitions
 
 
 class Partition(ABC):
@@ -187,14 +196,25 @@ class StorageEngine(ABC):
     # --- topics ---
     @abstractmethod
     def create_topic(
-        self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None
-    ) -> TopicDescription: ...
+        self,
+        name: str,
+        partitions: int | None = None,
+        configs: Mapping[str, Any] | None = None,
+        *,
+        topic_id: str | None = None,
+        local_partitions: Collection[int] | None = None,
+    ) -> TopicDescription:
+        """Create `name` with `partitions` partitions (default num.partitions). `topic_id`: the id the topic has
+        elsewhere (a cluster's), else a new one; `local_partitions`: the partitions to hold here (a broker holds the
+        replicas assigned to it), else all of them."""
 
     @abstractmethod
-    def delete_topic(self, name: str) -> None: ...
+    def delete_topic(self, name: str) -> None:
+        """Delete the topic and every partition held of it."""
 
     @abstractmethod
-    def create_partitions(self, name: str, total: int) -> None: ...
+    def create_partitions(self, name: str, total: int, *, local_partitions: Collection[int] | None = None) -> None:
+        """Grow the topic to `total` partitions, holding `local_partitions` of the new ones (None: all of them)."""
 
     @abstractmethod
     def alter_topic_configs(self, name: str, configs: Mapping[str, Any]) -> None:

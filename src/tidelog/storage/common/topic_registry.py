@@ -6,19 +6,21 @@ file (at the top of each Kafka log dir, or of the RocketMQ store), which Kafka's
     {"generation": 7,                      bumped by every save; the newest readable copy wins at load
      "cluster_id": "<kafka uuid>",         the RocketMQ engine's cluster id (Kafka's is in meta.properties)
      "topics": {"orders": {"topic_id": "<kafka uuid>", "partitions": 3, "configs": {"retention.ms": "1000"},
-                           "since": 0}}}   RocketMQ: the CommitLog offset the topic was created at
+                           "since": 0,                 RocketMQ: the CommitLog offset the topic was created at
+                           "local_partitions": [0, 2]  the partitions held here (a broker of a cluster holds
+                          }}}                          the replicas assigned to it); absent: all of them
 
-`generation`, `cluster_id` and `since` may be absent (files written by earlier versions). Each save replaces every
-copy atomically (atomic_files.py). A copy that does not parse is reported; the caller decides whether that
-is fatal (the RocketMQ store has no other record of its topics) or recoverable (Kafka partition directories name
-their topic, and their partition.metadata its id).
+`generation`, `cluster_id`, `since` and `local_partitions` may be absent (files written by earlier versions).
+Each save replaces every copy atomically (atomic_files.py). A copy that does not parse is reported; the caller
+decides whether that is fatal (the RocketMQ store has no other record of its topics) or recoverable (Kafka partition
+directories name their topic, and their partition.metadata its id).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from typing import Any
 from tidelog.atomic_files import write_atomically
 from tidelog.errors import (
     ConfigError,
+    InvalidPartitionsError,
     InvalidTopicError,
     KafkaStorageError,
     TopicExistsError,
@@ -45,6 +48,10 @@ class TopicRecord:
     partitions: int
     configs: dict[str, str] = field(default_factory=dict)
     since: int = 0
+    local: list[int] | None = None  # the partitions held here (a cluster broker's replicas); None: all
+
+    def held(self) -> Sequence[int]:
+        return range(self.partitions) if self.local is None else self.local
 
 
 @dataclass(slots=True)
@@ -74,8 +81,15 @@ class TopicsFile:
                 and isinstance(meta.get("since", 0), int)
             ):
                 raise ValueError(f"topic {name!r} needs topic_id, a positive partition count and a configs object")
+            local = meta.get("local_partitions")
+            if local is not None and not (
+                isinstance(local, list)
+                and all(isinstance(p, int) and 0 <= p < meta["partitions"] for p in local)
+                and local == sorted(set(local))
+            ):
+                raise ValueError(f"topic {name!r}: local_partitions is not an ascending list of its partitions")
             configs = {str(k): str(v) for k, v in meta.get("configs", {}).items()}
-            topics[name] = TopicRecord(meta["topic_id"], meta["partitions"], configs, meta.get("since", 0))
+            topics[name] = TopicRecord(meta["topic_id"], meta["partitions"], configs, meta.get("since", 0), local)
         return cls(data.get("generation", 0), data.get("cluster_id"), topics)
 
     def render(self) -> str:
@@ -85,6 +99,7 @@ class TopicsFile:
         data["topics"] = {
             name: {"topic_id": t.topic_id, "partitions": t.partitions, "configs": t.configs}
             | ({"since": t.since} if t.since else {})
+            | ({"local_partitions": t.local} if t.local is not None else {})
             for name, t in self.topics.items()
         }
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
@@ -152,10 +167,7 @@ class TopicRegistry:
 
     def publish(self) -> None:
         """Make the current topics what `descriptions` answers (a new dict: readers keep the one they have)."""
-        self._published = {
-            name: TopicDescription(name, t.topic_id, t.partitions, dict(t.configs))
-            for name, t in sorted(self.topics.items())
-        }
+        self._published = {name: _describe(name, t) for name, t in sorted(self.topics.items())}
 
     # --- lookups -----------------------------------------------------------------------------------------------
 
@@ -171,6 +183,8 @@ class TopicRegistry:
     def unknown_partition(self, topic: str, partition: int) -> UnknownTopicOrPartitionError:
         """The error for a partition the store does not have, saying whether the topic exists."""
         record = self.topics.get(topic)
+        if record is not None and record.local is not None and 0 <= partition < record.partitions:
+            return UnknownTopicOrPartitionError(f"no replica of {topic}-{partition} is held here")
         if record is not None:
             return UnknownTopicOrPartitionError(
                 f"topic {topic!r} has no partition {partition} (it has {record.partitions})"
@@ -178,8 +192,7 @@ class TopicRegistry:
         return UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
 
     def describe(self, name: str) -> TopicDescription:
-        record = self.get(name)
-        return TopicDescription(name, record.topic_id, record.partitions, dict(record.configs))
+        return _describe(name, self.get(name))
 
     def descriptions(self) -> dict[str, TopicDescription]:
         """The topics as last published, by name; safe to call without the engine lock."""
@@ -196,8 +209,21 @@ class TopicRegistry:
         if collision is not None:
             raise InvalidTopicError(f"topic {name!r} collides with existing topic {collision!r} ('.' and '_' clash)")
 
-    def add(self, name: str, partitions: int, configs: Mapping[str, Any], *, since: int = 0) -> TopicRecord:
-        record = TopicRecord(new_kafka_uuid(), partitions, {k: str(v) for k, v in configs.items()}, since)
+    def add(
+        self,
+        name: str,
+        partitions: int,
+        configs: Mapping[str, Any],
+        *,
+        since: int = 0,
+        topic_id: str | None = None,
+        local: Collection[int] | None = None,
+    ) -> TopicRecord:
+        """A new topic record: `topic_id` or a new one; `local`: the partitions held here (None: all)."""
+        held = check_local_partitions(name, 0, partitions, local)
+        record = TopicRecord(
+            topic_id or new_kafka_uuid(), partitions, {k: str(v) for k, v in configs.items()}, since, held
+        )
         self.topics[name] = record
         return record
 
@@ -205,3 +231,20 @@ class TopicRegistry:
         record = self.get(name)
         del self.topics[name]
         return record
+
+
+def check_local_partitions(name: str, first: int, total: int, local: Collection[int] | None) -> list[int] | None:
+    """`local` as a sorted list, checked to be partitions in [first, total); None stays None (all of them)."""
+    if local is None:
+        return None
+    held = sorted(set(local))
+    if any(not first <= p < total for p in held):
+        raise InvalidPartitionsError(
+            f"topic {name}: the partitions to hold {held} are not all within {first}..{total - 1}"
+        )
+    return held
+
+
+def _describe(name: str, record: TopicRecord) -> TopicDescription:
+    local = tuple(record.local) if record.local is not None else None
+    return TopicDescription(name, record.topic_id, record.partitions, dict(record.configs), local)

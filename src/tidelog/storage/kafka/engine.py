@@ -17,7 +17,7 @@ import logging
 import os
 import resource
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from tidelog.storage.common.clock import now_ms
 from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.common.scheduler import Scheduler
-from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRecord, TopicRegistry
+from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRecord, TopicRegistry, check_local_partitions
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.batch_check import BatchCheckWorker
 from tidelog.storage.kafka.cleaner import CLEANER_OFFSET_CHECKPOINT, CleaningAborted, CleanStats, LogCleaner
@@ -210,6 +210,9 @@ class KafkaEngine(StorageEngine):
                 record = self.registry.topics[topic] = TopicRecord(self._topic_id_on_disk(topic), 0)
                 log.info("%s: adopting topic %s found on disk", log_dir, topic)
             record.partitions = max(record.partitions, partition + 1)
+            if record.local is not None and partition not in record.local:  # held after all: its directory is here
+                record.local = sorted({*record.local, partition})
+                self.registry.dirty = True
             self._open_partition(
                 log_dir,
                 topic,
@@ -236,7 +239,7 @@ class KafkaEngine(StorageEngine):
     def _create_missing_partitions(self) -> None:
         changed = False
         for topic, record in self.registry.topics.items():
-            for partition in range(record.partitions):
+            for partition in record.held():
                 if (topic, partition) not in self.logs:
                     self._open_partition(self._least_loaded_dir(), topic, partition)
                     changed = True
@@ -415,7 +418,13 @@ class KafkaEngine(StorageEngine):
     # --- topics -----------------------------------------------------------------------------------------------
 
     def create_topic(
-        self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        partitions: int | None = None,
+        configs: Mapping[str, Any] | None = None,
+        *,
+        topic_id: str | None = None,
+        local_partitions: Collection[int] | None = None,
     ) -> TopicDescription:
         count = self.config.num_partitions if partitions is None else partitions
         if count < 1:
@@ -425,9 +434,10 @@ class KafkaEngine(StorageEngine):
         with self._lock:
             self._check_open()
             self.registry.check_new(name)
-            self._check_open_file_budget(name, count)
-            self.registry.add(name, count, overrides)
-            for partition in range(count):
+            held = check_local_partitions(name, 0, count, local_partitions)
+            self._check_open_file_budget(name, count if held is None else len(held))
+            record = self.registry.add(name, count, overrides, topic_id=topic_id, local=held)
+            for partition in record.held():
                 self._open_partition(self._least_loaded_dir(), name, partition)
             self.registry.save()
             self._schedule_flush_check()
@@ -449,7 +459,7 @@ class KafkaEngine(StorageEngine):
         with self._lock:
             self._check_open()
             record = self.registry.remove(name)
-            for partition in range(record.partitions):
+            for partition in record.held():
                 partition_log = self.logs.pop((name, partition))
                 self._log_dir_of.pop((name, partition))
                 self.cleaner.forget((name, partition))
@@ -460,7 +470,7 @@ class KafkaEngine(StorageEngine):
                 self.deleter.delete_later(partition_log.directory)
             self.registry.save()
 
-    def create_partitions(self, name: str, total: int) -> None:
+    def create_partitions(self, name: str, total: int, *, local_partitions: Collection[int] | None = None) -> None:
         with self._lock:
             self._check_open()
             record = self.registry.get(name)
@@ -468,9 +478,15 @@ class KafkaEngine(StorageEngine):
                 raise InvalidPartitionsError(
                     f"topic {name} has {record.partitions} partitions; the new count {total} must be larger"
                 )
-            self._check_open_file_budget(name, total - record.partitions)
-            for partition in range(record.partitions, total):
+            held = check_local_partitions(name, record.partitions, total, local_partitions)
+            if held is None and record.local is not None:
+                held = list(range(record.partitions, total))
+            new = range(record.partitions, total) if held is None else held
+            self._check_open_file_budget(name, len(new))
+            for partition in new:
                 self._open_partition(self._least_loaded_dir(), name, partition)
+            if held is not None:
+                record.local = [*record.held(), *held]
             record.partitions = total
             self.registry.save()
 
@@ -480,7 +496,7 @@ class KafkaEngine(StorageEngine):
             record = self.registry.get(name)
             new_config = self._log_config_for(configs)
             record.configs = {k: str(v) for k, v in configs.items()}
-            for partition in range(record.partitions):
+            for partition in record.held():
                 self.logs[(name, partition)].config = new_config
             self.registry.save()
             self._schedule_flush_check()
@@ -516,9 +532,8 @@ class KafkaEngine(StorageEngine):
         per-partition key index; each candidate is read back and its key compared (the index keeps hashes)."""
         if not self.config.key_index.enabled:
             raise KeyIndexDisabledError("the Kafka engine answers key lookups only with tidelog.index.keys=true")
-        partitions = self.registry.get(topic).partitions
         found: list[KeyLocation] = []
-        for partition in range(partitions):
+        for partition in self.registry.get(topic).held():
             partition_log = self.partition_log(topic, partition)
             key_index = self.key_indexes[(topic, partition)]
             key_index.catch_up(partition_log)

@@ -31,7 +31,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
 from tidelog.storage.common.index_file import IndexService
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.common.scheduler import Scheduler
-from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRegistry
+from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRegistry, check_local_partitions
 from tidelog.storage.rocketmq.checkpoint import (
     CHECKPOINT_FILE,
     StoreCheckpoint,
@@ -208,7 +208,7 @@ class RocketMQEngine(StorageEngine):
                 finish_deletions(directory)
         start_offsets = self._read_start_offsets()
         for topic, record in self.registry.topics.items():
-            for queue_id in range(record.partitions):
+            for queue_id in record.held():
                 self._open_queue(topic, queue_id, start_floor=start_offsets.get((topic, queue_id), 0))
         self._report_foreign_queues()
         if not self.clean_start:
@@ -639,7 +639,13 @@ class RocketMQEngine(StorageEngine):
     # --- topics -----------------------------------------------------------------------------------------------
 
     def create_topic(
-        self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        partitions: int | None = None,
+        configs: Mapping[str, Any] | None = None,
+        *,
+        topic_id: str | None = None,
+        local_partitions: Collection[int] | None = None,
     ) -> TopicDescription:
         count = self.config.num_partitions if partitions is None else partitions
         if count < 1:
@@ -649,13 +655,14 @@ class RocketMQEngine(StorageEngine):
         with self._lock:
             self._check_open()
             self.registry.check_new(name)
+            held = check_local_partitions(name, 0, count, local_partitions)
             since = self.commitlog.max_offset  # no message of the new topic can be older
             stale = self.root / CONSUME_QUEUE_DIR / name
             self.deleter.delete_later(stale)  # queues of a topic not in the topics file (reported at start)
             for queue_id in range(count):
                 self.deleter.delete_later(self.producer_snapshot_dir(name, queue_id))
-            self.registry.add(name, count, overrides, since=since)
-            for queue_id in range(count):
+            record = self.registry.add(name, count, overrides, since=since, topic_id=topic_id, local=held)
+            for queue_id in record.held():
                 self._open_queue(name, queue_id)
             self._save_topics_file()
             return self.registry.describe(name)
@@ -665,7 +672,7 @@ class RocketMQEngine(StorageEngine):
         with self._lock:
             self._check_open()
             record = self.registry.remove(name)
-            for queue_id in range(record.partitions):
+            for queue_id in record.held():
                 queue = self.queues.pop((name, queue_id))
                 queue.closed = queue.deleted = True
                 queue.consume_queue.close()
@@ -674,7 +681,7 @@ class RocketMQEngine(StorageEngine):
             self._save_topics_file()
             self.save_start_offsets()
 
-    def create_partitions(self, name: str, total: int) -> None:
+    def create_partitions(self, name: str, total: int, *, local_partitions: Collection[int] | None = None) -> None:
         with self._lock:
             self._check_open()
             record = self.registry.get(name)
@@ -682,8 +689,13 @@ class RocketMQEngine(StorageEngine):
                 raise InvalidPartitionsError(
                     f"topic {name} has {record.partitions} partitions; the new count {total} must be larger"
                 )
-            for queue_id in range(record.partitions, total):
+            held = check_local_partitions(name, record.partitions, total, local_partitions)
+            if held is None and record.local is not None:
+                held = list(range(record.partitions, total))
+            for queue_id in range(record.partitions, total) if held is None else held:
                 self._open_queue(name, queue_id)
+            if held is not None:
+                record.local = [*record.held(), *held]
             record.partitions = total
             self._save_topics_file()
 
@@ -692,7 +704,7 @@ class RocketMQEngine(StorageEngine):
             record = self.registry.get(name)
             new_config = self._log_config_for(configs)
             record.configs = {k: str(v) for k, v in configs.items()}
-            for queue_id in range(record.partitions):
+            for queue_id in record.held():
                 self.queues[(name, queue_id)].config = new_config
             self._save_topics_file()
 
