@@ -78,6 +78,7 @@ WARMUP_SECONDS = 1.0  # heartbeats before the idle phase, not counted (connectio
 PAUSE_SECONDS = 1.0  # between phases, not counted
 START_TIMEOUT_S = 60.0
 ADMIN_TIMEOUT = datetime.timedelta(minutes=10)  # the admin requests' own timeout field, and the client's wait
+_CHECKOUT_OF_BASELINE = "<a checkout of the Before commit>/src"
 READY = re.compile(r"tidelog broker ready on port\(s\) (\d+)")
 SIZE = struct.Struct(">i")
 
@@ -477,7 +478,8 @@ def measure(label: str, scratch: Path, partitions: int, pythonpath: str | None) 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: the broker is stopped
-    command = "python bench/admin_stall.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
+    shown = [_CHECKOUT_OF_BASELINE if args.baseline and a == args.baseline else a for a in (argv or sys.argv[1:])]
+    command = "python bench/admin_stall.py" + "".join(f" {a}" for a in shown)  # no local paths in the report
     facts = {
         "command": command,
         "started": time.strftime("%Y-%m-%d %H:%M %Z"),
