@@ -102,6 +102,37 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args.config, args.override)
 
 
+def _cluster_up(args: argparse.Namespace) -> int:
+    from tidelog.tools.cluster_up import ClusterUpOptions, run
+
+    options = ClusterUpOptions(
+        brokers=args.brokers,
+        directory=Path(args.dir) if args.dir else None,
+        base_port=args.base_port,
+        zookeeper_port=args.zookeeper_port,
+        interval_s=args.interval,
+    )
+    return run(options)
+
+
+def _add_cluster_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    cluster = commands.add_parser("cluster", help="run a local cluster: ZooKeeper and N brokers")
+    actions = cluster.add_subparsers(dest="cluster_command", required=True)
+    up = actions.add_parser(
+        "up",
+        help="start ZooKeeper and N brokers on 127.0.0.1, show who leads what, stop them all on Ctrl-C",
+        description="Start a standalone ZooKeeper and N `tidelog serve` brokers joined to it (docs/cluster.md), "
+        "print the bootstrap servers, the brokers and the partition leaders as they change; Ctrl-C or SIGTERM "
+        "stops the brokers, then ZooKeeper.",
+    )
+    up.add_argument("--brokers", type=int, default=3, help="how many brokers (ids 1..N, default 3)")
+    up.add_argument("--dir", help="where ZooKeeper and the brokers keep their data (default: a new temp dir, kept)")
+    up.add_argument("--base-port", type=int, help="broker N listens on BASE_PORT + N - 1 (default: free ports)")
+    up.add_argument("--zookeeper-port", type=int, help="ZooKeeper's client port (default: a free port)")
+    up.add_argument("--interval", type=float, default=3.0, help="seconds between looks at the leaders (default 3)")
+    up.set_defaults(handler=_cluster_up)
+
+
 def _demo(args: argparse.Namespace) -> int:
     if args.storage:
         from tidelog import demo
@@ -479,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--override", action="append", default=[], metavar="KEY=VALUE", help="set a config key (repeatable)"
     )
     serve.set_defaults(handler=_serve)
+    _add_cluster_parser(commands)
 
     _add_topics_parser(commands)
     _add_produce_parser(commands)
