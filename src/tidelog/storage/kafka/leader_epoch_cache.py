@@ -66,6 +66,7 @@ class LeaderEpochCache:
         self._name = name
         self._scheduler = scheduler
         self._entries = [EpochEntry(*entry) for entry in entries]
+        self._latest_epoch = self._entries[-1].epoch if self._entries else UNDEFINED_EPOCH  # read without the lock
         self._lock = threading.Lock()  # _entries, _unwritten, _closed
         self._write_lock = threading.Lock()  # file writers take turns
         self._unwritten = False  # _entries changed since the file was last written
@@ -145,10 +146,13 @@ class LeaderEpochCache:
     def assign(self, epoch: int, start_offset: int) -> None:
         """Records of `epoch` were appended from `start_offset` on: a new entry when `epoch` is above the latest
         entry's (a later append in a known epoch changes nothing)."""
+        if self._latest_epoch >= epoch:  # every append but the first of an epoch: no lock taken
+            return
         with self._lock:
             if self._entries and self._entries[-1].epoch >= epoch:
                 return
             self._entries.append(EpochEntry(epoch, start_offset))
+            self._latest_epoch = epoch
             due = self._mark_unwritten()
         if due:
             self._write_later()
@@ -169,6 +173,7 @@ class LeaderEpochCache:
             if entries == self._entries:
                 return
             self._entries = entries
+            self._latest_epoch = entries[-1].epoch if entries else UNDEFINED_EPOCH
             due = self._mark_unwritten()
         if due:
             self._write_later()

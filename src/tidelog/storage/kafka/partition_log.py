@@ -337,7 +337,7 @@ class PartitionLog(Partition):
         return batches
 
     def _checked_on_worker(self, header: BatchHeader) -> bool:
-        return self.check_worker is not None and header.size_in_bytes >= CRC_IN_PARALLEL_BYTES
+        return header.size_in_bytes >= CRC_IN_PARALLEL_BYTES and self.check_worker is not None
 
     def _start_checks(self, view: memoryview, batches: list[_AppendedBatch]) -> bool:
         """Hand the large batches' checks to the worker. Called just before the write: then the worker wakes while
