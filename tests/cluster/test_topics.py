@@ -24,6 +24,7 @@ from kazoo.client import KazooClient
 
 from broker_process import BrokerProcess
 from tidelog.codec.group_records import partition_for_group
+from tidelog.codec.record_set import iter_batches
 from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker
 
 FAILOVER_S = SESSION_TIMEOUT_MS / 1000 + 20  # ZooKeeper notices the death, then the controller acts; busy cores
@@ -34,6 +35,14 @@ FENCED_LEADER_EPOCH = 74
 
 def state(zk: KazooClient, topic: str, partition: int) -> dict[str, Any]:
     return json.loads(zk.get(f"/brokers/topics/{topic}/partitions/{partition}/state")[0])
+
+
+def stamped_epochs(broker: BrokerProcess, topic: str, partition: int) -> set[int]:
+    """The partitionLeaderEpoch of every batch in the broker's replica of `topic`-`partition`."""
+    epochs = set()
+    for segment in sorted((broker.log_dir / f"{topic}-{partition}").glob("*.log")):
+        epochs |= {info.partition_leader_epoch for info in iter_batches(segment.read_bytes())}
+    return epochs
 
 
 def replicas_on_disk(broker: BrokerProcess, topic: str) -> dict[int, str]:
@@ -261,6 +270,8 @@ def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk
     survivors_bootstrap = ",".join(b.bootstrap for b in survivors.values())
     read = consume(survivors_bootstrap, "orders", range(6), 30 + 5 * (6 - len(led)))
     assert set(read) >= {v for vs in after.values() for v in vs}
+    for p in led:  # a new leader stamps its leader epoch into what it appends (partitionLeaderEpoch)
+        assert stamped_epochs(brokers[state(zk_client, "orders", p)["leader"]], "orders", p) == {1}
 
     # the killed broker comes back: it registers again, leads its offline partition again, keeps its replicas
     brokers[victim].restart()  # on its old port if it is still free

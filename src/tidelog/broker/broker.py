@@ -37,7 +37,7 @@ from tidelog.broker.admin import AdminExecutor
 from tidelog.broker.authorizer import AclApis, Authorizer
 from tidelog.broker.cluster_groups import ClusterGroups
 from tidelog.broker.cluster_membership import ClusterMembership
-from tidelog.broker.cluster_metadata import MetadataCache
+from tidelog.broker.cluster_metadata import MetadataCache, Role
 from tidelog.broker.cluster_topics import ClusterTopics
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.controller import Controller
@@ -50,6 +50,7 @@ from tidelog.broker.produce import Flusher, ProduceApis, ProducerIdAllocator
 from tidelog.broker.sasl import SaslApis
 from tidelog.broker.server import KafkaServer
 from tidelog.broker.topics import TopicApis
+from tidelog.errors import UnknownTopicOrPartitionError
 from tidelog.storage import open_engine
 
 log = logging.getLogger("tidelog.broker")
@@ -117,6 +118,7 @@ class Broker:
         )
         if self.metadata is not None:  # a topic deleted from the cluster takes its committed offsets along
             self.metadata.on_topic_deleted = self.groups.forget_topic
+            self.metadata.add_listener(self._stamp_leader_epochs)
         self.topics = TopicApis(
             self.engine, config, self.authorizer, self.admin, self.groups.forget_topic, cluster_topics
         )
@@ -135,6 +137,21 @@ class Broker:
             assert not clash, f"API keys served twice: {sorted(clash)}"
             table.update(handlers)
         return table
+
+    def _stamp_leader_epochs(self) -> None:
+        """Each partition this broker leads appends with the leader epoch the controller gave it, as Kafka's
+        Partition.makeLeader sets it: the epoch every batch carries, which follower truncation relies on. Runs on a
+        kazoo thread after each new view (an int attribute set whole, read by the appender under its lock)."""
+        assert self.metadata is not None
+        for (topic, partition), replica in self.metadata.view.local.items():
+            if replica.role is not Role.LEADER:
+                continue
+            try:
+                handle = self.engine.partition(topic, partition)
+            except UnknownTopicOrPartitionError:
+                continue  # its replica is not created yet: the view after the creation sets it
+            if handle.leader_epoch != replica.leader_epoch:
+                handle.leader_epoch = replica.leader_epoch
 
     def is_stopping(self) -> bool:
         return self.stopping

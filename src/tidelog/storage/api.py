@@ -146,6 +146,7 @@ class Partition(ABC):
     """One partition (Kafka) or queue (RocketMQ) as the broker drives it. Offsets below `flushed_offset` are
     on disk; the broker calls `flush` from a worker thread (group commit) when `flush_due` says so."""
 
+    leader_epoch: int  # stamped into the batches it appends as leader (partitionLeaderEpoch); the cluster sets it
     log_start_offset: int  # first readable offset
     log_end_offset: int  # next offset to assign
     high_watermark: int  # readable up to here (== log end on a single node)

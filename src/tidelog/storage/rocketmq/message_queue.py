@@ -162,6 +162,7 @@ class MessageQueue(Partition):
         self._time_blocks = TimeBlocks()
         self._time_lock = threading.Lock()
         self.closed = False
+        self.leader_epoch = 0  # kept for the interface: RocketMQ messages carry no leader epoch
         self.deleted = False  # closed because its topic was deleted: readers are told the queue is gone
 
     # --- offsets ----------------------------------------------------------------------------------------------
