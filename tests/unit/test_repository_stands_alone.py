@@ -1,7 +1,8 @@
 """The repository stands alone: no tracked text file points outside it.
 
-A clone has no sibling `shared` notes directory and no `/work/...` tree beside it, so a link, a docstring's citation or a test's
-fallback path to one is dead for every reader but the authors. This scans every file `git ls-files` lists for
+A clone has no sibling `shared` notes directory and no `/work/...` tree beside it, so a link, a docstring's
+citation or a test's fallback path to one is dead for every reader but the authors. This scans every file
+`git ls-files` lists for
   - a relative path out to a sibling `shared` directory, or an absolute path into the authors' `/work` tree;
   - a citation of a notes file, `reference/<name>.md` or `<name>.md §<section>`, naming a Markdown file the
     repository does not track.
