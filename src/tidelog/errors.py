@@ -21,12 +21,15 @@ class ErrorCode(IntEnum):
     LEADER_NOT_AVAILABLE = 5
     NOT_LEADER_OR_FOLLOWER = 6
     REQUEST_TIMED_OUT = 7
+    REPLICA_NOT_AVAILABLE = 9
     MESSAGE_TOO_LARGE = 10
     OFFSET_METADATA_TOO_LARGE = 12
     COORDINATOR_LOAD_IN_PROGRESS = 14
     COORDINATOR_NOT_AVAILABLE = 15
     NOT_COORDINATOR = 16
     INVALID_TOPIC_EXCEPTION = 17
+    NOT_ENOUGH_REPLICAS = 19
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
     ILLEGAL_GENERATION = 22
     INCONSISTENT_GROUP_PROTOCOL = 23
     INVALID_GROUP_ID = 24
@@ -269,9 +272,35 @@ class UnknownLeaderEpochError(TidelogError):
 
 
 class RequestTimedOutError(TidelogError):
-    """A cluster change was written but did not complete within the request's timeout."""
+    """A cluster change was written, or an acks=all produce appended, but it did not complete within the request's
+    timeout."""
 
     kafka_error_code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class NotEnoughReplicasError(TidelogError):
+    """An acks=all produce to a partition with fewer in-sync replicas than min.insync.replicas: nothing appended."""
+
+    kafka_error_code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+class NotEnoughReplicasAfterAppendError(TidelogError):
+    """An acks=all produce was appended, but the in-sync replicas shrank below min.insync.replicas before it was
+    replicated to them all: the producer retries (an idempotent one without duplicates)."""
+
+    kafka_error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+class CoordinatorNotAvailableError(TidelogError):
+    """The group's coordinator cannot take the request now (its write did not reach the in-sync replicas)."""
+
+    kafka_error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+class NotCoordinatorError(TidelogError):
+    """This broker no longer coordinates the group (its `__consumer_offsets` partition is led elsewhere now)."""
+
+    kafka_error_code = ErrorCode.NOT_COORDINATOR
 
 
 # --- security: authentication and authorization ----------------------------------------------------------------

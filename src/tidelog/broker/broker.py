@@ -20,24 +20,26 @@ With zookeeper.connect, a broker of a cluster (docs/cluster.md) also has:
     cluster_topics (cluster_topics.py)  CreateTopics, DeleteTopics, CreatePartitions written to ZooKeeper
     cluster_groups (cluster_groups.py)  __consumer_offsets as a cluster topic: each group's coordinator is the
                                      leader of its partition, whose groups it loads when it comes to lead it
+    replicas (replica_manager.py)    the leader's side of replication: followers' progress, the high watermark,
+                                     the ISR, acks=all; it follows `metadata`'s views and stamps leader epochs
+    fetchers (replica_fetcher.py)    the follower's side: one connection per leader broker copying its logs
 
-What comes next plugs in here: a replica manager (between produce/fetch and the engine: the high watermark, the
-ISR, acks=all over it; it follows `metadata`'s local replicas and their leader epochs), follower fetchers (its
-clients of other brokers' Fetch) and a transaction coordinator (beside the group coordinator, over its own internal
-topic).
+The engine of a cluster broker is opened `replicated`: its high watermark is the replica manager's to move.
+What comes next plugs in here: a transaction coordinator (beside the group coordinator, over its own internal topic).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from tidelog.broker.admin import AdminExecutor
 from tidelog.broker.authorizer import AclApis, Authorizer
 from tidelog.broker.cluster_groups import ClusterGroups
 from tidelog.broker.cluster_membership import ClusterMembership
-from tidelog.broker.cluster_metadata import MetadataCache, Role
+from tidelog.broker.cluster_metadata import MetadataCache
 from tidelog.broker.cluster_topics import ClusterTopics
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.controller import Controller
@@ -47,10 +49,11 @@ from tidelog.broker.handler import HandlerTable
 from tidelog.broker.metrics import Metrics
 from tidelog.broker.offset_store import OffsetStore
 from tidelog.broker.produce import Flusher, ProduceApis, ProducerIdAllocator
+from tidelog.broker.replica_fetcher import ReplicaFetchers
+from tidelog.broker.replica_manager import ReplicaManager
 from tidelog.broker.sasl import SaslApis
 from tidelog.broker.server import KafkaServer
 from tidelog.broker.topics import TopicApis
-from tidelog.errors import UnknownTopicOrPartitionError
 from tidelog.storage import open_engine
 
 log = logging.getLogger("tidelog.broker")
@@ -62,8 +65,9 @@ class Broker:
         self.stopping = False
         self.cluster = _cluster_membership(config)  # None: a single broker, no ZooKeeper
         cluster_id = self.cluster.connect() if self.cluster is not None else None
+        engine_config = replace(config.engine, replicated=True) if self.cluster is not None else config.engine
         try:
-            self.engine = open_engine(config.engine, cluster_id=cluster_id)
+            self.engine = open_engine(engine_config, cluster_id=cluster_id)
         except BaseException:
             if self.cluster is not None:
                 self.cluster.close()
@@ -88,6 +92,28 @@ class Broker:
             cluster_topics = ClusterTopics(self.cluster, self.metadata, config)
             check_leader = self.metadata.check_leader
         self.fetch = FetchApis(self.engine, self.authorizer, self.metrics, self.is_stopping, check_leader)
+        self.replicas: ReplicaManager | None = None
+        self.fetchers: ReplicaFetchers | None = None
+        if self.cluster is not None and self.metadata is not None:
+            membership = self.cluster
+            self.fetchers = ReplicaFetchers(
+                config.node_id,
+                self.engine,
+                lambda: membership.live_brokers,
+                config.inter_broker_listener.name,
+                config.replication,
+            )
+            self.replicas = ReplicaManager(
+                config.node_id,
+                self.engine,
+                self.metadata,
+                self.cluster.client,
+                self.fetchers,
+                self.fetch.notifier,
+                config.engine.log_defaults,
+                config.replication.replica_lag_time_max_ms,
+            )
+            self.fetch.record_follower_fetch = self.replicas.record_follower_fetch
         self.produce = ProduceApis(
             self.engine,
             self.authorizer,
@@ -96,6 +122,7 @@ class Broker:
             self.fetch.notifier,
             ProducerIdAllocator(log_dir),
             check_leader,
+            self.replicas,
         )
         self.offset_store = OffsetStore(
             self.engine,
@@ -103,6 +130,7 @@ class Broker:
             config.offsets_topic_segment_bytes,
             self.flusher,
             engine_compacts=self.engine.compacts_topics,
+            replication=self.replicas,
         )
         self.cluster_groups: ClusterGroups | None = None
         if self.cluster is not None and self.metadata is not None and cluster_topics is not None:
@@ -118,7 +146,6 @@ class Broker:
         )
         if self.metadata is not None:  # a topic deleted from the cluster takes its committed offsets along
             self.metadata.on_topic_deleted = self.groups.forget_topic
-            self.metadata.add_listener(self._stamp_leader_epochs)
         self.topics = TopicApis(
             self.engine, config, self.authorizer, self.admin, self.groups.forget_topic, cluster_topics
         )
@@ -138,21 +165,6 @@ class Broker:
             table.update(handlers)
         return table
 
-    def _stamp_leader_epochs(self) -> None:
-        """Each partition this broker leads appends with the leader epoch the controller gave it, as Kafka's
-        Partition.makeLeader sets it: the epoch every batch carries, which follower truncation relies on. Runs on a
-        kazoo thread after each new view (an int attribute set whole, read by the appender under its lock)."""
-        assert self.metadata is not None
-        for (topic, partition), replica in self.metadata.view.local.items():
-            if replica.role is not Role.LEADER:
-                continue
-            try:
-                handle = self.engine.partition(topic, partition)
-            except UnknownTopicOrPartitionError:
-                continue  # its replica is not created yet: the view after the creation sets it
-            if handle.leader_epoch != replica.leader_epoch:
-                handle.leader_epoch = replica.leader_epoch
-
     def is_stopping(self) -> bool:
         return self.stopping
 
@@ -171,6 +183,8 @@ class Broker:
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
         if self.metadata is not None and self.controller is not None and self.cluster_groups is not None:
             await self.metadata.start()  # the cluster's topics, and this broker's replicas of them
+            assert self.replicas is not None
+            self.replicas.start()  # leads and follows what the views say from now on
             self.controller.start()  # before the registration, which runs the election
             self.cluster_groups.start(self.groups)
         await self.server.start()
@@ -189,6 +203,10 @@ class Broker:
             self.cluster_groups.close()
         if self.metadata is not None:
             self.metadata.close()
+        if self.fetchers is not None:
+            await self.fetchers.close()
+        if self.replicas is not None:
+            await self.replicas.close()
         if self.cluster is not None:  # the others elect a new controller now, not after the session timeout
             await asyncio.to_thread(self.cluster.resign)
         self.server.stop_accepting()

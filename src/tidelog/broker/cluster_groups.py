@@ -171,6 +171,8 @@ class ClusterGroups:
 
     async def _create_topic(self) -> None:
         factor = min(self.config.offsets_topic_replication_factor, len(self.membership.live_brokers))
+        if not self.topics.replicates:  # the RocketMQ engine: one replica of each partition
+            factor = min(factor, 1)
         if factor < 1:
             return
         configs = self.store.topic_configs

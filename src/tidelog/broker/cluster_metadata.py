@@ -13,8 +13,9 @@ The callbacks run on kazoo's threads. They update the cache's own tables under a
 loop reads `view` without a lock and always sees one consistent state. The view also says, for each partition this
 broker holds a replica of, its role (`LocalReplica`: leader or follower, the leader and its epoch) - what the
 handlers check (`check_leader`: Produce, Fetch, ListOffsets and DeleteRecords answer NOT_LEADER_OR_FOLLOWER for a
-partition this broker does not lead) and what a replica manager and follower fetchers will start from (the next
-slice of issue 13: they follow the same snapshots through `add_listener`).
+partition this broker does not lead) and what the replica manager (replica_manager.py) follows through
+`add_listener`: listeners are called after each new view, and again after the local replicas were brought in step
+with it (a replica created just then takes its role).
 
 Local replicas: after every change, the cache makes the engine hold exactly the replicas assigned to this broker
 (`_reconcile`, on the admin thread, where every engine topic call runs): a topic gets created with the cluster's
@@ -328,17 +329,20 @@ class MetadataCache:
             dict(self._topic_views),
             {key: replica for replicas in self._local.values() for key, replica in replicas.items()},
         )
-        for listener in self._listeners:
-            try:
-                listener()
-            except Exception:
-                log.exception("a metadata listener failed")
+        self._notify_listeners()
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(self._wake_waiters)
         if self._started:
             self.request_reconcile()
+
+    def _notify_listeners(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("a metadata listener failed")
 
     # --- what the handlers ask (event loop) -------------------------------------------------------------------
 
@@ -422,6 +426,8 @@ class MetadataCache:
                 self._reconcile()
             except Exception:  # the next change tries again
                 log.exception("keeping the local replicas in step failed")
+            else:  # replicas created just now can take their roles (leader epochs, fetchers) from the same view
+                self._notify_listeners()
 
     def _reconcile(self) -> None:
         """Make the engine hold this broker's replicas of the view's topics (see the module docstring)."""

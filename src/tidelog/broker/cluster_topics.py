@@ -115,7 +115,18 @@ class ClusterTopics:
                     f"(live brokers: {', '.join(str(b.broker_id) for b in live) or 'none'})."
                 )
             partitions = assign_replicas(live, count, factor, rng=self.rng)
+        widest = max(len(replicas) for replicas in partitions.values())
+        if widest > 1 and not self.replicates:
+            raise InvalidReplicationFactorError(
+                f"Replication factor {widest} needs the Kafka engine: the RocketMQ engine (tidelog.storage.engine="
+                "rocketmq) keeps one replica of each partition."
+            )
         return zk.TopicAssignment(name, new_kafka_uuid(), partitions)
+
+    @property
+    def replicates(self) -> bool:
+        """Can this broker's engine hold a partition's replicas in step with a leader? (The Kafka engine can.)"""
+        return self.config.engine.engine == "kafka"
 
     async def create_topic(self, assignment: zk.TopicAssignment, configs: Mapping[str, str]) -> None:
         await asyncio.to_thread(self._write_topic, assignment, configs)

@@ -217,6 +217,65 @@ SERVER_KEYS: dict[str, Key] = {
             doc="In a cluster: the replicas of `__consumer_offsets` (at most the live brokers when the first "
             "group creates it).",
         ),
+        Key(
+            "inter.broker.listener.name",
+            parse_str,
+            doc="In a cluster: the listener followers fetch from their leaders on (a `PLAINTEXT` one); unset: the "
+            "first `PLAINTEXT` listener.",
+        ),
+        Key(
+            "replica.lag.time.max.ms",
+            parse_int,
+            minimum=1,
+            default="30000",
+            doc="In a cluster: a follower that has not caught up with its leader's log end for this long leaves the "
+            "ISR; one that catches up joins it again.",
+        ),
+        Key(
+            "num.replica.fetchers",
+            parse_int,
+            minimum=1,
+            maximum=64,
+            default="1",
+            doc="In a cluster: fetchers per leader broker, each copying its share of the partitions that broker leads.",
+        ),
+        Key(
+            "replica.fetch.max.bytes",
+            parse_int,
+            minimum=0,
+            maximum=INT_MAX,
+            default="1048576",
+            doc="In a cluster: bytes a follower asks for per partition in one Fetch (at least one whole batch).",
+        ),
+        Key(
+            "replica.fetch.response.max.bytes",
+            parse_int,
+            minimum=0,
+            maximum=INT_MAX,
+            default="10485760",
+            doc="In a cluster: bytes a follower asks for in all in one Fetch.",
+        ),
+        Key(
+            "replica.fetch.wait.max.ms",
+            parse_int,
+            minimum=0,
+            default="500",
+            doc="In a cluster: how long a follower's Fetch waits at the leader for new data.",
+        ),
+        Key(
+            "replica.fetch.backoff.ms",
+            parse_int,
+            minimum=0,
+            default="1000",
+            doc="In a cluster: how long a follower waits after a failed Fetch before it tries again.",
+        ),
+        Key(
+            "replica.socket.timeout.ms",
+            parse_int,
+            minimum=1,
+            default="30000",
+            doc="In a cluster: how long a follower waits for its leader's answer before it connects again.",
+        ),
         # security
         Key(
             "listener.security.protocol.map",
@@ -445,6 +504,27 @@ class SecurityConfig:
 
 
 @dataclass(frozen=True)
+class ReplicationConfig:
+    """What a broker of a cluster needs to copy its leaders' logs and to judge its followers (Kafka's names)."""
+
+    inter_broker_listener_name: str | None = None
+    replica_lag_time_max_ms: int = 30_000
+    num_replica_fetchers: int = 1
+    replica_fetch_max_bytes: int = 1_048_576
+    replica_fetch_response_max_bytes: int = 10_485_760
+    replica_fetch_wait_max_ms: int = 500
+    replica_fetch_backoff_ms: int = 1_000
+    replica_socket_timeout_ms: int = 30_000
+
+    @classmethod
+    def from_server_keys(cls, server: Mapping[str, Any]) -> ReplicationConfig:
+        defaults = cls()
+        return cls(
+            **{name: server.get(name.replace("_", "."), getattr(defaults, name)) for name in cls.__dataclass_fields__}
+        )
+
+
+@dataclass(frozen=True)
 class BrokerConfig:
     listeners: tuple[Listener, ...] = (Listener("PLAINTEXT", "127.0.0.1", 9092),)
     advertised_listeners: tuple[Listener, ...] | None = None
@@ -468,6 +548,7 @@ class BrokerConfig:
     broker_rack: str | None = None
     default_replication_factor: int = 1
     offsets_topic_replication_factor: int = 3
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
@@ -510,6 +591,11 @@ class BrokerConfig:
         defaults = cls()
         listeners = listeners or defaults.listeners
         try:
+            if server.get("zookeeper.connect") is not None:  # a single broker replicates nothing
+                inter_broker_listener(listeners, server.get("inter.broker.listener.name"))
+        except ConfigError as exc:
+            raise located(settings, "inter.broker.listener.name", exc) from None
+        try:
             security = SecurityConfig.from_server_keys(server, listeners)
         except ConfigError as exc:  # "config KEY: ..."
             raise located(settings, str(exc).removeprefix("config ").partition(":")[0], exc) from None
@@ -551,9 +637,15 @@ class BrokerConfig:
             offsets_topic_replication_factor=server.get(
                 "offsets.topic.replication.factor", defaults.offsets_topic_replication_factor
             ),
+            replication=ReplicationConfig.from_server_keys(server),
             engine=EngineConfig.from_mapping(select(settings, storage), log_dir=defaults.engine.log_dirs[0]),
             security=security,
         )
+
+    @property
+    def inter_broker_listener(self) -> Listener:
+        """The listener other brokers' followers fetch from (checked when the config was read)."""
+        return inter_broker_listener(self.listeners, self.replication.inter_broker_listener_name)
 
     def advertised_for(self, listener: Listener, bound_port: int) -> tuple[str, int]:
         """Host and port clients are told to use for `listener` (bound_port resolves port 0)."""
@@ -562,3 +654,25 @@ class BrokerConfig:
                 return advertised.host, advertised.port
         host = listener.host if listener.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
         return host, bound_port
+
+
+def inter_broker_listener(listeners: tuple[Listener, ...], name: str | None) -> Listener:
+    """The listener named `name`, else the first PLAINTEXT one. Replication between brokers speaks PLAINTEXT only
+    for now: a named listener with TLS or SASL is refused here rather than failing at every fetch."""
+    if name is None:
+        chosen = next((listener for listener in listeners if listener.protocol == "PLAINTEXT"), None)
+        if chosen is None:
+            raise ConfigError(
+                "config inter.broker.listener.name: no PLAINTEXT listener for the brokers' replication; add one to "
+                "`listeners` (it may listen on 127.0.0.1 only)"
+            )
+        return chosen
+    chosen = next((listener for listener in listeners if listener.name == name), None)
+    if chosen is None:
+        raise ConfigError(f"config inter.broker.listener.name: {name!r} is not one of the listeners")
+    if chosen.protocol != "PLAINTEXT":
+        raise ConfigError(
+            f"config inter.broker.listener.name: listener {name} uses {chosen.protocol}; replication between "
+            "brokers speaks PLAINTEXT only for now"
+        )
+    return chosen

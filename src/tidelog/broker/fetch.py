@@ -6,8 +6,15 @@ fewer than `min_bytes` are available it waits up to `max_wait_ms` for an append 
 partitions - woken by the producer path, never by polling - then reads again. Record bytes go out
 with sendfile straight from the segment files.
 
-ListOffsets answers Kafka's special targets: -2 earliest (log start), -1 latest (log end), -3 the record with the
-largest timestamp, and -4 (EARLIEST_LOCAL_TIMESTAMP, v8+) which, with no tiered storage, is the log start too.
+ListOffsets answers Kafka's special targets: -2 earliest (log start), -1 latest (the high watermark: the log end on
+a single broker; a follower asking its leader gets the log end), -3 the record with the largest timestamp, and -4
+(EARLIEST_LOCAL_TIMESTAMP, v8+) which, with no tiered storage, is the log start too.
+
+In a cluster a Fetch with `replica_id` set comes from a follower (replica_fetcher.py): it reads up to the log end,
+not the high watermark, and its fetch offset is the follower's log end, which the replica manager records
+(`record_follower_fetch`) before the answer gives the follower the leader's high watermark. OffsetForLeaderEpoch
+answers where a leader epoch ends in this leader's log (`Partition.end_offset_for_epoch`), what a follower
+truncates to (KIP-101/279) and what a consumer checks after a leader change (KIP-320).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, LeaderC
 from tidelog.errors import ErrorCode, TidelogError
 from tidelog.protocol.fetch_response import PartitionData, TopicData, encode_fetch_response
 from tidelog.protocol.messages import ApiKey, Request, millis, response_header
-from tidelog.storage.api import EARLIEST_TIMESTAMP, StorageEngine
+from tidelog.storage.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, StorageEngine, TimestampAndOffset
 
 if TYPE_CHECKING:
     from tidelog.broker.authorizer import Authorizer
@@ -31,6 +38,8 @@ if TYPE_CHECKING:
 INT_MAX = (1 << 31) - 1
 EARLIEST_LOCAL_TIMESTAMP = -4  # ListOffsets v8+ (KIP-405): the first offset kept on local disk
 PartitionKey = tuple[str, int]
+# (topic, partition, follower broker id, its fetch offset) -> None; raises NotLeaderOrFollowerError (replica_manager.py)
+FollowerFetchRecorder = Callable[[str, int, int, int], None]
 
 
 class AppendNotifier:
@@ -76,9 +85,11 @@ class FetchApis:
         metrics: Metrics,
         is_stopping: Callable[[], bool],
         check_leader: LeaderCheck | None = None,
+        record_follower_fetch: FollowerFetchRecorder | None = None,
     ) -> None:
         self.engine = engine
         self.check_leader = check_leader  # a cluster's: only the leader serves a partition
+        self.record_follower_fetch = record_follower_fetch  # a cluster's: followers' progress to the replica manager
         self.authorizer = authorizer
         self.metrics = metrics
         self.is_stopping = is_stopping
@@ -88,6 +99,7 @@ class FetchApis:
         return {
             ApiKey.FETCH: ApiHandler(4, 12, self.handle_fetch),
             ApiKey.LIST_OFFSETS: ApiHandler(1, 8, self.handle_list_offsets),
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: ApiHandler(0, 4, self.handle_offset_for_leader_epoch),
         }
 
     def wake_all(self) -> None:
@@ -106,8 +118,11 @@ class FetchApis:
             t.topic for t in body.topics if not authorize(connection, Operation.READ, ResourceType.TOPIC, t.topic)
         }
         keys = [(t.topic, p.partition) for t in body.topics for p in t.partitions if t.topic not in denied]
+        replica_id = getattr(body, "replica_id", -1)
+        if replica_id >= 0 and self.record_follower_fetch is None:
+            replica_id = -1  # a single broker has no followers: read as any consumer does
         while True:
-            topics, total, failed = self._read(body, max_bytes, denied)
+            topics, total, failed = self._read(body, max_bytes, denied, replica_id)
             remaining = deadline - loop.time()
             if total >= min_bytes or failed or not keys or remaining <= 0 or self.is_stopping():
                 break  # (nothing to wait for without partitions: answered at once, as Kafka does)
@@ -120,7 +135,7 @@ class FetchApis:
         parts, size = encode_fetch_response(request.api_version, header, topics)
         return RawResponse(parts, size)
 
-    def _read(self, body: Any, max_bytes: int, denied: set[str]) -> tuple[list[TopicData], int, bool]:
+    def _read(self, body: Any, max_bytes: int, denied: set[str], replica_id: int) -> tuple[list[TopicData], int, bool]:
         engine = self.engine
         remaining = max_bytes
         total = 0
@@ -142,12 +157,22 @@ class FetchApis:
                             getattr(fetch_partition, "current_leader_epoch", -1),
                         )
                     partition_log = engine.partition(fetch_topic.topic, fetch_partition.partition)
+                    if replica_id >= 0:
+                        assert self.record_follower_fetch is not None
+                        self.record_follower_fetch(
+                            fetch_topic.topic, fetch_partition.partition, replica_id, fetch_partition.fetch_offset
+                        )
                     data.high_watermark = data.last_stable_offset = partition_log.high_watermark
                     data.log_start_offset = partition_log.log_start_offset
                     limit = min(fetch_partition.partition_max_bytes, remaining)
                     if limit <= 0 and total > 0:
                         continue
-                    slices = partition_log.read(fetch_partition.fetch_offset, max(limit, 0), min_one_message=total == 0)
+                    slices = partition_log.read(
+                        fetch_partition.fetch_offset,
+                        max(limit, 0),
+                        min_one_message=total == 0,
+                        up_to_log_end=replica_id >= 0,
+                    )
                 except TidelogError as exc:
                     data.error_code = exc.kafka_error_code
                     failed = True
@@ -163,6 +188,7 @@ class FetchApis:
 
     async def handle_list_offsets(self, request: Request, connection: Connection) -> Response:
         engine = self.engine
+        from_follower = getattr(request.body, "replica_id", -1) >= 0 and self.record_follower_fetch is not None
         topics = []
         for list_topic in request.body.topics:
             authorized = self.authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.TOPIC, list_topic.name)
@@ -189,7 +215,11 @@ class FetchApis:
                             list_partition.partition_index,
                             getattr(list_partition, "current_leader_epoch", -1),
                         )
-                    found = engine.offset_for_timestamp(list_topic.name, list_partition.partition_index, target)
+                    if from_follower and target == LATEST_TIMESTAMP:  # a follower's question: the log end
+                        handle = engine.partition(list_topic.name, list_partition.partition_index)
+                        found = TimestampAndOffset(-1, handle.log_end_offset, handle.latest_epoch)
+                    else:
+                        found = engine.offset_for_timestamp(list_topic.name, list_partition.partition_index, target)
                     if found is not None:  # no record at or after the timestamp: offset -1, as Kafka answers
                         answer.update(
                             timestamp=found.timestamp,
@@ -199,4 +229,41 @@ class FetchApis:
                 except TidelogError as exc:
                     answer["error_code"] = exc.kafka_error_code
             topics.append({"name": list_topic.name, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
+
+    # --- OffsetForLeaderEpoch ---------------------------------------------------------------------------------
+
+    async def handle_offset_for_leader_epoch(self, request: Request, connection: Connection) -> Response:
+        """Where each asked leader epoch ends in this leader's log: (the epoch, its end offset), or (-1, -1) when the
+        log knows no epoch at or below it (Kafka's OffsetsForLeaderEpoch, v0-v4)."""
+        topics = []
+        for request_topic in request.body.topics:
+            authorized = self.authorizer.authorize(
+                connection, Operation.DESCRIBE, ResourceType.TOPIC, request_topic.topic
+            ) or self.authorizer.authorize(connection, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, log_denied=False)
+            partitions = []
+            for request_partition in request_topic.partitions:
+                answer: dict[str, Any] = {
+                    "partition": request_partition.partition,
+                    "error_code": 0,
+                    "leader_epoch": -1,
+                    "end_offset": -1,
+                }
+                partitions.append(answer)
+                if not authorized:
+                    answer["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
+                try:
+                    if self.check_leader is not None:
+                        self.check_leader(
+                            request_topic.topic,
+                            request_partition.partition,
+                            getattr(request_partition, "current_leader_epoch", -1),
+                        )
+                    handle = self.engine.partition(request_topic.topic, request_partition.partition)
+                    epoch, end_offset = handle.end_offset_for_epoch(request_partition.leader_epoch)
+                    answer.update(leader_epoch=epoch, end_offset=end_offset)
+                except TidelogError as exc:
+                    answer["error_code"] = exc.kafka_error_code
+            topics.append({"topic": request_topic.topic, "partitions": partitions})
         return {"throttle_time": 0, "topics": topics}

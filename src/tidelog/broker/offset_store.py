@@ -5,7 +5,10 @@ Records use Kafka's key/value formats (codec/group_records.py); each group lives
 value per key wins, a null value deletes). In a cluster the topic is the cluster's (cluster_groups.py): a broker
 replays a partition when it becomes its leader (`load_partition`) and forgets its groups when it stops being one.
 Writes are appended like produced batches and, when the flush policy asks for it, wait for the group commit before
-the client is answered.
+the client is answered; in a cluster they also wait until the partition's in-sync replicas have them (Kafka's
+offsets.commit.required.acks=-1, within offsets.commit.timeout.ms: 5 s), so a committed offset survives a
+failover. A write that does not get there fails with COORDINATOR_NOT_AVAILABLE (NOT_COORDINATOR when leadership
+moved), as Kafka answers, and is not applied.
 
 The topic is created as Kafka creates it: `cleanup.policy=compact`, `segment.bytes=offsets.topic.segment.bytes`
 (and `retention.ms=-1`: nothing goes by age). On the Kafka engine with `log.cleaner.enable=true` (the default) the
@@ -28,15 +31,24 @@ from typing import TYPE_CHECKING
 
 from tidelog.codec import group_records as records
 from tidelog.codec.record_batch import Record, build_batch
-from tidelog.errors import TidelogError
+from tidelog.errors import (
+    CoordinatorNotAvailableError,
+    NotCoordinatorError,
+    NotEnoughReplicasAfterAppendError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+    TidelogError,
+)
 from tidelog.storage.api import StorageEngine
 
 if TYPE_CHECKING:
     from tidelog.broker.produce import Flusher
+    from tidelog.broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("tidelog.broker")
 
 OFFSETS_TOPIC = "__consumer_offsets"
+OFFSETS_COMMIT_TIMEOUT_S = 5.0  # Kafka's offsets.commit.timeout.ms
 
 
 @dataclass
@@ -49,10 +61,19 @@ class StoredGroup:
 
 class OffsetStore:
     def __init__(
-        self, engine: StorageEngine, partitions: int, segment_bytes: int, flusher: Flusher, *, engine_compacts: bool
+        self,
+        engine: StorageEngine,
+        partitions: int,
+        segment_bytes: int,
+        flusher: Flusher,
+        *,
+        engine_compacts: bool,
+        replication: ReplicaManager | None = None,
     ) -> None:
-        """`engine_compacts`: the engine's log cleaner compacts the topic; otherwise the store does (see above)."""
+        """`engine_compacts`: the engine's log cleaner compacts the topic; otherwise the store does (see above).
+        `replication`: a cluster's replica manager, which writes wait for."""
         self.engine = engine
+        self.replication = replication
         self.partitions = partitions
         self.segment_bytes = segment_bytes
         self.flusher = flusher
@@ -143,15 +164,27 @@ class OffsetStore:
         partition = self.partition_of(group)
         partition_log = self.engine.partition(OFFSETS_TOPIC, partition)
         batch = build_batch([Record(value=value, key=key) for key, value in encoded])
-        partition_log.append(batch, from_client=False)
+        result = partition_log.append(batch, from_client=False)
         if partition_log.flush_due():
             await self.flusher.wait_durable(partition_log, partition_log.log_end_offset)
+        if self.replication is not None:
+            await self._wait_replicated(partition, result.last_offset + 1)
         for key, value in encoded:
             self._apply(key, value)
         if not self.engine_compacts and partition_log.size_in_bytes > self._compact_above.get(
             partition, self.segment_bytes
         ):
             await self._compact(partition)
+
+    async def _wait_replicated(self, partition: int, end_offset: int) -> None:
+        assert self.replication is not None
+        self.replication.after_leader_append(OFFSETS_TOPIC, partition)
+        try:
+            await self.replication.wait_replicated(OFFSETS_TOPIC, partition, end_offset, OFFSETS_COMMIT_TIMEOUT_S)
+        except NotLeaderOrFollowerError as exc:
+            raise NotCoordinatorError(str(exc)) from exc
+        except (NotEnoughReplicasAfterAppendError, RequestTimedOutError) as exc:
+            raise CoordinatorNotAvailableError(str(exc)) from exc
 
     async def _compact(self, partition: int) -> None:
         """Write the partition's live entries again and move its log start past everything before them."""

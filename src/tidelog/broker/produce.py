@@ -6,6 +6,10 @@ acks=0 gets no response, acks=1 an answer once the batch is in the log, acks=all
 flush policy is satisfied: when `flush.messages` says the batch must be on disk, the producer waits
 for a group commit - one fsync round in a worker thread covers every producer waiting at that
 moment - so the event loop never blocks on the disk.
+
+In a cluster, acks=all also waits until every in-sync replica has the batch (the high watermark passed it), up to
+the request's timeout; the replica manager (replica_manager.py) refuses it before the append when the ISR is
+smaller than min.insync.replicas. acks=1 is answered after the leader's append, as Kafka does.
 """
 
 from __future__ import annotations
@@ -31,19 +35,31 @@ from tidelog.errors import (
     TidelogError,
     TransactionsUnsupportedError,
 )
-from tidelog.protocol.messages import ApiKey, Request
+from tidelog.protocol.messages import ApiKey, Request, millis
 from tidelog.storage.api import Partition, StorageEngine
 
 if TYPE_CHECKING:
     from tidelog.broker.authorizer import Authorizer
     from tidelog.broker.fetch import AppendNotifier
     from tidelog.broker.metrics import Metrics
+    from tidelog.broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("tidelog.broker")
 
 PRODUCER_ID_BLOCK_FILE = "tidelog-producer-id-block"
 PRODUCER_ID_BLOCK_SIZE = 1000
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
+@dataclass
+class _Pending:
+    """An acks=all answer that waits: for the batch's fsync, its replication, or both."""
+
+    answer: dict[str, Any]
+    log: Partition
+    end_offset: int  # the batch's last offset + 1
+    key: tuple[str, int]
+    durable: bool  # the flush policy wants it on disk first
 
 
 @dataclass
@@ -144,9 +160,11 @@ class ProduceApis:
         notifier: AppendNotifier,
         producer_ids: ProducerIdAllocator,
         check_leader: LeaderCheck | None = None,
+        replication: ReplicaManager | None = None,
     ) -> None:
         self.engine = engine
         self.check_leader = check_leader  # a cluster's: NOT_LEADER_OR_FOLLOWER for a partition led elsewhere
+        self.replication = replication  # a cluster's: acks=all waits for the ISR
         self.authorizer = authorizer
         self.metrics = metrics
         self.flusher = flusher
@@ -162,7 +180,7 @@ class ProduceApis:
     async def handle_produce(self, request: Request, connection: Connection) -> Response:
         body = request.body
         acks = body.acks
-        pending: list[tuple[dict[str, Any], Partition, int, tuple[str, int]]] = []
+        pending: list[_Pending] = []
         responses = []
         for topic_data in body.topic_data:
             partition_responses = []
@@ -180,8 +198,13 @@ class ProduceApis:
                     answer["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                     continue
                 try:
-                    partition_log = self._append(
-                        topic_data.name, partition_data.index, partition_data.records, body.transactional_id, answer
+                    partition_log, end_offset = self._append(
+                        topic_data.name,
+                        partition_data.index,
+                        partition_data.records,
+                        body.transactional_id,
+                        answer,
+                        acks,
                     )
                 except TidelogError as exc:
                     answer["error_code"] = exc.kafka_error_code
@@ -190,37 +213,59 @@ class ProduceApis:
                     level = logging.ERROR if isinstance(exc, KafkaStorageError) else logging.DEBUG
                     log.log(level, "produce to %s-%d failed: %s", topic_data.name, partition_data.index, exc)
                     continue
-                if partition_log.flush_due():
-                    key = (topic_data.name, partition_data.index)
-                    if acks == -1:
-                        pending.append((answer, partition_log, partition_log.log_end_offset, key))
-                    else:
-                        self.flusher.flush_later(partition_log, partial(self.notifier.notify, key))
+                key = (topic_data.name, partition_data.index)
+                durable = partition_log.flush_due()
+                if acks == -1 and (durable or self.replication is not None):
+                    pending.append(_Pending(answer, partition_log, end_offset, key, durable))
+                elif durable:
+                    self.flusher.flush_later(partition_log, partial(self.notifier.notify, key))
             responses.append({"name": topic_data.name, "partition_responses": partition_responses})
         if acks == 0:
             return None
         body = {"responses": responses, "throttle_time": 0}
         if not pending:
             return body
-        return Deferred(self._when_durable(body, pending))
+        return Deferred(self._when_complete(body, pending, millis(request.body.timeout) / 1000))
 
-    async def _when_durable(
-        self, body: dict[str, Any], pending: list[tuple[dict[str, Any], Partition, int, tuple[str, int]]]
-    ) -> dict[str, Any]:
-        for answer, partition_log, offset, key in pending:
+    async def _when_complete(self, body: dict[str, Any], pending: list[_Pending], timeout_s: float) -> dict[str, Any]:
+        """Wait for each acks=all batch: its fsync when the flush policy asks for one, then its replication to the
+        ISR in a cluster (the two overlap: the followers fetch while the leader syncs)."""
+        replicated = [
+            asyncio.ensure_future(self.replication.wait_replicated(*item.key, item.end_offset, timeout_s))
+            if self.replication is not None
+            else None
+            for item in pending
+        ]
+        for item, replication in zip(pending, replicated, strict=True):
             try:
-                await self.flusher.wait_durable(partition_log, offset)
+                if item.durable:
+                    await self.flusher.wait_durable(item.log, item.end_offset)
+                    self.notifier.notify(item.key)  # an engine may show only flushed data (RocketMQ SYNC_FLUSH)
+                if replication is not None:
+                    await replication
             except TidelogError as exc:
-                answer["error_code"] = exc.kafka_error_code
+                item.answer["error_code"] = exc.kafka_error_code
+                item.answer["error_message"] = str(exc)
             except Exception as exc:
-                answer["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
-                answer["error_message"] = str(exc)
-            self.notifier.notify(key)  # an engine may show only flushed data (RocketMQ SYNC_FLUSH)
+                item.answer["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
+                item.answer["error_message"] = str(exc)
+        for replication in replicated:  # those left after an earlier failure: their errors are answered already
+            if replication is not None and not replication.done():
+                replication.cancel()
+            if replication is not None and replication.done() and not replication.cancelled():
+                replication.exception()  # retrieved, so asyncio does not log it as never retrieved
         return body
 
     def _append(
-        self, topic: str, partition: int, records: bytes | None, transactional_id: str | None, answer: dict[str, Any]
-    ) -> Partition:
+        self,
+        topic: str,
+        partition: int,
+        records: bytes | None,
+        transactional_id: str | None,
+        answer: dict[str, Any],
+        acks: int,
+    ) -> tuple[Partition, int]:
+        """Append one partition's batch; the log and the end offset of the batch (its last offset + 1)."""
         if topic in INTERNAL_TOPICS:
             raise InvalidTopicError(f"clients may not produce to the internal topic {topic}")
         if not records:
@@ -230,8 +275,12 @@ class ProduceApis:
             raise InvalidTxnStateError("transactions are not supported by this broker yet")
         if self.check_leader is not None:
             self.check_leader(topic, partition, -1)
+        if acks == -1 and self.replication is not None:
+            self.replication.check_enough_replicas(topic, partition)
         partition_log = self.engine.partition(topic, partition)
         result = partition_log.append(records)
+        if self.replication is not None:
+            self.replication.after_leader_append(topic, partition)
         answer["base_offset"] = result.base_offset
         answer["log_start_offset"] = result.log_start_offset
         if result.log_append_time_ms >= 0:
@@ -241,7 +290,7 @@ class ProduceApis:
             bytes_in, messages_in, _ = self.metrics.of_topic(topic)
             bytes_in.inc(result.size_in_bytes)
             messages_in.inc(result.record_count)
-        return partition_log
+        return partition_log, result.last_offset + 1
 
     async def handle_init_producer_id(self, request: Request, connection: Connection) -> Response:
         body = request.body

@@ -1,0 +1,190 @@
+"""Replication between three `tidelog serve` brokers and a real ZooKeeper, with librdkafka producers and consumers:
+followers copy their leaders byte for byte, the high watermark and the ISR move as followers catch up and fall
+behind, acks=all waits for the ISR and min.insync.replicas refuses writes the ISR cannot hold, and a leader killed
+with SIGKILL loses no acknowledged record."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import kafka_wire
+from cluster_checks import registered, wait_for
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kazoo.client import KazooClient
+
+from broker_process import BrokerProcess
+from tidelog.codec.record_batch import Record, build_batch
+from tidelog.protocol.messages import ApiKey
+from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker
+
+FAILOVER_S = SESSION_TIMEOUT_MS / 1000 + 30  # ZooKeeper notices the death, the controller acts; two busy cores
+NOT_ENOUGH_REPLICAS = 19
+REPLICATION = {"replica.lag.time.max.ms": 4000, "offsets.topic.num.partitions": 2, "group.initial.rebalance.delay.ms": 0}
+
+
+def state(zk: KazooClient, topic: str, partition: int) -> dict[str, Any]:
+    return json.loads(zk.get(f"/brokers/topics/{topic}/partitions/{partition}/state")[0])
+
+
+def log_bytes(broker: BrokerProcess, topic: str, partition: int) -> bytes:
+    """Every `.log` segment of the broker's replica, in offset order, concatenated."""
+    directory = broker.log_dir / f"{topic}-{partition}"
+    return b"".join(path.read_bytes() for path in sorted(directory.glob("*.log")))
+
+
+def start_cluster(cluster_broker: ClusterBroker, zk: KazooClient, **overrides: Any) -> dict[int, BrokerProcess]:
+    brokers = {broker_id: cluster_broker(broker_id, {**REPLICATION, **overrides}) for broker_id in (1, 2, 3)}
+    wait_for(lambda: registered(zk) == [1, 2, 3], what="three registrations")
+    return brokers
+
+
+def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 3, config=config)], operation_timeout=30).values():
+        future.result(timeout=60)
+
+
+def produce_all(bootstrap: str, topic: str, values: list[str], partitions: int) -> dict[str, int]:
+    """Produce `values` round-robin with an idempotent acks=all producer; value -> the partition it was acked on."""
+    acked: dict[str, int] = {}
+    failures: list[str] = []
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 2}
+    )
+
+    def delivered(err: Any, message: Any) -> None:
+        if err is not None:
+            failures.append(str(err))
+        else:
+            acked[message.value().decode()] = message.partition()
+
+    for index, value in enumerate(values):
+        producer.produce(topic, value.encode(), partition=index % partitions, on_delivery=delivered)
+        producer.poll(0)
+    assert producer.flush(120) == 0, "messages left undelivered"
+    assert not failures, failures[:5]
+    return acked
+
+
+def read_all(bootstrap: str, topic: str, partitions: int, count: int, timeout_s: float = 90) -> list[tuple[int, str]]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        read: list[tuple[int, str]] = []
+        deadline = time.monotonic() + timeout_s
+        while len(read) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                read.append((message.partition(), message.value().decode()))
+        return read
+    finally:
+        consumer.close()
+
+
+def replicas_identical(brokers: dict[int, BrokerProcess], topic: str, partition: int) -> bool:
+    copies = {log_bytes(broker, topic, partition) for broker in brokers.values() if broker.running}
+    return len(copies) == 1 and len(next(iter(copies))) > 0
+
+
+def test_followers_copy_their_leader_byte_for_byte(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
+    brokers = start_cluster(cluster_broker, zk_client)
+    bootstrap = ",".join(b.bootstrap for b in brokers.values())
+    create_topic(brokers[1].bootstrap, "copied", 3, {"min.insync.replicas": "2", "segment.bytes": "20000"})
+    values = [f"record-{i:05d}" for i in range(3000)]
+    acked = produce_all(bootstrap, "copied", values, 3)
+    assert len(acked) == len(values)
+
+    for partition in range(3):
+        wait_for(lambda p=partition: replicas_identical(brokers, "copied", p), what=f"identical replicas of {partition}")
+        leader = state(zk_client, "copied", partition)["leader"]
+        assert sorted(state(zk_client, "copied", partition)["isr"]) == [1, 2, 3]
+        segments = sorted(p.name for p in (brokers[leader].log_dir / f"copied-{partition}").glob("*.log"))
+        assert len(segments) > 1, "the test means to cover segment rolls"
+        for broker in brokers.values():  # the same segments, and the same leader-epoch checkpoint
+            directory = broker.log_dir / f"copied-{partition}"
+            assert sorted(p.name for p in directory.glob("*.log")) == segments
+    read = read_all(bootstrap, "copied", 3, len(values))
+    assert sorted(value for _p, value in read) == values
+
+
+def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses(
+    cluster_broker: ClusterBroker, zk_client: KazooClient
+) -> None:
+    brokers = start_cluster(cluster_broker, zk_client)
+    create_topic(brokers[1].bootstrap, "strict", 1, {"min.insync.replicas": "3"})
+    wait_for(lambda: sorted(state(zk_client, "strict", 0)["isr"]) == [1, 2, 3], what="the full ISR")
+    leader = state(zk_client, "strict", 0)["leader"]
+    follower = next(b for b in (1, 2, 3) if b != leader)
+    assert wire_produce(brokers[leader].bootstrap, "strict", acks=-1) == 0
+
+    brokers[follower].kill()  # SIGKILL: its session lasts until it times out, its fetches stop at once
+    wait_for(
+        lambda: follower not in state(zk_client, "strict", 0)["isr"],
+        timeout_s=FAILOVER_S,
+        what="the ISR to shrink",
+    )
+    assert wire_produce(brokers[leader].bootstrap, "strict", acks=-1) == NOT_ENOUGH_REPLICAS
+    assert wire_produce(brokers[leader].bootstrap, "strict", acks=1) == 0  # acks=1 does not need the ISR
+
+    brokers[follower].restart()
+    wait_for(
+        lambda: sorted(state(zk_client, "strict", 0)["isr"]) == [1, 2, 3],
+        timeout_s=FAILOVER_S,
+        what="the follower to rejoin the ISR",
+    )
+    assert wire_produce(brokers[leader].bootstrap, "strict", acks=-1) == 0
+    wait_for(lambda: replicas_identical(brokers, "strict", 0), what="identical replicas")
+
+
+def test_a_killed_leader_loses_no_acknowledged_record(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
+    brokers = start_cluster(cluster_broker, zk_client)
+    bootstrap = ",".join(b.bootstrap for b in brokers.values())
+    create_topic(brokers[1].bootstrap, "durable", 2, {"min.insync.replicas": "2"})
+    before = produce_all(bootstrap, "durable", [f"before-{i:05d}" for i in range(2000)], 2)
+
+    old = state(zk_client, "durable", 0)
+    brokers[old["leader"]].kill()
+    wait_for(
+        lambda: state(zk_client, "durable", 0)["leader"] not in (old["leader"], -1),
+        timeout_s=FAILOVER_S,
+        what="a new leader",
+    )
+    new = state(zk_client, "durable", 0)
+    assert new["leader_epoch"] > old["leader_epoch"]
+    after = produce_all(bootstrap, "durable", [f"after-{i:05d}" for i in range(1000)], 2)
+
+    brokers[old["leader"]].restart()
+    wait_for(
+        lambda: sorted(state(zk_client, "durable", 0)["isr"]) == [1, 2, 3],
+        timeout_s=FAILOVER_S,
+        what="the old leader to rejoin the ISR",
+    )
+    acked = {**before, **after}
+    read = read_all(bootstrap, "durable", 2, len(acked))
+    values = [value for _p, value in read]
+    assert len(values) == len(set(values)), "a record was read twice"
+    assert {value: p for p, value in read} == acked
+    for partition in range(2):
+        wait_for(lambda p=partition: replicas_identical(brokers, "durable", p), what="identical replicas")
+
+
+def wire_produce(bootstrap: str, topic: str, *, acks: int) -> int:
+    """The error code of a one-record Produce to partition 0 with `acks`."""
+    body = {
+        "transactional_id": None,
+        "acks": acks,
+        "timeout": 10_000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": build_batch([Record(b"w")])}]}],
+    }
+    response = kafka_wire.request(bootstrap, ApiKey.PRODUCE, kafka_wire.PRODUCE_VERSION, body)
+    return int(response.responses[0].partition_responses[0].error_code)
