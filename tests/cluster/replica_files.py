@@ -2,8 +2,8 @@
 
 A replica is a partition directory `<topic>-<partition>/` in a broker's log dir, holding Kafka segment files
 (`00000000000000000000.log`, ...). Its batches are read file after file in base-offset order, walked with tidelog's
-batch-chain walker (tidelog/codec/batch_chain.py: baseOffset int64, batchLength int32, then batchLength bytes);
-segment boundaries do not matter, only the sequence of batches. The log dir's `replication-offset-checkpoint`
+batch-chain walker (src/tidelog/codec/batch_chain.py: baseOffset int64, batchLength int32, then batchLength
+bytes); segment boundaries do not matter, only the sequence of batches. The log dir's `replication-offset-checkpoint`
 (line 1 version `0`, line 2 the count, then `topic partition offset` lines; it may be absent) gives each replica's
 high watermark.
 
@@ -45,7 +45,7 @@ from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint
 
 REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 _PARTITION_DIR = re.compile(r"(.+)-(\d+)")
-# The v2 batch header's fields by their first byte (record_batch.py's HEADER), then the records.
+# The v2 batch header's fields by their first byte (src/tidelog/codec/record_batch.py's HEADER), then the records.
 _V2_FIELDS = (
     (0, "baseOffset"),
     (8, "batchLength"),
@@ -213,7 +213,7 @@ def compare_replicas(
             up_to, owner = min(known)
             limit = f"offsets [{from_offset}, {up_to}): up to the smallest high watermark, {owner}'s {up_to}"
         else:
-            limit = f"the whole logs from offset {from_offset}: no {REPLICATION_OFFSET_CHECKPOINT} names {tp}"
+            limit = f"the whole logs from offset {from_offset} (no {REPLICATION_OFFSET_CHECKPOINT} names {tp})"
     else:
         limit = f"offsets [{from_offset}, {up_to})"
     names = ", ".join(log.name for log in logs)
