@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_proxy import ProxyRegistry
 from kazoo.client import KazooClient
 
 from broker_process import BrokerFactory, BrokerProcess
@@ -49,3 +50,11 @@ def cluster_broker(tmp_path: Path, zookeeper: ZooKeeperProcess) -> Iterator[Clus
 
     yield start
     factory.close_all()
+
+
+@pytest.fixture
+def fault_proxies() -> Iterator[ProxyRegistry]:
+    """Fault-injecting TCP proxies (tests/cluster/fault_proxy.py), made by name with `.add(name, host, port)`; all
+    are closed after the test. Needs no ZooKeeper."""
+    with ProxyRegistry() as registry:
+        yield registry
