@@ -17,8 +17,9 @@ watermark (`set_high_watermark`), and reads stop at it unless a follower fetches
 cluster the high watermark is the log end after every append, as on a single Kafka broker.
 
 Two kinds of call, and where a server may make them:
-- data calls (partition(), append, read, offsets, delete_records, topics()): bounded work on one partition, no
-  engine-wide lock held for long - safe on an event loop;
+- data calls (partition(), append, read, offsets, delete_records, topics(), append_replica, set_high_watermark,
+  end_offset_for_epoch): bounded work on one partition, no engine-wide lock held for long - safe on an event loop;
+  a follower's truncations fsync before they return: they belong on its fetcher's thread;
 - topic calls (create_topic, delete_topic, create_partitions, alter_topic_configs) and close: many files, the
   engine lock held throughout - a server runs them on a thread of their own (broker/admin.py). Deletion renames
   the directories at once and removes the files after log.segment.delete.delay.ms (storage/common/deletion.py).
