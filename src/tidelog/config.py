@@ -286,6 +286,15 @@ TOPIC_KEYS: dict[str, Key] = _keys(
         doc="In a cluster: when no in-sync replica of a partition is alive, make another live replica its leader "
         "(and lose what it lacks) instead of leaving the partition without one.",
     ),
+    Key(
+        "min.insync.replicas",
+        parse_int,
+        minimum=1,
+        maximum=INT_MAX,
+        default="1",
+        doc="In a cluster: an `acks=all` produce needs at least this many in-sync replicas (else "
+        "`NOT_ENOUGH_REPLICAS`); the broker enforces it, the storage engines ignore it.",
+    ),
 )
 
 # Broker keys that set a topic default: broker name -> (topic name, unit multiplier).
@@ -313,6 +322,7 @@ BROKER_TO_TOPIC: dict[str, tuple[str, int]] = {
     "log.cleaner.min.compaction.lag.ms": ("min.compaction.lag.ms", 1),
     "log.cleaner.max.compaction.lag.ms": ("max.compaction.lag.ms", 1),
     "unclean.leader.election.enable": ("unclean.leader.election.enable", 1),
+    "min.insync.replicas": ("min.insync.replicas", 1),
 }
 _UNITS = {1: "", 60_000: "minutes", 3_600_000: "hours"}
 
@@ -402,6 +412,15 @@ ENGINE_KEYS: dict[str, Key] = _keys(
         default="60000",
         engines=KAFKA,
         doc="How often `log-start-offset-checkpoint` is written.",
+    ),
+    Key(
+        "replica.high.watermark.checkpoint.interval.ms",
+        parse_int,
+        minimum=1,
+        default="5000",
+        engines=KAFKA,
+        doc="In a cluster: how often every partition's high watermark is written to `replication-offset-checkpoint` "
+        "(where it starts after a restart).",
     ),
     Key(
         "log.cleaner.enable",
@@ -663,6 +682,7 @@ class LogConfig:
     max_compaction_lag_ms: int = LONG_MAX
     delete_retention_ms: int = 86_400_000
     unclean_leader_election_enable: bool = False
+    min_insync_replicas: int = 1
 
     @property
     def compact(self) -> bool:
@@ -717,6 +737,10 @@ class EngineConfig:
     flush_scheduler_interval_ms: int = LONG_MAX
     recovery_point_checkpoint_interval_ms: int = 60_000
     log_start_offset_checkpoint_interval_ms: int = 60_000
+    high_watermark_checkpoint_interval_ms: int = 5_000
+    # Set by the broker of a cluster (not a config key): the broker moves each partition's high watermark, and the
+    # Kafka engine keeps it in replication-offset-checkpoint. False: the high watermark is the log end.
+    replicated: bool = False
     log_defaults: LogConfig = field(default_factory=LogConfig)
     key_index: KeyIndexConfig = field(default_factory=KeyIndexConfig)
     cleaner: CleanerConfig = field(default_factory=CleanerConfig)
@@ -762,6 +786,9 @@ class EngineConfig:
             ),
             log_start_offset_checkpoint_interval_ms=values.get(
                 "log.flush.start.offset.checkpoint.interval.ms", cls.log_start_offset_checkpoint_interval_ms
+            ),
+            high_watermark_checkpoint_interval_ms=values.get(
+                "replica.high.watermark.checkpoint.interval.ms", cls.high_watermark_checkpoint_interval_ms
             ),
             log_defaults=LogConfig().with_overrides(topic_defaults),
             key_index=KeyIndexConfig(

@@ -164,6 +164,14 @@ class KeyIndexDisabledError(TidelogError):
     kafka_error_code = ErrorCode.INVALID_REQUEST
 
 
+class UnexpectedAppendOffsetError(TidelogError):
+    """A replica's append (Partition.append_replica) whose batches do not continue the log: the first does not start
+    at the log end, or one does not follow the one before it (Kafka's UnexpectedAppendOffsetException and
+    OffsetsOutOfOrderException, which Kafka does not send to clients either: UNKNOWN_SERVER_ERROR)."""
+
+    kafka_error_code = ErrorCode.UNKNOWN_SERVER_ERROR
+
+
 class LogClosedError(TidelogError):
     kafka_error_code = ErrorCode.KAFKA_STORAGE_ERROR
 
@@ -228,6 +236,13 @@ class UnsupportedVersionError(TidelogError):
 
 
 class InvalidReplicationFactorError(TidelogError):
+    kafka_error_code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+class ReplicationUnsupportedError(TidelogError):
+    """A replication call (follower append, truncation) on an engine that keeps one replica per partition: the
+    RocketMQ engine. A replication factor above 1 needs the Kafka engine."""
+
     kafka_error_code = ErrorCode.INVALID_REPLICATION_FACTOR
 
 

@@ -10,9 +10,16 @@ slices, so a server can send them with sendfile and a reader can decode them in 
 
 `produce` and `consume` are the library face built on those calls, the same for every engine.
 
+Replication (a broker of a cluster; EngineConfig.replicated): a follower appends the leader's batches unchanged
+(`append_replica`), cuts its log back to where it diverged from the leader (`truncate_to`,
+`truncate_fully_and_start_at`) and answers OffsetForLeaderEpoch (`end_offset_for_epoch`); the broker moves the high
+watermark (`set_high_watermark`), and reads stop at it unless a follower fetches (`up_to_log_end`). Outside a
+cluster the high watermark is the log end after every append, as on a single Kafka broker.
+
 Two kinds of call, and where a server may make them:
-- data calls (partition(), append, read, offsets, delete_records, topics()): bounded work on one partition, no
-  engine-wide lock held for long - safe on an event loop;
+- data calls (partition(), append, read, offsets, delete_records, topics(), append_replica, set_high_watermark,
+  end_offset_for_epoch): bounded work on one partition, no engine-wide lock held for long - safe on an event loop;
+  a follower's truncations fsync before they return: they belong on its fetcher's thread;
 - topic calls (create_topic, delete_topic, create_partitions, alter_topic_configs) and close: many files, the
   engine lock held throughout - a server runs them on a thread of their own (broker/admin.py). Deletion renames
   the directories at once and removes the files after log.segment.delete.delay.ms (storage/common/deletion.py).
@@ -149,7 +156,7 @@ class Partition(ABC):
     leader_epoch: int  # stamped into the batches it appends as leader (partitionLeaderEpoch); the cluster sets it
     log_start_offset: int  # first readable offset
     log_end_offset: int  # next offset to assign
-    high_watermark: int  # readable up to here (== log end on a single node)
+    high_watermark: int  # readable up to here (== log end on a single node; in a cluster the broker moves it)
 
     @property
     @abstractmethod
@@ -168,7 +175,45 @@ class Partition(ABC):
     def append(self, data: bytes | bytearray | memoryview, *, from_client: bool = True) -> AppendResult: ...
 
     @abstractmethod
-    def read(self, offset: int, max_bytes: int, *, min_one_message: bool = True) -> FileSlices: ...
+    def append_replica(self, data: bytes | bytearray | memoryview) -> AppendResult:
+        """Append a leader's batches as they are (Kafka's appendAsFollower): offsets, leader epochs and every byte
+        kept, so the follower's log is the leader's. The first batch must start at the log end (else
+        UnexpectedAppendOffsetError, the log unchanged). The high watermark does not move on a replicated log."""
+
+    @abstractmethod
+    def read(
+        self, offset: int, max_bytes: int, *, min_one_message: bool = True, up_to_log_end: bool = False
+    ) -> FileSlices:
+        """Whole batches from the one holding `offset` (the last may be cut short by `max_bytes`), below the high
+        watermark, or up to the log end with `up_to_log_end` (a follower's fetch). An offset between the high
+        watermark and the log end reads nothing; outside [log start, log end] it raises OffsetOutOfRangeError."""
+
+    @abstractmethod
+    def set_high_watermark(self, offset: int) -> None:
+        """Move the high watermark up to min(offset, log end) (a replicated log; the broker decides it). A lower
+        value is ignored: it goes down only when a truncation cuts the log below it. Harmless outside a cluster,
+        where the high watermark is the log end."""
+
+    @abstractmethod
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch from the one holding `offset` on (Kafka's Log.truncateTo, a follower cutting back to
+        where it diverged from its leader); the high watermark and the leader epochs follow the new end. Nothing
+        happens when `offset` >= the log end."""
+
+    @abstractmethod
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Remove everything and start empty at `offset`: log start = log end = high watermark = `offset` (Kafka's
+        truncateFullyAndStartAt, when the leader's log starts beyond this replica's end)."""
+
+    @abstractmethod
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) as OffsetForLeaderEpoch answers: where `epoch` ended in this log ((-1, -1) when
+        unknown)."""
+
+    @property
+    @abstractmethod
+    def latest_epoch(self) -> int:
+        """The newest leader epoch in the log (-1 when none)."""
 
     @abstractmethod
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None: ...

@@ -193,6 +193,11 @@ class ProducerStateManager:
                 path.unlink(missing_ok=True)
                 self.unsynced.pop(offset, None)
 
+    def truncate_fully(self) -> None:
+        """The log starts over empty: every producer is forgotten and every snapshot deleted."""
+        self.producers = {}
+        self.delete_snapshots_after(-1)
+
     def unsynced_snapshots(self, up_to_offset: int) -> list[tuple[int, Path]]:
         """The snapshots written without fsync at offsets up to `up_to_offset`, oldest first; once the caller has
         fsynced them (or found them deleted meanwhile), `mark_synced` takes them off the list."""

@@ -1,6 +1,7 @@
 """Kafka's small state files, in Kafka's text formats, each replaced atomically (atomic_files.py).
 
-- recovery-point-offset-checkpoint, log-start-offset-checkpoint (log-dir level): offset checkpoints
+- recovery-point-offset-checkpoint, log-start-offset-checkpoint, replication-offset-checkpoint (log-dir level;
+  the last holds each partition's high watermark, written only in a cluster): offset checkpoints
   (storage/common/offset_checkpoint.py).
 - leader-epoch-checkpoint (partition level): the same framing, entries `epoch startOffset`.
 - partition.metadata (partition level): `version: 0` and `topic_id: <22-char base64url Uuid>`.
@@ -24,6 +25,7 @@ from tidelog.storage.common.offset_checkpoint import read_framed, write_framed
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PARTITION_METADATA = "partition.metadata"
 META_PROPERTIES = "meta.properties"

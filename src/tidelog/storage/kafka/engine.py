@@ -2,7 +2,10 @@
 
 Each log directory holds `<topic>-<partition>` directories plus the log-dir level files
 (meta.properties, recovery-point-offset-checkpoint, log-start-offset-checkpoint,
-.kafka_cleanshutdown, .lock). Topic settings that Kafka keeps in its metadata quorum live in
+.kafka_cleanshutdown, .lock). In a cluster (EngineConfig.replicated) also replication-offset-checkpoint:
+every partition's high watermark, where it starts at the next open (at most the log end; the log start
+without an entry), written every replica.high.watermark.checkpoint.interval.ms and at close, as Kafka's
+ReplicaManager does. Topic settings that Kafka keeps in its metadata quorum live in
 `tidelog-topics.json` at the top of each log dir - a plain file, which Kafka's own loader ignores.
 Opening takes an exclusive lock on every dir, reads and removes the clean-shutdown marker, and
 loads each partition (recovering it if the marker was absent). Closing flushes, checkpoints and
@@ -54,7 +57,7 @@ KNOWN_LOG_DIR_FILES = {
     checkpoints.RECOVERY_POINT_CHECKPOINT,
     checkpoints.LOG_START_OFFSET_CHECKPOINT,
     checkpoints.CLEAN_SHUTDOWN_FILE,
-    "replication-offset-checkpoint",
+    checkpoints.REPLICATION_OFFSET_CHECKPOINT,
     CLEANER_OFFSET_CHECKPOINT,
     LOCK_FILE,
     TOPICS_FILE,
@@ -191,6 +194,9 @@ class KafkaEngine(StorageEngine):
             log.info("%s: no clean-shutdown marker; recovering unflushed segments", log_dir)
         recovery_points = self._read_checkpoint(log_dir / checkpoints.RECOVERY_POINT_CHECKPOINT)
         start_offsets = self._read_checkpoint(log_dir / checkpoints.LOG_START_OFFSET_CHECKPOINT)
+        high_watermarks = (
+            self._read_checkpoint(log_dir / checkpoints.REPLICATION_OFFSET_CHECKPOINT) if self.config.replicated else {}
+        )
         finish_deletions(log_dir)
         for path in sorted(log_dir.iterdir()):
             name = path.name
@@ -220,6 +226,7 @@ class KafkaEngine(StorageEngine):
                 recovery_point=recovery_points.get((topic, partition), 0),
                 log_start_offset=start_offsets.get((topic, partition), 0),
                 had_clean_shutdown=clean,
+                high_watermark=high_watermarks.get((topic, partition)),
             )
 
     def _topic_id_on_disk(self, topic: str) -> str:
@@ -256,6 +263,7 @@ class KafkaEngine(StorageEngine):
         recovery_point: int = 0,
         log_start_offset: int = 0,
         had_clean_shutdown: bool = True,
+        high_watermark: int | None = None,
     ) -> PartitionLog:
         record = self.registry.topics[topic]
         partition_log = PartitionLog(
@@ -270,11 +278,13 @@ class KafkaEngine(StorageEngine):
             scheduler=self.scheduler,
             check_worker=self.check_worker,
             clock=self.clock,
+            replicated=self.config.replicated,
+            high_watermark=high_watermark,
         )
         self.logs[(topic, partition)] = partition_log
         self._log_dir_of[(topic, partition)] = log_dir
         if self.config.key_index.enabled:
-            self.key_indexes[(topic, partition)] = PartitionKeyIndex(
+            key_index = self.key_indexes[(topic, partition)] = PartitionKeyIndex(
                 partition_log.directory,
                 topic,
                 self.config.key_index,
@@ -282,6 +292,7 @@ class KafkaEngine(StorageEngine):
                 log_start_offset=partition_log.log_start_offset,
                 log_end_offset=partition_log.log_end_offset,
             )
+            partition_log.truncation_listeners.append(key_index.truncated)
         return partition_log
 
     def _log_config_for(self, overrides: Mapping[str, Any]) -> LogConfig:
@@ -317,6 +328,13 @@ class KafkaEngine(StorageEngine):
             config.log_start_offset_checkpoint_interval_ms,
             config.log_start_offset_checkpoint_interval_ms,
         )
+        if config.replicated:
+            self.scheduler.schedule(
+                "high-watermark checkpoint",
+                self.checkpoint_high_watermarks,
+                config.high_watermark_checkpoint_interval_ms,
+                config.high_watermark_checkpoint_interval_ms,
+            )
         self._schedule_flush_check()
         if self.cleaner_scheduler is not None:
             self.cleaner_scheduler.schedule(
@@ -406,6 +424,11 @@ class KafkaEngine(StorageEngine):
 
     def checkpoint_log_start_offsets(self) -> None:
         self._write_offset_checkpoints(checkpoints.LOG_START_OFFSET_CHECKPOINT, lambda lg: lg.log_start_offset)
+
+    def checkpoint_high_watermarks(self) -> None:
+        """replication-offset-checkpoint: every partition's high watermark (a replicated engine only)."""
+        if self.config.replicated:
+            self._write_offset_checkpoints(checkpoints.REPLICATION_OFFSET_CHECKPOINT, lambda lg: lg.high_watermark)
 
     def _write_offset_checkpoints(self, file_name: str, value: Callable[[PartitionLog], int]) -> None:
         with self._lock:
@@ -580,6 +603,7 @@ class KafkaEngine(StorageEngine):
             try:
                 self.checkpoint_recovery_points()
                 self.checkpoint_log_start_offsets()
+                self.checkpoint_high_watermarks()
             except OSError as exc:
                 log.error("cannot write the offset checkpoints at shutdown: %s", exc.strerror or exc)
                 clean = False

@@ -13,7 +13,8 @@ to the record's Kafka offset (in the entry's phyOffset field), with the record t
 Derived data, built off the append path: the index follows the log (like RocketMQ's dispatcher), caught up by a
 background task and before every lookup, reading batches back through the partition's own read path. Loading drops
 what the log no longer holds (after a crash the file being written is dropped whole, after a truncation the files
-past the new end), retention drops files below the log start offset, and the catch-up re-indexes the rest.
+past the new end; a follower's truncation of an open log does the same through `truncated`), retention drops files
+below the log start offset, and the catch-up re-indexes the rest.
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ class PartitionKeyIndex:
             indexed += self.service.put_keys(keys)
             offset = self.next_offset = next_offset
         return indexed
+
+    def truncated(self, log_end_offset: int) -> None:
+        """The log was cut back to end at `log_end_offset` (a follower's truncation): files indexing offsets at or
+        past it go, and the catch-up re-indexes from where the remaining files end, as loading does."""
+        with self._lock:
+            self.service.drop_beyond(log_end_offset)
+            self.next_offset = min(self.next_offset, self.service.rebuild_from)
 
     def candidates(self, key: bytes, max_num: int) -> list[int]:
         """Offsets whose entry hash matches `key`, newest first; the caller checks each record's key."""

@@ -106,6 +106,11 @@ class LeaderEpochCache:
             return list(self._entries)
 
     @property
+    def latest_epoch(self) -> int:
+        """The epoch of the latest entry, UNDEFINED_EPOCH when there is none."""
+        return self._latest_epoch
+
+    @property
     def unwritten(self) -> bool:
         """Has the cache changed since the file was last written?"""
         return self._unwritten
@@ -166,6 +171,10 @@ class LeaderEpochCache:
         """The log was cut back to end at `end_offset` (Kafka's truncateFromEnd): entries starting at or above it
         go."""
         self._replace(lambda entries: _truncated_from_end(entries, end_offset))
+
+    def clear(self) -> None:
+        """The log starts over empty (Kafka's clearAndFlush): no entries."""
+        self._replace(lambda _entries: [])
 
     def _replace(self, change: Callable[[list[EpochEntry]], list[EpochEntry]]) -> None:
         with self._lock:

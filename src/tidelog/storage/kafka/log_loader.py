@@ -139,7 +139,7 @@ class LogLoader:
         log_start_offset = max(log_start_offset, segments[0].base_offset)
         recovery_point = log_end_offset if had_clean_shutdown else min(recovery_point, log_end_offset)
         producer_state = ProducerStateManager(self.directory)
-        _rebuild_producer_state(producer_state, segments, log_start_offset, log_end_offset)
+        rebuild_producer_state(producer_state, segments, log_start_offset, log_end_offset)
         epochs = LeaderEpochCache.load(
             self.directory,
             name=self.name,
@@ -282,16 +282,14 @@ def _last_offset_in(segment: LogSegment, previous_last: int) -> int:
 
 
 def _log_end_offset(segments: list[LogSegment]) -> int:
-    if not segments:
-        return 0
-    active = segments[-1]
-    return max(_last_offset_in(active, -1) + 1, active.base_offset)
+    return segments[-1].end_offset() if segments else 0
 
 
-def _rebuild_producer_state(
+def rebuild_producer_state(
     producer_state: ProducerStateManager, segments: list[LogSegment], log_start_offset: int, log_end_offset: int
 ) -> None:
-    """Newest snapshot, then the batches after it (after a clean shutdown there is nothing to replay)."""
+    """Newest snapshot at or below the log end (later ones are deleted), then the batches after it (after a clean
+    shutdown there is nothing to replay). Loading calls it, and a truncation (partition_log.py)."""
     start = max(producer_state.load_latest_snapshot(log_end_offset), log_start_offset)
     if start >= log_end_offset:
         return

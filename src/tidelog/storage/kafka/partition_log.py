@@ -1,7 +1,13 @@
 """One partition: the directory `<topic>-<partition>` and its segments (Kafka's UnifiedLog + LocalLog).
 
-Offsets: log start offset (first readable) <= recovery point (known fsynced) <= high watermark
-(readable; equal to the log end offset on a single node) <= log end offset (next to assign).
+Offsets: log start offset (first readable) <= recovery point (known fsynced) <= log end offset (next to assign), and
+log start offset <= high watermark (readable) <= log end offset. On a single node (not `replicated`) the high
+watermark is the log end after every change. A replicated log (a broker of a cluster) leaves it to the broker
+(`set_high_watermark`): appends do not move it, reads stop at the batch holding it (its file position is cached),
+except a follower's (`up_to_log_end`); it starts from replication-offset-checkpoint (the engine's) at open.
+A follower appends the leader's batches unchanged (`append_replica`: same offsets, epochs and bytes, and the same
+rolls, so its segment files are the leader's), and cuts its log back where it diverged (`truncate_to`,
+`truncate_fully_and_start_at`).
 Appends take batches as a producer sent them, check layout and CRC and (for a producer's batch) decode every
 record as Kafka's LogValidator does, assign offsets by rewriting baseOffset (outside the CRC) and write them with
 one pwritev, without copying the payload; a CreateTime batch whose maxTimestamp is not its records' largest
@@ -44,6 +50,7 @@ from tidelog.errors import (
     LogClosedError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    UnexpectedAppendOffsetError,
     UnknownTopicOrPartitionError,
 )
 from tidelog.storage.api import (
@@ -58,7 +65,8 @@ from tidelog.storage.api import (
 )
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES, BatchCheckWorker, PendingCheck
-from tidelog.storage.kafka.log_loader import LogLoader
+from tidelog.storage.kafka.leader_epoch_cache import EpochEndOffset
+from tidelog.storage.kafka.log_loader import LogLoader, rebuild_producer_state
 from tidelog.storage.kafka.segment import SWAP_SUFFIX, LogSegment, now_ms
 
 log = logging.getLogger("tidelog.storage")
@@ -80,6 +88,15 @@ class _AppendedBatch:
     check_on_worker: bool = False  # a large batch: CRC and records checked on the worker while it is written
     from_client: bool = True
     pending: PendingCheck | None = None  # that check, once started (_start_checks)
+
+
+@dataclass(frozen=True, slots=True)
+class _Clip:
+    """Where reads below the high watermark stop: the start of the batch holding `high_watermark` in `segment`."""
+
+    high_watermark: int
+    segment: LogSegment
+    position: int
 
 
 class _MaxTimestampDiffers(Exception):
@@ -106,10 +123,13 @@ class PartitionLog(Partition):
         scheduler: Scheduler | None = None,
         check_worker: BatchCheckWorker | None = None,
         clock: Callable[[], int] = now_ms,
+        replicated: bool = False,
+        high_watermark: int | None = None,
     ) -> None:
         """Open (load, recovering if need be) the partition in `directory`, creating it if missing. Large batches
         are checked on `check_worker` (the engine's) while they are written; without one, before, like the
-        others."""
+        others. `replicated`: the broker moves the high watermark, which starts at `high_watermark` (the
+        checkpointed one; None: the log start) kept within [log start, log end]."""
         self.directory = directory
         self.topic = topic
         self.partition = partition
@@ -133,9 +153,16 @@ class PartitionLog(Partition):
         self.log_start_offset = loaded.log_start_offset
         self.recovery_point = loaded.recovery_point
         self.log_end_offset = loaded.log_end_offset
+        self.replicated = replicated
         self.high_watermark = self.log_end_offset
+        if replicated:
+            start = self.log_start_offset if high_watermark is None else high_watermark
+            self.high_watermark = min(max(start, self.log_start_offset), self.log_end_offset)
+        self._hw_clip: _Clip | None = None  # where reads below the high watermark stop (when it is below the end)
         self.producer_state = loaded.producer_state
         self.leader_epoch_cache = loaded.leader_epoch_cache
+        # Called with the new log end after a truncation, outside the lock (the engine's key index follows the log).
+        self.truncation_listeners: list[Callable[[int], None]] = []
 
     # --- segments ---------------------------------------------------------------------------------------------
 
@@ -285,8 +312,7 @@ class PartitionLog(Partition):
             first_batch_timestamp,
             verify=verify if checked_while_written else None,
         )
-        self.log_end_offset = last_offset + 1
-        self.high_watermark = self.log_end_offset
+        self._advance_log_end(last_offset + 1)
         next_offset = base_offset
         for batch in batches:
             self.producer_state.update(batch.header, next_offset, now if log_append_time else batch.max_timestamp)
@@ -300,6 +326,12 @@ class PartitionLog(Partition):
             log_start_offset=self.log_start_offset,
             size_in_bytes=total_size,
         )
+
+    def _advance_log_end(self, end: int) -> None:
+        """Under the lock, after a write: the log ends at `end`; outside a cluster the high watermark follows."""
+        self.log_end_offset = end
+        if not self.replicated:
+            self.high_watermark = end
 
     def flush_due(self) -> bool:
         """Has `flush.messages` worth of records been appended since the last flush? (The caller flushes.)"""
@@ -376,9 +408,113 @@ class PartitionLog(Partition):
             differs |= not log_append_time and batch.max_timestamp != claimed
         return differs
 
+    # --- replication ------------------------------------------------------------------------------------------
+
+    def append_replica(self, data: bytes | bytearray | memoryview) -> AppendResult:
+        """Append a leader's batches exactly as its log holds them (Kafka's appendAsFollower): baseOffset,
+        partitionLeaderEpoch, timestamps and every other byte kept, so this log's files are the leader's.
+
+        Each batch is checked as a stored one (layout, header fields, CRC-32C; its records were the leader's to
+        check, and its size too: a follower takes what the leader took). The first must start at the log end and
+        each next one right after the one before; on a compacted topic a batch may start further on (the cleaner
+        removes whole batches from the leader's log, leaving gaps), never before. Else UnexpectedAppendOffsetError;
+        any refusal leaves the log unchanged. Each batch is written on its own and rolls the segment as a client
+        append of it would, so the segments split where the leader's do. The leader-epoch cache gets each batch's
+        epoch and the producer state each batch (a follower made leader recognises a producer's retry); the high
+        watermark of a replicated log does not move. An I/O failure is a KafkaStorageError; the batches written
+        before it stay, the log consistent up to them."""
+        view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+        batches = self._replica_batches(view)
+        try:
+            with self._lock:
+                self._check_open()
+                self._check_replica_offsets(batches)
+                now = self.clock()
+                for position, header in batches:
+                    size, last_offset = header.size_in_bytes, header.last_offset
+                    if self.active_segment.should_roll(size, header.max_timestamp, last_offset, now):
+                        self.roll(header.base_offset)
+                    self.active_segment.append(
+                        (view[position : position + size],),
+                        size,
+                        last_offset,
+                        header.max_timestamp,
+                        last_offset,
+                        header.max_timestamp,
+                    )
+                    self._advance_log_end(last_offset + 1)
+                    self.producer_state.update(header, header.base_offset, header.max_timestamp)
+                    if header.partition_leader_epoch >= 0:
+                        self.leader_epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+                log_start_offset = self.log_start_offset
+        except OSError as exc:
+            raise KafkaStorageError(f"{self.name}: cannot append a replica's batches: {exc.strerror or exc}") from exc
+        first, last = batches[0][1], batches[-1][1]
+        return AppendResult(
+            base_offset=first.base_offset,
+            last_offset=last.last_offset,
+            record_count=sum(header.records_count for _, header in batches),
+            log_append_time_ms=-1,
+            log_start_offset=log_start_offset,
+            size_in_bytes=len(view),
+        )
+
+    def _replica_batches(self, view: memoryview) -> list[tuple[int, BatchHeader]]:
+        """(position, header) of every batch in `view`, each checked as a stored batch (CRC inline, whatever its
+        size)."""
+        batches: list[tuple[int, BatchHeader]] = []
+        position = 0
+        while position < len(view):
+            header = read_header(view, position)
+            check_crc(header, compute_crc(view, position, header.size_in_bytes), position)
+            check_header_fields(header, position)
+            if header.last_offset_delta < 0:
+                raise InvalidRecordError(
+                    f"batch at byte {position} declares lastOffsetDelta {header.last_offset_delta}, below 0"
+                )
+            batches.append((position, header))
+            position += header.size_in_bytes
+        if not batches:
+            raise InvalidRecordError("an append needs at least one record batch")
+        return batches
+
+    def _check_replica_offsets(self, batches: list[tuple[int, BatchHeader]]) -> None:
+        """Under the lock: the batches continue the log (see append_replica)."""
+        expected = self.log_end_offset
+        for slot, (position, header) in enumerate(batches):
+            base = header.base_offset
+            if base < expected or (base > expected and not self.config.compact):
+                after = f"the log end of {self.name}" if slot == 0 else "the offset after the batch before it"
+                raise UnexpectedAppendOffsetError(
+                    f"a replica's batch at byte {position} starts at offset {base}, but {after} is {expected}"
+                    + ("" if base < expected else " (only a compacted topic's log has gaps)")
+                )
+            expected = header.last_offset + 1
+
+    def set_high_watermark(self, offset: int) -> None:
+        """Raise the high watermark to min(offset, log end). Lower values are ignored: only a truncation below it
+        lowers it. Outside a cluster it is the log end already, so nothing changes."""
+        with self._lock:
+            self._check_open()
+            self.high_watermark = max(self.high_watermark, min(offset, self.log_end_offset))
+
+    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
+        with self._lock:
+            self._check_open()
+            return self.leader_epoch_cache.end_offset_for(epoch, self.log_end_offset)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.leader_epoch_cache.latest_epoch
+
     # --- reads ------------------------------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, *, min_one_message: bool = True) -> FileSlices:
+    def read(
+        self, offset: int, max_bytes: int, *, min_one_message: bool = True, up_to_log_end: bool = False
+    ) -> FileSlices:
+        """Whole batches from the one holding `offset`, the last possibly cut short by `max_bytes` (min_one_message:
+        the first whole whatever its size). They stop before the batch holding the high watermark, or with
+        `up_to_log_end` (a follower's fetch) at the log end."""
         with self._lock:
             self._check_open()
             if offset < self.log_start_offset or offset > self.log_end_offset:
@@ -387,16 +523,33 @@ class PartitionLog(Partition):
                 )
             slices: list[FileSlice] = []
             remaining = max_bytes
-            if offset < self.high_watermark:
+            end = self.log_end_offset if up_to_log_end else self.high_watermark
+            if offset < end:
+                clip = self._high_watermark_clip() if end < self.log_end_offset else None
                 for segment in self.segments[self._segment_slot(offset) :]:
                     start = max(offset, segment.base_offset)
-                    piece = segment.read(start, remaining, min_one_message=min_one_message and not slices)
+                    stop = clip.position if clip is not None and segment is clip.segment else None
+                    piece = segment.read(start, remaining, stop, min_one_message=min_one_message and not slices)
                     if piece is not None:
                         slices.append(piece)
                         remaining -= piece.length
-                    if remaining <= 0:
+                    if remaining <= 0 or stop is not None:
                         break
             return FileSlices(tuple(slices), self.log_start_offset, self.high_watermark)
+
+    def _high_watermark_clip(self) -> _Clip | None:
+        """Under the lock, the high watermark below the log end: the start of the batch holding it, looked up once
+        per high watermark (appends only add bytes after it; truncations and segment replacements forget it)."""
+        high_watermark = self.high_watermark
+        clip = self._hw_clip
+        if clip is not None and clip.high_watermark == high_watermark:
+            return clip
+        for segment in self.segments[self._segment_slot(high_watermark) :]:
+            location = segment.translate_offset(high_watermark)
+            if location is not None:
+                self._hw_clip = _Clip(high_watermark, segment, location.position)
+                return self._hw_clip
+        return None
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
         with self._lock:
@@ -404,8 +557,8 @@ class PartitionLog(Partition):
             epoch_for = self.leader_epoch_cache.epoch_for_offset
             if timestamp_ms == EARLIEST_TIMESTAMP:
                 return TimestampAndOffset(-1, self.log_start_offset, epoch_for(self.log_start_offset))
-            if timestamp_ms == LATEST_TIMESTAMP:
-                return TimestampAndOffset(-1, self.log_end_offset, epoch_for(self.log_end_offset))
+            if timestamp_ms == LATEST_TIMESTAMP:  # what a consumer may read up to (Kafka's ListOffsets)
+                return TimestampAndOffset(-1, self.high_watermark, epoch_for(self.high_watermark))
             if timestamp_ms == MAX_TIMESTAMP:
                 with_timestamps = [s for s in self.segments if s.max_timestamp_so_far.timestamp >= 0]
                 if not with_timestamps:
@@ -421,7 +574,7 @@ class PartitionLog(Partition):
                         found = segment.find_offset_by_timestamp(timestamp_ms, self.log_start_offset)
                         if found is not None:
                             break
-            if found is None:
+            if found is None or found.offset >= self.high_watermark:  # not readable yet: none (as Kafka answers)
                 return None
             return TimestampAndOffset(found.timestamp, found.offset, epoch_for(found.offset))
 
@@ -557,6 +710,96 @@ class PartitionLog(Partition):
         self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
         self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
 
+    # --- truncation (a follower cutting back to its leader's log) -----------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch from the one holding `offset` on (Kafka's UnifiedLog.truncateTo): segments whose base
+        is above it go (renamed `.deleted` now, their files removed file.delete.delay.ms later, as retention does,
+        so a reader holding a slice of one keeps reading it); the segment holding it is cut at that batch, indexes
+        too, and becomes the active one. The log end is then where the remaining batches end (the batch holding a
+        mid-batch `offset` goes whole); the high watermark and the recovery point come down to it, the leader
+        epochs from it on go, the producer state is rebuilt from the newest snapshot at or below it (later
+        snapshots are deleted) and the batches after that, and the truncation listeners are told. An `offset` at or
+        past the log end changes nothing; one below the first segment starts the log over there
+        (truncate_fully_and_start_at).
+
+        Durable before it returns: the cut `.log` and indexes are fsynced, the renames and snapshot deletions made
+        durable (directory fsync) and the leader-epoch checkpoint rewritten, so a crash cannot bring truncated
+        batches back, however far the recovery-point checkpoint on disk still reaches (loading takes
+        min(recovery point, log end)). A slice of the cut segment handed out before, reaching past the cut, reads
+        short."""
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot truncate {self.name} to the negative offset {offset}")
+        with self._flush_lock, self._lock:  # a flush in progress cannot move the recovery point past the new end
+            self._check_open()
+            if offset >= self.log_end_offset:
+                return
+            below_every_segment = offset < self.segments[0].base_offset
+            doomed = self._start_over_at(offset) if below_every_segment else self._cut_at(offset)
+            end = self.log_end_offset
+            log.info("%s: truncated to offset %d; the log ends at %d", self.name, offset, end)
+        self._after_truncation(doomed, end)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Remove every segment and start empty at `offset` (Kafka's truncateFullyAndStartAt: the leader's log
+        starts past this replica's end): log start = log end = high watermark = recovery point = `offset`, no
+        leader epochs, no producers, no snapshots. Durable before it returns, as truncate_to."""
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot start {self.name} at the negative offset {offset}")
+        with self._flush_lock, self._lock:
+            self._check_open()
+            doomed = self._start_over_at(offset)
+            log.info("%s: truncated fully; the log starts at %d", self.name, offset)
+        self._after_truncation(doomed, offset)
+
+    def _cut_at(self, offset: int) -> list[LogSegment]:
+        """Under both locks: truncate_to's work for an `offset` within the log; returns the segments to delete."""
+        slot = self._segment_slot(offset)
+        doomed = self.segments[slot + 1 :]
+        for segment in doomed:
+            segment.rename_to_deleted()
+        del self.segments[slot + 1 :]
+        del self._bases[slot + 1 :]
+        kept = self.segments[slot]
+        kept.truncate_to(offset)
+        if doomed:
+            kept.become_active()  # its indexes were trimmed when it rolled
+        self.log_end_offset = kept.end_offset()
+        self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+        self._hw_clip = None
+        self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+        rebuild_producer_state(self.producer_state, self.segments, self.log_start_offset, self.log_end_offset)
+        kept.flush()
+        self._make_truncation_durable()
+        return doomed
+
+    def _start_over_at(self, offset: int) -> list[LogSegment]:
+        """Under both locks: replace every segment by an empty one at `offset`; returns the segments to delete."""
+        doomed = list(self.segments)
+        for segment in doomed:
+            segment.rename_to_deleted()  # first: the new segment may take the name of one of them
+        self.segments = [LogSegment(self.directory, offset, self.config, now_ms=self.clock())]
+        self._bases = [offset]
+        self.log_start_offset = self.log_end_offset = self.high_watermark = self.recovery_point = offset
+        self._hw_clip = None
+        self.leader_epoch_cache.clear()
+        self.producer_state.truncate_fully()
+        self._make_truncation_durable()
+        return doomed
+
+    def _make_truncation_durable(self) -> None:
+        self.leader_epoch_cache.write_checkpoint()
+        fsync_directory(self.directory)
+
+    def _after_truncation(self, doomed: list[LogSegment], end: int) -> None:
+        """Outside the locks: delete the removed segments' files (later) and tell the listeners."""
+        if doomed:
+            self._schedule_file_deletion(doomed)
+        for listener in self.truncation_listeners:
+            listener(end)
+
     # --- compaction (the log cleaner's side of the log: storage/kafka/cleaner.py) --------------------------------
 
     def cleaning_view(self) -> tuple[list[LogSegment], int, int]:
@@ -593,6 +836,7 @@ class PartitionLog(Partition):
             fsync_directory(self.directory)
             self.segments[slot : slot + len(old)] = [new]
             self._bases = [s.base_offset for s in self.segments]
+            self._hw_clip = None
         self._schedule_file_deletion(old)
         return True
 

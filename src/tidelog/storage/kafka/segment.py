@@ -242,6 +242,14 @@ class LogSegment:
             return None
         return FileSlice(self.file, self.log_path, location.position, length)
 
+    def end_offset(self) -> int:
+        """The offset after the last batch (the base offset when there is none): a walk from the last index entry."""
+        last = self.base_offset - 1
+        position = self.index.lookup(self.index.last_offset).position if self.index.entries else 0
+        for location in self.batch_locations(position):
+            last = location.last_offset
+        return last + 1
+
     def read_batch_bytes(self, location: BatchLocation) -> bytes:
         return os.pread(self._fd, location.size, location.position)
 

@@ -16,6 +16,11 @@ a read turns ConsumeQueue units back into Kafka v2 batches built in memory. The 
   `tidelog-producer-snapshots/<topic>-<queue>/`) once PRODUCER_SNAPSHOT_UNITS offsets were appended since the last
   one (the engine's scheduler asks every second) and at a clean close, and rebuilt after a restart from the newest
   snapshot plus the `KAFKA_PRODUCER` property of the messages after it (from the log start when there is none);
+- replication: the engine keeps one replica per queue. `append_replica`, `truncate_to` and
+  `truncate_fully_and_start_at` raise ReplicationUnsupportedError (a replication factor above 1 needs the Kafka
+  engine); `set_high_watermark` changes nothing (the high watermark stays the dispatched end), `read`'s
+  `up_to_log_end` reads what it reads anyway (up to the dispatched end), and `end_offset_for_epoch` / `latest_epoch`
+  answer as Kafka does for a log without leader epochs: (-1, -1) and -1. `EngineConfig.replicated` changes nothing;
 - a time lookup has Kafka's meaning (the earliest offset whose record timestamp is at least the target, in whatever
   order timestamps come) through an in-memory summary: the largest timestamp of each block of offsets.
 """
@@ -49,6 +54,7 @@ from tidelog.errors import (
     LogClosedError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    ReplicationUnsupportedError,
     UnknownTopicOrPartitionError,
 )
 from tidelog.storage.api import (
@@ -414,7 +420,9 @@ class MessageQueue(Partition):
             return UnknownTopicOrPartitionError(f"{self.name} was deleted")
         return LogClosedError(f"{self.name} is closed")
 
-    def read(self, offset: int, max_bytes: int, *, min_one_message: bool = True) -> FileSlices:
+    def read(
+        self, offset: int, max_bytes: int, *, min_one_message: bool = True, up_to_log_end: bool = False
+    ) -> FileSlices:
         """Kafka batches re-encoded from the messages at `offset` on: one batch per original producer batch (or
         the part of it at or after `offset`); whole batches only, the first even when it exceeds `max_bytes`."""
         if self.closed:
@@ -456,6 +464,33 @@ class MessageQueue(Partition):
             if not slices or len(batch) <= remaining:
                 slices.append(batch)
         return FileSlices(tuple(slices), start, high_watermark)
+
+    # --- replication: one replica per queue (see the module's docstring) --------------------------------------
+
+    def _no_replication(self, call: str) -> ReplicationUnsupportedError:
+        return ReplicationUnsupportedError(
+            f"{self.name}: {call} is a replica's call, and the RocketMQ engine keeps one replica per queue "
+            f"(a replication factor above 1 needs the Kafka engine)"
+        )
+
+    def append_replica(self, data: bytes | bytearray | memoryview) -> AppendResult:
+        raise self._no_replication("append_replica")
+
+    def truncate_to(self, offset: int) -> None:
+        raise self._no_replication("truncate_to")
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        raise self._no_replication("truncate_fully_and_start_at")
+
+    def set_high_watermark(self, offset: int) -> None:
+        """Nothing to do: the high watermark is what the dispatcher has made readable."""
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        return (-1, -1)
+
+    @property
+    def latest_epoch(self) -> int:
+        return -1
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
         """ListOffsets, with Kafka's meaning whatever order the record (born) timestamps come in: the earliest
