@@ -22,7 +22,11 @@ from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker
 
 FAILOVER_S = SESSION_TIMEOUT_MS / 1000 + 30  # ZooKeeper notices the death, the controller acts; two busy cores
 NOT_ENOUGH_REPLICAS = 19
-REPLICATION = {"replica.lag.time.max.ms": 4000, "offsets.topic.num.partitions": 2, "group.initial.rebalance.delay.ms": 0}
+REPLICATION = {
+    "replica.lag.time.max.ms": 4000,
+    "offsets.topic.num.partitions": 2,
+    "group.initial.rebalance.delay.ms": 0,
+}
 
 
 def state(zk: KazooClient, topic: str, partition: int) -> dict[str, Any]:
@@ -52,7 +56,13 @@ def produce_all(bootstrap: str, topic: str, values: list[str], partitions: int) 
     acked: dict[str, int] = {}
     failures: list[str] = []
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 2}
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 2,
+            "batch.num.messages": 100,  # many batches, so segments roll
+        }
     )
 
     def delivered(err: Any, message: Any) -> None:
@@ -99,13 +109,15 @@ def replicas_identical(brokers: dict[int, BrokerProcess], topic: str, partition:
 def test_followers_copy_their_leader_byte_for_byte(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
     brokers = start_cluster(cluster_broker, zk_client)
     bootstrap = ",".join(b.bootstrap for b in brokers.values())
-    create_topic(brokers[1].bootstrap, "copied", 3, {"min.insync.replicas": "2", "segment.bytes": "20000"})
+    create_topic(brokers[1].bootstrap, "copied", 3, {"min.insync.replicas": "2", "segment.bytes": "4000"})
     values = [f"record-{i:05d}" for i in range(3000)]
     acked = produce_all(bootstrap, "copied", values, 3)
     assert len(acked) == len(values)
 
     for partition in range(3):
-        wait_for(lambda p=partition: replicas_identical(brokers, "copied", p), what=f"identical replicas of {partition}")
+        wait_for(
+            lambda p=partition: replicas_identical(brokers, "copied", p), what=f"identical replicas of {partition}"
+        )
         leader = state(zk_client, "copied", partition)["leader"]
         assert sorted(state(zk_client, "copied", partition)["isr"]) == [1, 2, 3]
         segments = sorted(p.name for p in (brokers[leader].log_dir / f"copied-{partition}").glob("*.log"))

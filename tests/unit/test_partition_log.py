@@ -1240,6 +1240,19 @@ def test_retention_ms_minus_one_keeps_everything(data_dir: Path) -> None:
         assert bases(engine, "t") == [0, 2, 4]
 
 
+def test_a_changed_segment_size_rolls_the_active_segment(data_dir: Path) -> None:
+    """segment.bytes set after the topic was created applies to the segment already open (red before: the active
+    segment kept the settings it was created with and grew past the new size)."""
+    with open_engine(data_dir) as engine:
+        engine.create_topic("t", 1)
+        engine.alter_topic_configs("t", {"segment.bytes": 4000})
+        partition = engine.partition_log("t", 0)
+        for _ in range(50):
+            partition.append(build_batch([Record(b"x" * 100)] * 3))
+        assert len(partition.segments) > 1
+        assert all(segment.size <= 4000 for segment in partition.segments)
+
+
 def test_retention_bytes(data_dir: Path) -> None:
     with open_engine(data_dir, **RETENTION_CONFIG) as engine:
         engine.create_topic("t", 1)

@@ -215,6 +215,7 @@ class FetchApis:
                             list_partition.partition_index,
                             getattr(list_partition, "current_leader_epoch", -1),
                         )
+                    found: TimestampAndOffset | None
                     if from_follower and target == LATEST_TIMESTAMP:  # a follower's question: the log end
                         handle = engine.partition(list_topic.name, list_partition.partition_index)
                         found = TimestampAndOffset(-1, handle.log_end_offset, handle.latest_epoch)

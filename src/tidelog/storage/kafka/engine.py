@@ -520,7 +520,7 @@ class KafkaEngine(StorageEngine):
             new_config = self._log_config_for(configs)
             record.configs = {k: str(v) for k, v in configs.items()}
             for partition in record.held():
-                self.logs[(name, partition)].config = new_config
+                self.logs[(name, partition)].update_config(new_config)
             self.registry.save()
             self._schedule_flush_check()
 

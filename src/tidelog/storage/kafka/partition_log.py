@@ -190,6 +190,14 @@ class PartitionLog(Partition):
     def size_in_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 
+    def update_config(self, config: LogConfig) -> None:
+        """New settings (the topic's overrides changed): the segments roll and retain by them from now on (indexes
+        already allocated keep their size)."""
+        with self._lock:
+            self.config = config
+            for segment in self.segments:
+                segment.config = config
+
     def _check_open(self) -> None:
         if self._closed:
             if self._deleted:
