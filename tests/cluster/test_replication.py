@@ -200,3 +200,22 @@ def wire_produce(bootstrap: str, topic: str, *, acks: int) -> int:
     }
     response = kafka_wire.request(bootstrap, ApiKey.PRODUCE, kafka_wire.PRODUCE_VERSION, body)
     return int(response.responses[0].partition_responses[0].error_code)
+
+
+def test_producer_ids_are_unique_across_the_cluster(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
+    """Every broker reserves its blocks of producer ids in /latest_producer_id_block (red before: each broker counted
+    from 0 in a file of its own, and a second idempotent producer was fenced as out of order by a leader that knew the
+    first one's sequence numbers under the same id)."""
+    brokers = start_cluster(cluster_broker, zk_client)
+    ids = [init_producer_id(broker.bootstrap) for broker in brokers.values() for _ in range(2)]
+    assert len(set(ids)) == len(ids), ids
+    block = json.loads(zk_client.get("/latest_producer_id_block")[0])
+    assert block["version"] == 1 and int(block["block_end"]) - int(block["block_start"]) == 999
+    assert block["broker"] in brokers and max(ids) <= int(block["block_end"])
+
+
+def init_producer_id(bootstrap: str) -> int:
+    body = {"transactional_id": None, "transaction_timeout": 60_000}
+    response = kafka_wire.request(bootstrap, ApiKey.INIT_PRODUCER_ID, 2, body)
+    assert response.error_code == 0
+    return int(response.producer_id)

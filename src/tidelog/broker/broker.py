@@ -40,6 +40,7 @@ from tidelog.broker.authorizer import AclApis, Authorizer
 from tidelog.broker.cluster_groups import ClusterGroups
 from tidelog.broker.cluster_membership import ClusterMembership
 from tidelog.broker.cluster_metadata import MetadataCache
+from tidelog.broker.cluster_producer_ids import ZooKeeperProducerIdBlocks
 from tidelog.broker.cluster_topics import ClusterTopics
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.controller import Controller
@@ -48,7 +49,7 @@ from tidelog.broker.groups import GroupCoordinator
 from tidelog.broker.handler import HandlerTable
 from tidelog.broker.metrics import Metrics
 from tidelog.broker.offset_store import OffsetStore
-from tidelog.broker.produce import Flusher, ProduceApis, ProducerIdAllocator
+from tidelog.broker.produce import FileProducerIdBlocks, Flusher, ProduceApis, ProducerIdAllocator
 from tidelog.broker.replica_fetcher import ReplicaFetchers
 from tidelog.broker.replica_manager import ReplicaManager
 from tidelog.broker.sasl import SaslApis
@@ -120,7 +121,11 @@ class Broker:
             self.metrics,
             self.flusher,
             self.fetch.notifier,
-            ProducerIdAllocator(log_dir),
+            ProducerIdAllocator(
+                ZooKeeperProducerIdBlocks(self.cluster.client, config.node_id).next_block
+                if self.cluster is not None
+                else FileProducerIdBlocks(log_dir).next_block
+            ),
             check_leader,
             self.replicas,
         )

@@ -126,8 +126,9 @@ def _flush_all(targets: dict[Partition, int]) -> dict[Partition, Exception]:
     return errors
 
 
-class ProducerIdAllocator:
-    """Hands out producer ids; blocks of ids are reserved in a file so ids are never reused after a restart."""
+class FileProducerIdBlocks:
+    """A single broker's blocks of producer ids, reserved in a file of its log dir so that ids are never reused after
+    a restart (the file holds the end of the last block handed out)."""
 
     def __init__(self, log_dir: Path) -> None:
         self.path = log_dir / PRODUCER_ID_BLOCK_FILE
@@ -136,15 +137,33 @@ class ProducerIdAllocator:
         except ValueError:
             log.warning("%s is unreadable; starting producer ids after a safe gap", self.path)
             self._next = 1 << 40
-        self._block_end = self._next
 
-    def allocate(self) -> int:
-        if self._next >= self._block_end:
-            self._block_end = self._next + PRODUCER_ID_BLOCK_SIZE
-            write_atomically(self.path, f"{self._block_end}\n")
-        producer_id = self._next
-        self._next += 1
-        return producer_id
+    def next_block(self) -> range:
+        block = range(self._next, self._next + PRODUCER_ID_BLOCK_SIZE)
+        write_atomically(self.path, f"{block.stop}\n")
+        self._next = block.stop
+        return block
+
+
+class ProducerIdAllocator:
+    """Hands out producer ids from blocks `next_block` reserves (a blocking call, run on a worker thread): a file on
+    a single broker, `/latest_producer_id_block` in a cluster (cluster_producer_ids.py), so that no two producers
+    anywhere share an id."""
+
+    def __init__(self, next_block: Callable[[], range]) -> None:
+        self._next_block = next_block
+        self._block = range(0)
+        self._next = 0
+        self._lock = asyncio.Lock()
+
+    async def allocate(self) -> int:
+        async with self._lock:
+            if self._next >= self._block.stop:
+                self._block = await asyncio.to_thread(self._next_block)
+                self._next = self._block.start
+            producer_id = self._next
+            self._next += 1
+            return producer_id
 
 
 class ProduceApis:
@@ -315,5 +334,5 @@ class ProduceApis:
             answer.update(producer_id=producer_id, producer_epoch=epoch + 1)
             log.info("client %s: producer %d bumps its epoch to %d", request.client_id, producer_id, epoch + 1)
         else:
-            answer.update(producer_id=self.producer_ids.allocate(), producer_epoch=0)
+            answer.update(producer_id=await self.producer_ids.allocate(), producer_epoch=0)
         return answer

@@ -23,6 +23,11 @@ An operator who knows a Kafka cluster in ZooKeeper mode finds the same tree with
                             persistent  no data: the topic is marked for deletion; the controller removes the
                                         topic's znodes and then this one (DeleteTopicsTopicZNode)
 
+    /latest_producer_id_block
+                            persistent  {"version":1,"broker":2,"block_start":"1000","block_end":"1999"}, the last
+                                        block of producer ids a broker reserved (ProducerIdBlockZNode; the ends
+                                        inclusive, as decimal strings)
+
 `host` and `port` repeat the PLAINTEXT endpoint for old tools (null and -1 without one), as Kafka writes them.
 The ephemeral nodes belong to the broker's ZooKeeper session: when the session ends (the broker died or stopped
 answering for zookeeper.session.timeout.ms) ZooKeeper removes them, which is how the others learn of it.
@@ -59,6 +64,8 @@ PERSISTENT_PATHS = (
 TOPICS_PATH = "/brokers/topics"
 CONFIG_TOPICS_PATH = "/config/topics"
 DELETE_TOPICS_PATH = "/admin/delete_topics"
+PRODUCER_ID_BLOCK_PATH = "/latest_producer_id_block"
+PRODUCER_ID_BLOCK_VERSION = 1
 BROKER_REGISTRATION_VERSION = 5
 CONTROLLER_VERSION = 1
 TOPIC_VERSION = 3
@@ -336,3 +343,32 @@ def decode_topic_config(topic: str, data: bytes | None) -> dict[str, str]:
     if not isinstance(config, dict) or not all(isinstance(v, str) for v in config.values()):
         raise MalformedZnodeError(f"znode {path}: config is not an object of strings: {config!r}")
     return {str(k): v for k, v in config.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerIdBlock:
+    """`/latest_producer_id_block`: producer ids `start`..`end` (inclusive) reserved by broker `broker_id`."""
+
+    broker_id: int
+    start: int
+    end: int
+
+    def encode(self) -> bytes:
+        return _encode(
+            {
+                "version": PRODUCER_ID_BLOCK_VERSION,
+                "broker": self.broker_id,
+                "block_start": str(self.start),
+                "block_end": str(self.end),
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> ProducerIdBlock:
+        value = _decode_object(PRODUCER_ID_BLOCK_PATH, data)
+        try:
+            return cls(int(value["broker"]), int(value["block_start"]), int(value["block_end"]))
+        except (KeyError, TypeError, ValueError):
+            raise MalformedZnodeError(
+                f"znode {PRODUCER_ID_BLOCK_PATH}: not a producer id block: {data[:120]!r}"
+            ) from None
