@@ -34,7 +34,8 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 QUIET = {
     "default.replication.factor": 3,
     "controlled.shutdown.retry.backoff.ms": 500,
-    "replica.lag.time.max.ms": 600_000,  # followers copy nothing on this branch: keep the ISRs as the controller set them
+    # followers copy nothing on this branch: keep the ISRs as the controller set them
+    "replica.lag.time.max.ms": 600_000,
 }
 
 
