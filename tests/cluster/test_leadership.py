@@ -133,9 +133,17 @@ def stop_and_watch(zk: KazooClient, broker: BrokerProcess, broker_id: int) -> Ti
     return timeline
 
 
+def moves_before_leaving(zk: KazooClient, partitions: list[int]) -> dict[int, bool]:
+    """ZooKeeper's own order: was each partition's last state write (its mzxid) before the last change of
+    /brokers/ids' children (its pzxid: the stopped broker's registration removed)?"""
+    left = zk.exists("/brokers/ids").pzxid
+    return {p: zk.exists(f"/brokers/topics/{TOPIC}/partitions/{p}/state").mzxid < left for p in partitions}
+
+
 def assert_moved_before_leaving(zk: KazooClient, broker: BrokerProcess, broker_id: int, timeline: Timeline) -> None:
     assert timeline.unregistered is not None and len(timeline.moved) == len(timeline.partitions), timeline.report("")
-    assert max(timeline.moved.values()) < timeline.unregistered, timeline.report("moved only after it left")
+    assert max(timeline.moved.values()) <= timeline.unregistered, timeline.report("moved only after it left")
+    assert all(moves_before_leaving(zk, timeline.partitions).values()), timeline.report("moved only after it left")
     for p in range(PARTITIONS):
         current = state(zk, TOPIC, p)
         assert current["leader"] != broker_id, (p, current)
@@ -213,3 +221,23 @@ def test_the_controller_moves_its_own_leadership_and_elect_leaders_moves_it_back
     assert {tp.partition: error.code() for tp, error in second.items() if error is not None} == dict.fromkeys(
         range(PARTITIONS), ELECTION_NOT_NEEDED
     )
+
+
+def test_without_controlled_shutdown_leadership_moves_only_after_the_broker_left(
+    zk_client: KazooClient, cluster_broker: ClusterBroker
+) -> None:
+    """The contrast: controlled.shutdown.enable=false. The stopping broker still removes its registration at once
+    (cluster_membership.py's resign; a broker that is killed instead leaves when its ZooKeeper session times out),
+    and only then does the controller move its leadership - the assertions of the test above fail here."""
+    brokers = start_cluster(
+        cluster_broker, {"controlled.shutdown.enable": "false", "auto.leader.rebalance.enable": "false"}
+    )
+    create_topic(zk_client, brokers)
+    active = controller(zk_client)
+    victim = next(b for b in (1, 2, 3) if b != active and b in leaders(zk_client, TOPIC).values())
+    timeline = stop_and_watch(zk_client, brokers[victim], victim)
+    print(timeline.report(f"broker {victim} stopped without a controlled shutdown"))
+    assert timeline.unregistered is not None and len(timeline.moved) == len(timeline.partitions), timeline.report("")
+    assert min(timeline.moved.values()) >= timeline.unregistered, timeline.report("moved before it left")
+    assert not any(moves_before_leaving(zk_client, timeline.partitions).values())
+    assert "controlled shutdown" not in brokers[victim].stderr_text()
