@@ -48,6 +48,7 @@ class ErrorCode(IntEnum):
     INVALID_REPLICATION_FACTOR = 38
     INVALID_REPLICA_ASSIGNMENT = 39
     INVALID_CONFIG = 40
+    NOT_CONTROLLER = 41
     INVALID_REQUEST = 42
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
     INVALID_PRODUCER_EPOCH = 47
@@ -61,7 +62,11 @@ class ErrorCode(IntEnum):
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
     UNSUPPORTED_COMPRESSION_TYPE = 76
+    STALE_BROKER_EPOCH = 77
     MEMBER_ID_REQUIRED = 79
+    PREFERRED_LEADER_NOT_AVAILABLE = 80
+    ELIGIBLE_LEADERS_NOT_AVAILABLE = 83
+    ELECTION_NOT_NEEDED = 84
     GROUP_SUBSCRIBED_TO_TOPIC = 86
     INVALID_RECORD = 87
 
@@ -260,6 +265,18 @@ class InvalidReplicaAssignmentError(TidelogError):
     """A CreateTopics or CreatePartitions assignment that names unknown brokers, repeats one, or is uneven."""
 
     kafka_error_code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+
+
+class NotControllerError(TidelogError):
+    """A request only the controller answers (ControlledShutdown, ElectLeaders forwarded) sent to another broker."""
+
+    kafka_error_code = ErrorCode.NOT_CONTROLLER
+
+
+class StaleBrokerEpochError(TidelogError):
+    """A ControlledShutdown naming an earlier registration of the broker than the live one."""
+
+    kafka_error_code = ErrorCode.STALE_BROKER_EPOCH
 
 
 class NotLeaderOrFollowerError(TidelogError):

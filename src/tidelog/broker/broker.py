@@ -16,7 +16,10 @@ With zookeeper.connect, a broker of a cluster (docs/cluster.md) also has:
     metadata (cluster_metadata.py)   the cluster's topics, leaders and ISRs from ZooKeeper watches; the local replicas
                                      kept in step through the engine's topic calls on the admin thread; the leader
                                      check produce, fetch and DeleteRecords make
-    controller (controller.py)       acts on the broker elected controller: leaders, ISRs, topic deletion
+    controller (controller.py)       acts on the broker elected controller: leaders, ISRs, topic deletion,
+                                     controlled shutdowns, preferred-leader elections and the auto rebalance
+    leadership (leadership.py)       ControlledShutdown and ElectLeaders, handed to the controller's thread (or
+                                     forwarded to the controller broker); the stopping broker's controlled shutdown
     cluster_topics (cluster_topics.py)  CreateTopics, DeleteTopics, CreatePartitions written to ZooKeeper
     cluster_groups (cluster_groups.py)  __consumer_offsets as a cluster topic: each group's coordinator is the
                                      leader of its partition, whose groups it loads when it comes to lead it
@@ -34,6 +37,7 @@ import asyncio
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tidelog.broker.admin import AdminExecutor
 from tidelog.broker.authorizer import AclApis, Authorizer
@@ -47,6 +51,7 @@ from tidelog.broker.controller import Controller
 from tidelog.broker.fetch import FetchApis
 from tidelog.broker.groups import GroupCoordinator
 from tidelog.broker.handler import HandlerTable
+from tidelog.broker.leadership import LeadershipApis
 from tidelog.broker.metrics import Metrics
 from tidelog.broker.offset_store import OffsetStore
 from tidelog.broker.produce import FileProducerIdBlocks, Flusher, ProduceApis, ProducerIdAllocator
@@ -63,7 +68,8 @@ log = logging.getLogger("tidelog.broker")
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.stopping = False
+        self.stop_started = False
+        self.stopping = False  # what handlers see: long polls and rebalances end early
         self.cluster = _cluster_membership(config)  # None: a single broker, no ZooKeeper
         cluster_id = self.cluster.connect() if self.cluster is not None else None
         engine_config = replace(config.engine, replicated=True) if self.cluster is not None else config.engine
@@ -89,6 +95,7 @@ class Broker:
                 self.metadata,
                 config.engine.log_defaults,
                 delete_topic_enable=config.delete_topic_enable,
+                leadership=config.leadership,
             )
             cluster_topics = ClusterTopics(self.cluster, self.metadata, config)
             check_leader = self.metadata.check_leader
@@ -156,6 +163,9 @@ class Broker:
         )
         self.sasl = SaslApis(config.security, config.listeners, log_dir)
         self.acls = AclApis(self.authorizer)
+        self.leadership: LeadershipApis | None = None
+        if self.cluster is not None and self.metadata is not None and self.controller is not None:
+            self.leadership = LeadershipApis(config, self.authorizer, self.cluster, self.metadata, self.controller)
         self.server = KafkaServer(config, self._handler_table(), self.metrics)
         self.metrics.expect_apis(self.server.handlers)
         self.metrics.watch(self.engine.partitions, lambda: len(self.groups.groups), lambda: self.connection_count)
@@ -163,7 +173,10 @@ class Broker:
     def _handler_table(self) -> HandlerTable:
         """Every API the broker serves (ApiVersions aside, which the server answers from this table)."""
         table: HandlerTable = {}
-        for area in (self.fetch, self.produce, self.topics, self.groups, self.sasl, self.acls):
+        areas: list[Any] = [self.fetch, self.produce, self.topics, self.groups, self.sasl, self.acls]
+        if self.leadership is not None:
+            areas.append(self.leadership)
+        for area in areas:
             handlers = area.handlers()
             clash = table.keys() & handlers.keys()
             assert not clash, f"API keys served twice: {sorted(clash)}"
@@ -188,8 +201,8 @@ class Broker:
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
         if self.metadata is not None and self.controller is not None and self.cluster_groups is not None:
             await self.metadata.start()  # the cluster's topics, and this broker's replicas of them
-            assert self.replicas is not None
-            self.replicas.start()  # leads and follows what the views say from now on
+            if self.replicas is not None:
+                self.replicas.start()  # leads and follows what the views say from now on
             self.controller.start()  # before the registration, which runs the election
             self.cluster_groups.start(self.groups)
         await self.server.start()
@@ -197,10 +210,20 @@ class Broker:
             await asyncio.to_thread(self.cluster.register, self.server.endpoints())
 
     async def stop(self) -> None:
-        """Stop accepting, wake long polls and parked rebalances, finish in-flight requests, close connections,
-        then flush and close the engine (which writes the clean-shutdown marker)."""
-        if self.stopping:
+        """In a cluster, first a controlled shutdown (controlled.shutdown.enable): the controller moves this
+        broker's leadership away while it still serves everything (followers keep fetching from it until their
+        leadership moved). Then stop accepting, wake long polls and parked rebalances, finish in-flight requests,
+        close connections, then flush and close the engine (which writes the clean-shutdown marker)."""
+        if self.stop_started:
             return
+        self.stop_started = True
+        if (
+            self.leadership is not None
+            and self.cluster is not None
+            and self.cluster.broker_epoch >= 0  # registered: start() went that far
+            and self.config.leadership.controlled_shutdown_enable
+        ):
+            await self.leadership.shut_down_controlled()
         self.stopping = True
         if self.controller is not None:
             await asyncio.to_thread(self.controller.close)

@@ -89,6 +89,8 @@ class ClusterMembership:
         self.controller_epoch = 0
         self.is_controller = False
         self.role: ControllerRole | None = None  # set while this broker is the controller
+        # the ZooKeeper czxid of this broker's registration, Kafka's broker epoch (-1: not registered yet)
+        self.broker_epoch = -1
 
     @property
     def client(self) -> KazooClient:
@@ -153,6 +155,8 @@ class ClusterMembership:
         while True:
             try:
                 self._client.create(path, self._registration, ephemeral=True, makepath=True)
+                stat = self._client.exists(path)
+                self.broker_epoch = stat.czxid if stat is not None else -1
                 log.info("registered as broker %d at %s", self.broker_id, path)
                 return
             except NodeExistsError:
@@ -171,11 +175,12 @@ class ClusterMembership:
         instead of waiting for the session to time out."""
         with self._lock:
             self._closed = True
+            # the registration first: the controller the others elect next never sees this broker live
+            self._delete_if_ours(zk.broker_path(self.broker_id))
             if self.is_controller:
                 self._delete_if_ours(zk.CONTROLLER_PATH)
                 self.is_controller = False
                 self.role = None
-            self._delete_if_ours(zk.broker_path(self.broker_id))
 
     def abdicate(self) -> None:
         """Stop being the controller but stay a broker of the cluster (a controller whose writes were fenced by a

@@ -218,6 +218,52 @@ SERVER_KEYS: dict[str, Key] = {
             "group creates it).",
         ),
         Key(
+            "controlled.shutdown.enable",
+            parse_bool,
+            default="true",
+            doc="In a cluster: on SIGTERM or Ctrl-C, ask the controller to move this broker's leadership to other "
+            "in-sync replicas (and take it out of every ISR) before it stops serving.",
+        ),
+        Key(
+            "controlled.shutdown.max.retries",
+            parse_int,
+            minimum=0,
+            default="3",
+            doc="In a cluster: how many times a stopping broker asks again while the controller answers partitions it "
+            "could not move (or cannot be reached); then it stops anyway.",
+        ),
+        Key(
+            "controlled.shutdown.retry.backoff.ms",
+            parse_int,
+            minimum=0,
+            default="5000",
+            doc="In a cluster: the pause between two controlled shutdown attempts.",
+        ),
+        Key(
+            "auto.leader.rebalance.enable",
+            parse_bool,
+            default="true",
+            doc="In a cluster: the controller moves leadership back to each partition's preferred replica (the first "
+            "of its assignment) when that broker's share of partitions led by others passes "
+            "leader.imbalance.per.broker.percentage.",
+        ),
+        Key(
+            "leader.imbalance.check.interval.seconds",
+            parse_int,
+            minimum=1,
+            default="300",
+            doc="In a cluster: how often the controller checks the leader imbalance.",
+        ),
+        Key(
+            "leader.imbalance.per.broker.percentage",
+            parse_int,
+            minimum=0,
+            maximum=100,
+            default="10",
+            doc="In a cluster: the percentage of a broker's preferred partitions led elsewhere above which the "
+            "controller moves their leadership back.",
+        ),
+        Key(
             "inter.broker.listener.name",
             parse_str,
             doc="In a cluster: the listener followers fetch from their leaders on (a `PLAINTEXT` one); unset: the "
@@ -525,6 +571,25 @@ class ReplicationConfig:
 
 
 @dataclass(frozen=True)
+class LeadershipConfig:
+    """Where the leadership of partitions goes when a broker stops and comes back (Kafka's names)."""
+
+    controlled_shutdown_enable: bool = True
+    controlled_shutdown_max_retries: int = 3
+    controlled_shutdown_retry_backoff_ms: int = 5_000
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_seconds: int = 300
+    leader_imbalance_per_broker_percentage: int = 10
+
+    @classmethod
+    def from_server_keys(cls, server: Mapping[str, Any]) -> LeadershipConfig:
+        defaults = cls()
+        return cls(
+            **{name: server.get(name.replace("_", "."), getattr(defaults, name)) for name in cls.__dataclass_fields__}
+        )
+
+
+@dataclass(frozen=True)
 class BrokerConfig:
     listeners: tuple[Listener, ...] = (Listener("PLAINTEXT", "127.0.0.1", 9092),)
     advertised_listeners: tuple[Listener, ...] | None = None
@@ -549,6 +614,7 @@ class BrokerConfig:
     default_replication_factor: int = 1
     offsets_topic_replication_factor: int = 3
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    leadership: LeadershipConfig = field(default_factory=LeadershipConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
@@ -638,6 +704,7 @@ class BrokerConfig:
                 "offsets.topic.replication.factor", defaults.offsets_topic_replication_factor
             ),
             replication=ReplicationConfig.from_server_keys(server),
+            leadership=LeadershipConfig.from_server_keys(server),
             engine=EngineConfig.from_mapping(select(settings, storage), log_dir=defaults.engine.log_dirs[0]),
             security=security,
         )

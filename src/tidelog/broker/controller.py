@@ -20,6 +20,24 @@ repairs everything at once). A pass:
      all its data leads again when it comes back;
    - a live leader keeps leading; dead followers leave the ISR (leader epoch + 1, as Kafka's controller bumps it).
 
+Leadership moves on request too, each run on the same thread (`submit` hands a job over and returns a future the
+event loop awaits), so a job never races a pass:
+
+- a controlled shutdown (`controlled_shutdown`, Kafka's KafkaController.doControlledShutdown): the stopping broker
+  joins `shutting_down`; each partition it leads gets another live ISR member as leader (the first in assignment
+  order that is not shutting down, Kafka's ControlledShutdownLeaderSelector), leader epoch + 1, the stopping broker
+  out of the ISR; each partition it only follows loses it from the ISR (leader epoch + 1). The answer is the
+  partitions it still leads (those with no other live ISR member; a partition of one replica is not counted, as in
+  Kafka). Brokers in `shutting_down` are never chosen as leaders (new partitions, failovers, preferred elections)
+  until their registration goes;
+- a leader election (`elect_leaders`, the ElectLeaders API): PREFERRED moves each named partition's leadership to
+  its preferred replica (the first of its assignment) when that broker is live, not shutting down and in the ISR;
+  UNCLEAN gives a partition without a live leader its first live replica;
+- the automatic rebalance (`auto.leader.rebalance.enable`, every `leader.imbalance.check.interval.seconds`, Kafka's
+  checkAndTriggerAutoLeaderRebalance): for each broker, the partitions it is the preferred replica of; when more
+  than `leader.imbalance.per.broker.percentage` of them are led elsewhere, the preferred election runs for those
+  where it can succeed.
+
 Every write is a ZooKeeper transaction that also checks the version of /controller_epoch this controller's election
 left (`FencedWriter`, Kafka's checkedEphemeral/MultiRequest with a CheckOp): once another broker is elected, the
 epoch's znode has a new version and a deposed controller's writes fail with ControllerMovedError. The controller
@@ -35,9 +53,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from enum import IntEnum
+from functools import partial
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import (
@@ -52,13 +74,25 @@ from kazoo.exceptions import (
 from tidelog.broker import zk_layout as zk
 from tidelog.broker.cluster_membership import ClusterMembership, ControllerRole
 from tidelog.broker.cluster_metadata import MetadataCache, PartitionView, TopicView
+from tidelog.broker.config import LeadershipConfig
 from tidelog.config import LogConfig
-from tidelog.errors import ConfigError, TidelogError
+from tidelog.errors import ConfigError, ErrorCode, NotControllerError, StaleBrokerEpochError, TidelogError
 from tidelog.kafka_uuid import new_kafka_uuid
 
 log = logging.getLogger("tidelog.controller")
 
 RETRY_AFTER_FAILURE_S = 1.0
+ELECTION_ATTEMPTS = 3  # conditional writes of one partition's state tried before an election gives up on it
+
+T = TypeVar("T")
+TopicPartition = tuple[str, int]
+
+
+class ElectionType(IntEnum):
+    """ElectLeaders' election_type."""
+
+    PREFERRED = 0
+    UNCLEAN = 1
 
 
 class ControllerMovedError(TidelogError):
@@ -71,10 +105,12 @@ def next_state(
     live: Collection[int],
     unclean: bool,
     controller_epoch: int,
+    shutting_down: Collection[int] = (),
 ) -> zk.PartitionState | None:
     """The state the controller writes for a partition, or None if `state` is right as it is (see the module
-    docstring). `replicas` in assignment order, `live` the registered brokers."""
-    live_replicas = [r for r in replicas if r in live]
+    docstring). `replicas` in assignment order, `live` the registered brokers, `shutting_down` those of them in a
+    controlled shutdown: they keep what they lead until their registration goes, but are chosen for nothing."""
+    live_replicas = [r for r in replicas if r in live and r not in shutting_down]
     if state is None:
         if not live_replicas:
             return None  # stays new until a replica is live
@@ -84,9 +120,9 @@ def next_state(
         if live_isr == state.isr:
             return None
         return zk.PartitionState(state.leader, state.leader_epoch + 1, live_isr, controller_epoch)
-    candidates = [r for r in replicas if r in live and r in state.isr]
+    candidates = [r for r in replicas if r in live and r in state.isr and r not in shutting_down]
     if candidates:
-        leader, isr = candidates[0], live_isr
+        leader, isr = candidates[0], tuple(r for r in live_isr if r not in shutting_down)
     elif unclean and live_replicas:
         leader, isr = live_replicas[0], (live_replicas[0],)
         log.warning("unclean leader election: broker %d leads without being in the ISR %s", leader, list(state.isr))
@@ -151,12 +187,18 @@ class Controller:
         log_defaults: LogConfig,
         *,
         delete_topic_enable: bool = True,
+        leadership: LeadershipConfig | None = None,
     ) -> None:
         self.membership = membership
         self.cache = cache
         self.client = membership.client
         self.log_defaults = log_defaults
         self.delete_topic_enable = delete_topic_enable
+        self.leadership = leadership or LeadershipConfig()
+        self.shutting_down: frozenset[int] = frozenset()  # brokers in a controlled shutdown: they lead nothing new
+        self._jobs: list[tuple[Callable[[FencedWriter], Any], Future[Any]]] = []
+        self._jobs_lock = threading.Lock()
+        self._next_rebalance_check = time.monotonic() + self.leadership.leader_imbalance_check_interval_seconds
         self.writer: FencedWriter | None = None  # set while acting as controller
         self.fenced_epoch = -1  # an epoch this controller was fenced in: it does not act in it again
         self._written: dict[tuple[str, int], _Written] = {}  # own writes the cache may not have seen yet
@@ -180,6 +222,46 @@ class Controller:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        self._fail_jobs(NotControllerError("the controller is stopping"))
+
+    def submit(self, job: Callable[[FencedWriter], T]) -> Future[T]:
+        """Run `job` on the controller's thread, after the pass it is woken for, with this epoch's writer; the
+        future fails with NotControllerError if this broker is not (or no longer) the controller."""
+        future: Future[T] = Future()
+        if self._stopping:
+            future.set_exception(NotControllerError("the controller is stopping"))
+            return future
+        with self._jobs_lock:
+            self._jobs.append((job, future))
+        self.wake()
+        return future
+
+    def _run_jobs(self) -> None:
+        with self._jobs_lock:
+            jobs, self._jobs = self._jobs, []
+        for job, future in jobs:
+            if not future.set_running_or_notify_cancel():
+                continue
+            writer = self.writer
+            try:
+                if writer is None:
+                    raise NotControllerError(
+                        f"broker {self.membership.broker_id} is not the controller "
+                        f"(the controller is broker {self.membership.controller_id})"
+                    )
+                future.set_result(job(writer))
+            except ControllerMovedError as exc:
+                future.set_exception(NotControllerError(str(exc)))
+                self._fenced(writer)
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def _fail_jobs(self, exc: Exception) -> None:
+        with self._jobs_lock:
+            jobs, self._jobs = self._jobs, []
+        for _job, future in jobs:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(exc)
 
     def wake(self) -> None:
         self._wake.set()
@@ -194,7 +276,7 @@ class Controller:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._wake.wait()
+            self._wake.wait(max(0.0, self._next_rebalance_check - time.monotonic()))
             self._wake.clear()
             if self._stopping:
                 return
@@ -204,9 +286,34 @@ class Controller:
             except Exception as exc:  # ZooKeeper unreachable for a while: kazoo reconnects, the pass runs again
                 log.warning("controller pass failed (%s); retrying", exc, exc_info=not isinstance(exc, KazooException))
                 self._retry_later = True
+            self._run_jobs()
+            if time.monotonic() >= self._next_rebalance_check:
+                self._next_rebalance_check = time.monotonic() + self.leadership.leader_imbalance_check_interval_seconds
+                if self.leadership.auto_leader_rebalance_enable and self.writer is not None:
+                    self._guarded(self._check_leader_imbalance)
             if self._retry_later and not self._stopping:
                 self._wake.wait(RETRY_AFTER_FAILURE_S)
                 self._wake.set()
+
+    def _guarded(self, step: Callable[[FencedWriter], object]) -> None:
+        """Run a step of the controller's own outside a pass (the rebalance), as a pass's failures are handled."""
+        writer = self.writer
+        if writer is None:
+            return
+        try:
+            step(writer)
+        except ControllerMovedError as exc:
+            log.warning("%s: stopping acting as the controller", exc)
+            self._fenced(writer)
+        except Exception as exc:
+            log.warning("controller step failed (%s)", exc, exc_info=not isinstance(exc, KazooException))
+
+    def _fenced(self, writer: FencedWriter | None) -> None:
+        if writer is None or self.writer is not writer:
+            return
+        self.fenced_epoch = writer.role.epoch
+        self.writer = None
+        self.membership.abdicate()  # give /controller up: the brokers elect again, with a higher epoch
 
     def act(self) -> None:
         """One pass, if this broker is the controller."""
@@ -219,18 +326,19 @@ class Controller:
         if self.writer is None or self.writer.role != role:
             self.writer = FencedWriter(self.client, role)
             self._written.clear()
+            self.shutting_down = frozenset()
             log.info("acting as the controller of epoch %d", role.epoch)
         try:
             self.run_pass(self.writer)
         except ControllerMovedError as exc:
             log.warning("%s: stopping acting as the controller", exc)
-            self.fenced_epoch = role.epoch
-            self.writer = None
-            self.membership.abdicate()  # give /controller up: the brokers elect again, with a higher epoch
+            self._fenced(self.writer)
 
     def run_pass(self, writer: FencedWriter) -> None:
         view = self.cache.view
         live = set(self.membership.live_brokers)
+        if not self.shutting_down <= live:  # their registrations went: they may lead again when they come back
+            self.shutting_down &= live
         marked = set(self.client.get_children(zk.DELETE_TOPICS_PATH))
         for name in sorted(marked):
             self._delete_topic(writer, name)
@@ -272,7 +380,7 @@ class Controller:
     ) -> bool:
         """Write the partition's next state if it changes; True if the pass should run again (a stale view)."""
         state, version = self._current(topic, partition)
-        desired = next_state(partition.replicas, state, live, unclean, writer.role.epoch)
+        desired = next_state(partition.replicas, state, live, unclean, writer.role.epoch, self.shutting_down)
         if desired is None:
             return False
         key = (topic.name, partition.partition)
@@ -310,6 +418,202 @@ class Controller:
             self._written.pop(key, None)
             return
         self._written[key] = _Written(topic.topic_id, state, stat.version)
+
+    # --- moving leadership on request (jobs on the controller's thread) ----------------------------------------
+
+    def controlled_shutdown(self, writer: FencedWriter, broker_id: int, broker_epoch: int = -1) -> list[TopicPartition]:
+        """Move leadership away from `broker_id` and take it out of every ISR; the partitions it still leads (see
+        the module docstring). Raises StaleBrokerEpochError for an earlier registration of the broker."""
+        if broker_epoch >= 0:
+            stat = self.client.exists(zk.broker_path(broker_id))
+            if stat is not None and broker_epoch < stat.czxid:
+                raise StaleBrokerEpochError(
+                    f"broker {broker_id}: epoch {broker_epoch} is older than its registration ({stat.czxid})"
+                )
+        if broker_id in self.membership.live_brokers:
+            self.shutting_down |= {broker_id}
+        log.info("controlled shutdown of broker %d: moving its leadership away", broker_id)
+        for topic in self.cache.view.topics.values():
+            if topic.topic_id is None:
+                continue
+            for partition in topic.partitions:
+                if broker_id in partition.replicas:
+                    self._retrying(writer, topic.name, partition.partition, partial(self._away_from, broker_id))
+        remaining = []
+        for topic in self.cache.view.topics.values():
+            for partition in topic.partitions:
+                state, _version = self._current(topic, partition)
+                if state is not None and state.leader == broker_id and len(partition.replicas) > 1:
+                    remaining.append((topic.name, partition.partition))
+        log.info(
+            "controlled shutdown of broker %d: %s",
+            broker_id,
+            f"it still leads {len(remaining)} partition(s)" if remaining else "it leads no partition any more",
+        )
+        return remaining
+
+    def _away_from(
+        self, broker_id: int, partition: PartitionView, state: zk.PartitionState, epoch: int
+    ) -> zk.PartitionState | None:
+        """The state that moves `broker_id`'s leadership (Kafka's ControlledShutdownLeaderSelector) or its ISR
+        membership away; None to leave the partition as it is."""
+        live = self.membership.live_brokers
+        if state.leader == broker_id:
+            candidates = [r for r in partition.replicas if r in live and r in state.isr and r not in self.shutting_down]
+            if not candidates:
+                return None  # no other in-sync replica: it stays the leader while it is up
+            isr = tuple(r for r in state.isr if r not in self.shutting_down)
+            return zk.PartitionState(candidates[0], state.leader_epoch + 1, isr, epoch)
+        if broker_id in state.isr and len(state.isr) > 1:
+            isr = tuple(r for r in state.isr if r != broker_id)
+            return zk.PartitionState(state.leader, state.leader_epoch + 1, isr, epoch)
+        return None
+
+    def elect_leaders(
+        self, writer: FencedWriter, partitions: Collection[TopicPartition] | None, election_type: ElectionType
+    ) -> dict[TopicPartition, tuple[ErrorCode, str | None]]:
+        """The ElectLeaders API: each partition's result (error code, message). `partitions` None: every partition,
+        leaving out those that needed no election (as Kafka answers)."""
+        view = self.cache.view
+        wanted = (
+            [(t.name, p.partition) for t in view.topics.values() if t.topic_id is not None for p in t.partitions]
+            if partitions is None
+            else list(partitions)
+        )
+        results: dict[TopicPartition, tuple[ErrorCode, str | None]] = {}
+        for name, index in wanted:
+            outcome: list[tuple[ErrorCode, str | None]] = []
+            decide = partial(self._elected, election_type, outcome)
+            if view.partition(name, index) is None:
+                results[(name, index)] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{name}-{index} does not exist")
+                continue
+            if not self._retrying(writer, name, index, decide):
+                outcome.append((ErrorCode.UNKNOWN_SERVER_ERROR, f"{name}-{index}: its state kept changing; try again"))
+            result = outcome[-1] if outcome else (ErrorCode.NONE, None)
+            if partitions is None and result[0] == ErrorCode.ELECTION_NOT_NEEDED:
+                continue
+            results[(name, index)] = result
+        return results
+
+    def _elected(
+        self,
+        election_type: ElectionType,
+        outcome: list[tuple[ErrorCode, str | None]],
+        partition: PartitionView,
+        state: zk.PartitionState,
+        epoch: int,
+    ) -> zk.PartitionState | None:
+        live = self.membership.live_brokers
+        eligible = [r for r in partition.replicas if r in live and r not in self.shutting_down]
+        key = f"{partition.topic}-{partition.partition}"
+        outcome.clear()
+        if election_type == ElectionType.PREFERRED:
+            preferred = partition.replicas[0]
+            if state.leader == preferred:
+                outcome.append((ErrorCode.ELECTION_NOT_NEEDED, "Leader election not needed for topic partition."))
+                return None
+            if preferred not in eligible or preferred not in state.isr:
+                outcome.append(
+                    (
+                        ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+                        f"Failed to elect leader for partition {key} under strategy "
+                        f"PreferredReplicaPartitionLeaderElectionStrategy: preferred replica {preferred} is "
+                        f"{'not live' if preferred not in eligible else 'not in the ISR'}",
+                    )
+                )
+                return None
+            return zk.PartitionState(preferred, state.leader_epoch + 1, state.isr, epoch)
+        if state.leader in live:
+            outcome.append((ErrorCode.ELECTION_NOT_NEEDED, "Leader election not needed for topic partition."))
+            return None
+        in_sync = [r for r in eligible if r in state.isr]
+        if in_sync:
+            return zk.PartitionState(in_sync[0], state.leader_epoch + 1, tuple(in_sync), epoch)
+        if eligible:
+            log.warning("%s: unclean leader election (ElectLeaders): broker %d leads outside the ISR", key, eligible[0])
+            return zk.PartitionState(eligible[0], state.leader_epoch + 1, (eligible[0],), epoch)
+        outcome.append(
+            (ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE, f"Failed to elect leader for partition {key}: no live replica")
+        )
+        return None
+
+    def _retrying(
+        self,
+        writer: FencedWriter,
+        name: str,
+        index: int,
+        decide: Callable[[PartitionView, zk.PartitionState, int], zk.PartitionState | None],
+    ) -> bool:
+        """Write the state `decide` computes from the partition's current one (nothing when it answers None),
+        reading again after a conflicting write; False if the state kept changing."""
+        for _attempt in range(ELECTION_ATTEMPTS):
+            topic = self.cache.view.topics.get(name)
+            partition = self.cache.view.partition(name, index)
+            if topic is None or partition is None:
+                return True
+            state, version = self._current(topic, partition)
+            if state is None:
+                return True
+            desired = decide(partition, state, writer.role.epoch)
+            if desired is None:
+                return True
+            try:
+                new_version = writer.set_state(name, index, desired, version)
+            except (BadVersionError, NoNodeError):
+                self._reread(topic, partition)
+                continue
+            self._written[(name, index)] = _Written(topic.topic_id, desired, new_version)
+            log.info(
+                "%s-%d: leader %d -> %d, leader epoch %d, ISR %s -> %s",
+                name,
+                index,
+                state.leader,
+                desired.leader,
+                desired.leader_epoch,
+                list(state.isr),
+                list(desired.isr),
+            )
+            return True
+        return False
+
+    def _check_leader_imbalance(self, writer: FencedWriter) -> None:
+        """Kafka's checkAndTriggerAutoLeaderRebalance (see the module docstring)."""
+        view = self.cache.view
+        live = self.membership.live_brokers
+        preferred_of: dict[int, list[tuple[TopicPartition, zk.PartitionState]]] = {}
+        for topic in view.topics.values():
+            if topic.topic_id is None:
+                continue
+            for partition in topic.partitions:
+                state, _version = self._current(topic, partition)
+                if state is not None and partition.replicas:
+                    preferred_of.setdefault(partition.replicas[0], []).append(
+                        ((topic.name, partition.partition), state)
+                    )
+        threshold = self.leadership.leader_imbalance_per_broker_percentage / 100
+        for broker_id, partitions in sorted(preferred_of.items()):
+            led_elsewhere = [(key, state) for key, state in partitions if state.leader != broker_id]
+            ratio = len(led_elsewhere) / len(partitions)
+            if ratio <= threshold:
+                continue
+            movable = [
+                key
+                for key, state in led_elsewhere
+                if state.leader != zk.NO_LEADER
+                and broker_id in live
+                and broker_id not in self.shutting_down
+                and broker_id in state.isr
+            ]
+            if not movable:
+                continue
+            log.info(
+                "leader imbalance of broker %d is %.0f%% (above %d%%): moving the leadership of %d partition(s) back",
+                broker_id,
+                ratio * 100,
+                self.leadership.leader_imbalance_per_broker_percentage,
+                len(movable),
+            )
+            self.elect_leaders(writer, movable, ElectionType.PREFERRED)
 
     # --- topics -----------------------------------------------------------------------------------------------
 

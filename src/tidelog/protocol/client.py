@@ -17,10 +17,10 @@ import io
 import struct
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from tidelog.errors import TidelogError
+from tidelog.protocol.controlled_shutdown import request_schema, response_schema
 from tidelog.protocol.messages import build
 
 _SIZE = struct.Struct(">i")
@@ -63,7 +63,7 @@ class BrokerConnection:
         assert self._reader is not None and self._writer is not None
         self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
         correlation_id = self._correlation_id
-        request_cls = load_request_schema(api_key, version)
+        request_cls = request_schema(api_key, version)
         header_cls = request_cls.__header_schema__
         buffer = io.BytesIO()
         buffer.write(b"\x00\x00\x00\x00")
@@ -86,7 +86,7 @@ class BrokerConnection:
                 raise
             reason = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
             raise BrokerConnectionError(f"request to {self.address} failed: {reason}") from exc
-        response_cls = load_response_schema(api_key, version)
+        response_cls = response_schema(api_key, version)
         try:
             response_header, offset = entity_reader(response_cls.__header_schema__)(payload, 0)
             if response_header.correlation_id != correlation_id:

@@ -24,12 +24,12 @@ from functools import cache
 from types import NoneType, UnionType
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from tidelog.errors import MalformedRequestError, UnsupportedVersionError
 from tidelog.protocol.bounds import check_sizes_and_strip_unknown_tags
+from tidelog.protocol.controlled_shutdown import request_schema, response_schema
 
 _API_KEY_VERSION = struct.Struct(">hh")
 MAX_SCHEMA_VERSION = 20  # above the highest version of any message kio generates
@@ -40,6 +40,7 @@ class ApiKey(IntEnum):
     FETCH = 1
     LIST_OFFSETS = 2
     METADATA = 3
+    CONTROLLED_SHUTDOWN = 7
     OFFSET_COMMIT = 8
     OFFSET_FETCH = 9
     FIND_COORDINATOR = 10
@@ -63,6 +64,7 @@ class ApiKey(IntEnum):
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     OFFSET_DELETE = 47
 
 
@@ -154,12 +156,12 @@ def _null_array(entity: object, path: str = "") -> str | None:
 
 @cache
 def _request_class(api_key: int, api_version: int) -> Any:
-    return load_request_schema(api_key, api_version)
+    return request_schema(api_key, api_version)
 
 
 @cache
 def _response_class(api_key: int, api_version: int) -> Any:
-    return load_response_schema(api_key, api_version)
+    return response_schema(api_key, api_version)
 
 
 @cache
