@@ -13,7 +13,7 @@ a single broker; a follower asking its leader gets the log end), -3 the record w
 In a cluster a Fetch with `replica_id` set comes from a follower (replica_fetcher.py): it reads up to the log end,
 not the high watermark, and its fetch offset is the follower's log end, which the replica manager records
 (`record_follower_fetch`) before the answer gives the follower the leader's high watermark. OffsetForLeaderEpoch
-answers where a leader epoch ends in this leader's log (`Partition.end_offset_for_epoch`), what a follower
+answers (v2-v4) where a leader epoch ends in this leader's log (`Partition.end_offset_for_epoch`), what a follower
 truncates to (KIP-101/279) and what a consumer checks after a leader change (KIP-320).
 """
 
@@ -99,7 +99,7 @@ class FetchApis:
         return {
             ApiKey.FETCH: ApiHandler(4, 12, self.handle_fetch),
             ApiKey.LIST_OFFSETS: ApiHandler(1, 8, self.handle_list_offsets),
-            ApiKey.OFFSET_FOR_LEADER_EPOCH: ApiHandler(0, 4, self.handle_offset_for_leader_epoch),
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: ApiHandler(2, 4, self.handle_offset_for_leader_epoch),  # kio has v2+
         }
 
     def wake_all(self) -> None:
@@ -236,7 +236,8 @@ class FetchApis:
 
     async def handle_offset_for_leader_epoch(self, request: Request, connection: Connection) -> Response:
         """Where each asked leader epoch ends in this leader's log: (the epoch, its end offset), or (-1, -1) when the
-        log knows no epoch at or below it (Kafka's OffsetsForLeaderEpoch, v0-v4)."""
+        log knows no epoch at or below it (Kafka's OffsetsForLeaderEpoch; v0-v1, which kio does not carry, are not
+        served yet)."""
         topics = []
         for request_topic in request.body.topics:
             authorized = self.authorizer.authorize(
