@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test check-install system-deps java bench-peers lint typecheck lint-imports crash-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall fuzz-long soak-long docs-config clean
+.PHONY: demo test check-install system-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall fuzz-long soak-long docs-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,10 @@ lint-imports: $(STAMP)
 # the long variants of the crash suites (tests/crash, marker `slow`): 100 kill -9 trials, 1,000 torn-write trials
 crash-long: $(STAMP)
 	$(PY) -m pytest -q -s -m slow tests/crash
+
+# the long cluster fault suite (tests/cluster, marker `slow`): the leader killed with SIGKILL 100 times under load
+test-cluster-faults: $(STAMP) system-deps java
+	$(PY) -m pytest -q -s -m slow tests/cluster
 
 bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines \
 	bench-admin-stall
