@@ -221,6 +221,33 @@ def test_an_open_engines_preallocated_index_and_a_partial_tail(engine_log: Path)
     assert LogFiles([str(engine_log)]).partition("t", 1).log_end_offset() == 10
 
 
+def test_a_cluster_replica_is_read_up_to_its_checkpointed_high_watermark(tmp_path: Path) -> None:
+    """A broker of a cluster opens its engine `replicated` and checkpoints each replica's high watermark in
+    `replication-offset-checkpoint`: the path reader plans up to it, never the records a leader change may still
+    truncate (red before: it planned up to the log end, 500)."""
+    from tidelog.config import EngineConfig
+    from tidelog.errors import LogFilesError
+    from tidelog.spark.planning import FileBackend
+    from tidelog.storage import open_engine
+
+    root = tmp_path / "replica"
+    with open_engine(EngineConfig(log_dirs=(str(root),), replicated=True)) as engine:
+        engine.create_topic("t", 2)
+        for i in range(0, 500, 25):
+            engine.append("t", 0, build_batch(make_records("t", 0, 25, start=i)))
+        engine.partition("t", 0).set_high_watermark(200)  # what the leader said its ISR holds
+    files = LogFiles([str(root)])
+    assert files.partition("t", 0).log_end_offset() == 500
+    assert files.partition("t", 0).readable_end_offset() == 200
+    assert files.partition("t", 1).readable_end_offset() == 0
+    backend = FileBackend([str(root)])
+    assert backend.latest([("t", 0), ("t", 1)]) == {("t", 0): 200, ("t", 1): 0}  # type: ignore[list-item]
+
+    (root / "replication-offset-checkpoint").write_text("0\n1\nt 0 notanumber\n")
+    with pytest.raises(LogFilesError, match="high watermarks are unknown"):
+        LogFiles([str(root)])
+
+
 def test_reads_plan_whole_batches_and_report_data_loss(engine_log: Path) -> None:
     p0 = LogFiles([str(engine_log)]).partition("t", 0)
     points = p0.split_points(0, 500)

@@ -15,6 +15,11 @@ module only lists directories and reads files with `pread`:
 - batches are walked with codec/batch_chain.py's ChainReader, in windows of whole batches read into numpy
   buffers; the log end offset is found by walking from the last index entry of the last segment to the last
   *complete* batch (a batch being written shows up as a partial tail and is not counted);
+- a replica of a cluster's partition is read only up to its high watermark, from the log dir's
+  `replication-offset-checkpoint` (written by a broker of a cluster, tidelog's or Kafka's): records above it may
+  still be truncated away by a leader change, and a consumer of the broker never sees them either. The file is
+  written every few seconds (replica.high.watermark.checkpoint.interval.ms), so the path lags the broker by as much;
+  a log dir without the file (a single broker, where the log end is the high watermark) is read to its end;
 - `PartitionFiles.read(start, end)` yields chunks of whole batches holding offsets [start, end), planned on the
   driver: bytes a writer appends later are never looked at, and a segment removed by retention in between
   raises DataLossError or is skipped, as `failOnDataLoss` says.
@@ -43,7 +48,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint
-from tidelog.storage.kafka.checkpoints import LOG_START_OFFSET_CHECKPOINT
+from tidelog.storage.kafka.checkpoints import LOG_START_OFFSET_CHECKPOINT, REPLICATION_OFFSET_CHECKPOINT
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import TimeIndex
 
@@ -112,11 +117,20 @@ def _valid_arrays(index_class: type[OffsetIndex | TimeIndex], path: Path, base: 
 class PartitionFiles:
     """One partition directory, read without locks. Cheap to build; file contents are read on demand."""
 
-    def __init__(self, directory: Path, topic: str, partition: int, checkpointed_start: int = 0) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        partition: int,
+        checkpointed_start: int = 0,
+        high_watermark: int | None = None,
+    ) -> None:
+        """`high_watermark`: the replica's checkpointed high watermark, when it is a cluster's replica."""
         self.directory = directory
         self.topic = topic
         self.partition = partition
         self.checkpointed_start = checkpointed_start
+        self.high_watermark = high_watermark
         self._indexes: dict[int, IndexEntries] = {}
 
     @property
@@ -174,6 +188,11 @@ class PartitionFiles:
         if not bases:
             return self.checkpointed_start
         return max(bases[0], self.checkpointed_start)
+
+    def readable_end_offset(self) -> int:
+        """Where a reader stops: the log end, or the checkpointed high watermark of a cluster's replica if lower."""
+        end = self.log_end_offset()
+        return end if self.high_watermark is None else max(min(end, self.high_watermark), self.log_start_offset())
 
     def log_end_offset(self, bases: Sequence[int] | None = None) -> int:
         """One past the last offset of the last complete batch (Kafka's high watermark on a single node)."""
@@ -343,12 +362,22 @@ class LogFiles:
                     "tidelog.storage.engine=rocketmq` and read it with the option kafka.bootstrap.servers"
                 )
         self._start_offsets: dict[tuple[str, int], int] = {}
+        self._high_watermarks: dict[tuple[str, int], int] = {}
         for path in self.paths:
             checkpoint = path / LOG_START_OFFSET_CHECKPOINT
             # Only a hint (written every minute): the first segment's base offset still bounds the log start.
             if checkpoint.exists():
                 with contextlib.suppress(CorruptCheckpointError, OSError):
                     self._start_offsets.update(read_offset_checkpoint(checkpoint))
+            replicated = path / REPLICATION_OFFSET_CHECKPOINT
+            if replicated.exists():  # a cluster's replicas: read up to the high watermark only
+                try:
+                    self._high_watermarks.update(read_offset_checkpoint(replicated))
+                except (CorruptCheckpointError, OSError) as exc:
+                    raise LogFilesError(
+                        f"{replicated}: {exc}; without it the replicas' high watermarks are unknown and records a "
+                        "leader change may still remove could be read"
+                    ) from exc
 
     def _partition_dirs(self) -> dict[tuple[str, int], Path]:
         found: dict[tuple[str, int], Path] = {}
@@ -371,7 +400,13 @@ class LogFiles:
         for path in self.paths:
             directory = path / f"{topic}-{partition}"
             if directory.is_dir():
-                return PartitionFiles(directory, topic, partition, self._start_offsets.get((topic, partition), 0))
+                return PartitionFiles(
+                    directory,
+                    topic,
+                    partition,
+                    self._start_offsets.get((topic, partition), 0),
+                    self._high_watermarks.get((topic, partition), 0 if self._high_watermarks else None),
+                )
         raise UnknownTopicOrPartitionError(
             f"no partition directory {topic}-{partition} in {', '.join(str(p) for p in self.paths)}"
         )

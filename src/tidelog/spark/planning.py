@@ -47,7 +47,7 @@ class FileBackend:
         return {tp: self.files.partition(*tp).log_start_offset() for tp in partitions}
 
     def latest(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: self.files.partition(*tp).log_end_offset() for tp in partitions}
+        return {tp: self.files.partition(*tp).readable_end_offset() for tp in partitions}
 
     def offset_for_timestamp(self, tp: TopicPartition, timestamp_ms: int) -> int | None:
         return self.files.partition(*tp).offset_for_timestamp(timestamp_ms)
