@@ -1,11 +1,12 @@
 """Replication between three `tidelog serve` brokers and a real ZooKeeper, with librdkafka producers and consumers:
 followers copy their leaders byte for byte, the high watermark and the ISR move as followers catch up and fall
-behind, acks=all waits for the ISR and min.insync.replicas refuses writes the ISR cannot hold, and a leader killed
-with SIGKILL loses no acknowledged record."""
+behind, acks=all waits for the ISR and min.insync.replicas refuses writes the ISR cannot hold, a leader killed with
+SIGKILL loses no acknowledged record, and a follower whose data directory is wiped copies everything again."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from typing import Any
 
@@ -219,3 +220,30 @@ def init_producer_id(bootstrap: str) -> int:
     response = kafka_wire.request(bootstrap, ApiKey.INIT_PRODUCER_ID, 2, body)
     assert response.error_code == 0
     return int(response.producer_id)
+
+
+def test_a_follower_whose_data_is_wiped_copies_everything_again(
+    cluster_broker: ClusterBroker, zk_client: KazooClient
+) -> None:
+    brokers = start_cluster(cluster_broker, zk_client)
+    bootstrap = ",".join(b.bootstrap for b in brokers.values())
+    create_topic(brokers[1].bootstrap, "wiped", 1, {"min.insync.replicas": "2", "segment.bytes": "4000"})
+    values = [f"record-{i:05d}" for i in range(1500)]
+    produce_all(bootstrap, "wiped", values, 1)
+    leader = state(zk_client, "wiped", 0)["leader"]
+    follower = next(b for b in (1, 2, 3) if b != leader)
+    wait_for(lambda: replicas_identical(brokers, "wiped", 0), what="identical replicas")
+
+    brokers[follower].kill()
+    shutil.rmtree(brokers[follower].log_dir)  # the disk was replaced
+    brokers[follower].log_dir.mkdir()
+    wait_for(lambda: follower not in state(zk_client, "wiped", 0)["isr"], timeout_s=FAILOVER_S, what="ISR shrink")
+    brokers[follower].restart()
+    wait_for(
+        lambda: sorted(state(zk_client, "wiped", 0)["isr"]) == [1, 2, 3],
+        timeout_s=FAILOVER_S,
+        what="the wiped follower back in the ISR",
+    )
+    wait_for(lambda: replicas_identical(brokers, "wiped", 0), what="its replica identical to the leader's again")
+    copied = sorted(p.name for p in (brokers[follower].log_dir / "wiped-0").glob("*.log"))
+    assert len(copied) > 1 and copied == sorted(p.name for p in (brokers[leader].log_dir / "wiped-0").glob("*.log"))
