@@ -510,3 +510,16 @@ def test_min_insync_replicas_is_a_topic_key_with_a_broker_default() -> None:
     assert (EngineConfig().high_watermark_checkpoint_interval_ms, EngineConfig().replicated) == (5000, False)
     with pytest.raises(ConfigError, match=r"min\.insync\.replicas"):
         LogConfig().with_overrides({"min.insync.replicas": "0"})
+
+
+def test_consume_stops_at_the_high_watermark_unless_asked_for_the_log_end(tmp_path: Path) -> None:
+    """A new leader replays its internal topics (`__consumer_offsets`) to the log end, as Kafka's group coordinator
+    loads them: its high watermark may still be below records its ISR already holds (red before: the replay stopped
+    at the high watermark and lost the newest committed offsets)."""
+    with replicated_engine(tmp_path / "log") as engine:
+        engine.create_topic("t", 1)
+        for i in range(4):
+            engine.partition("t", 0).append(build_batch([Record(f"v{i}".encode())]))
+        engine.partition("t", 0).set_high_watermark(2)
+        assert [r.value for r in engine.consume("t", 0)] == [b"v0", b"v1"]
+        assert [r.value for r in engine.consume("t", 0, up_to_log_end=True)] == [b"v0", b"v1", b"v2", b"v3"]

@@ -118,9 +118,11 @@ class OffsetStore:
             )
 
     def load_partition(self, partition: int) -> int:
-        """Replay one partition (its groups' offsets and metadata); the number of records read."""
+        """Replay one partition (its groups' offsets and metadata) to its log end, as Kafka's group coordinator
+        loads it (a new leader's high watermark may still be below records its ISR already holds); the number of
+        records read."""
         count = 0
-        for record in self.engine.consume(OFFSETS_TOPIC, partition):
+        for record in self.engine.consume(OFFSETS_TOPIC, partition, up_to_log_end=True):
             count += 1
             self._apply(record.key, record.value)
         return count

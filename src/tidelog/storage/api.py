@@ -338,11 +338,18 @@ class StorageEngine(ABC):
         return self.append(topic, partition, build_batch(records, compression=compression)).base_offset
 
     def consume(
-        self, topic: str, partition: int, offset: int | None = None, *, max_records: int | None = None
+        self,
+        topic: str,
+        partition: int,
+        offset: int | None = None,
+        *,
+        max_records: int | None = None,
+        up_to_log_end: bool = False,
     ) -> Iterator[Record]:
         """Records from `offset` (default: the log start offset) up to the high watermark at the time each chunk is
-        read; control records skipped. An offset below the log start or beyond the log end raises
-        OffsetOutOfRangeError here, as `read` does (the log end itself is fine: nothing has been written there yet)."""
+        read (`up_to_log_end`: up to the log end, as a new leader replays its internal topics); control records
+        skipped. An offset below the log start or beyond the log end raises OffsetOutOfRangeError here, as `read`
+        does (the log end itself is fine: nothing has been written there yet)."""
         log_start = self.log_start_offset(topic, partition)
         if offset is None:
             offset = log_start
@@ -351,12 +358,14 @@ class StorageEngine(ABC):
                 f"offset {offset} is outside {topic}-{partition}'s range "
                 f"[{log_start}, {self.log_end_offset(topic, partition)}]"
             )
-        return self._records_from(topic, partition, offset, max_records)
+        return self._records_from(self.partition(topic, partition), offset, max_records, up_to_log_end)
 
-    def _records_from(self, topic: str, partition: int, offset: int, max_records: int | None) -> Iterator[Record]:
+    def _records_from(
+        self, handle: Partition, offset: int, max_records: int | None, up_to_log_end: bool
+    ) -> Iterator[Record]:
         delivered = 0
-        while offset < self.high_watermark(topic, partition):
-            data = self.read(topic, partition, offset, CONSUME_CHUNK_BYTES).read_bytes()
+        while offset < (handle.log_end_offset if up_to_log_end else handle.high_watermark):
+            data = handle.read(offset, CONSUME_CHUNK_BYTES, up_to_log_end=up_to_log_end).read_bytes()
             progressed = False
             for info in iter_batches(data):
                 progressed = True
