@@ -101,6 +101,7 @@ PACED_INTERVAL_S = 0.005  # the failover and shutdown producers: one message eve
 STEADY_ACKS = 20  # acknowledgements in a row before a kill or a SIGTERM
 LATENCY_LINGER_MS = 1
 THROUGHPUT_LINGER_MS = 5
+FETCH_WAIT_MAX_MS = 100  # the latency consumer's wait at the broker when there is nothing new
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 STAMP = struct.Struct(">q")
 
@@ -528,6 +529,7 @@ class PacedProducer(threading.Thread):
                 "enable.idempotence": True,
                 "linger.ms": linger_ms,
                 "message.timeout.ms": 600_000,
+                "log_level": 2,  # not the connection errors of every kill and SIGTERM (level 3)
             }
         )
         self.sent: list[int] = []  # send times
@@ -535,7 +537,7 @@ class PacedProducer(threading.Thread):
         self.errors: list[str] = []
         self.skipped = 0  # sends given up because the thread fell behind
         self.failure: BaseException | None = None
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def _delivered(self, err: Any, message: Any) -> None:
         now = time.perf_counter_ns()
@@ -556,7 +558,7 @@ class PacedProducer(threading.Thread):
         start = time.perf_counter_ns()
         done = 0
         extra = {} if self.partition is None else {"partition": self.partition}
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             due = int((time.perf_counter_ns() - start) / interval_ns) + 1
             if due - done > max_behind:
                 self.skipped += due - done - max_behind
@@ -577,7 +579,7 @@ class PacedProducer(threading.Thread):
             time.sleep(min(max(pause, 0.0002), 0.01))
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.join(30)
         remaining = self.producer.flush(120)
         if self.failure is not None:
@@ -605,27 +607,30 @@ class Receiver(threading.Thread):
                 "group.id": f"bench-latency-{topic}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": False,
-                "fetch.wait.max.ms": 100,
+                "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
             }
         )
         self.consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in range(partitions)])
         self.received: list[tuple[int, int]] = []
         self.failure: BaseException | None = None
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def run(self) -> None:
         try:
-            while not self._stop.is_set():
-                messages = self.consumer.consume(1000, 0.05)
+            while not self._stopping.is_set():
+                # poll() returns at the first message; consume(n, timeout) would wait for n or the timeout
+                first = self.consumer.poll(0.05)
+                if first is None:
+                    continue
                 now = time.perf_counter_ns()
-                for message in messages:
+                for message in [first, *self.consumer.consume(1000, 0)]:
                     if message.error() is None:
                         self.received.append((STAMP.unpack_from(message.value())[0], now))
         except BaseException as exc:  # reported by the main thread
             self.failure = exc
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.join(30)
         self.consumer.close()
         if self.failure is not None:
