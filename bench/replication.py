@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import itertools
 import json
 import os
@@ -280,6 +281,9 @@ class BenchCluster:
             return {}
         value = json.loads(data)
         return value if isinstance(value, dict) else {}
+
+    def leads(self, broker_id: int, topic: str, partitions: list[int]) -> bool:
+        return all(self.state(topic, p).get("leader") == broker_id for p in partitions)
 
     def full_isr(self, topic: str, partitions: int) -> bool:
         return all(sorted(self.state(topic, p).get("isr", [])) == list(BROKER_IDS) for p in range(partitions))
@@ -557,7 +561,7 @@ class PacedProducer(threading.Thread):
         max_behind = max(1, int(self.rate * 0.1))
         start = time.perf_counter_ns()
         done = 0
-        extra = {} if self.partition is None else {"partition": self.partition}
+        partition = -1 if self.partition is None else self.partition  # -1: the client's partitioner
         while not self._stopping.is_set():
             due = int((time.perf_counter_ns() - start) / interval_ns) + 1
             if due - done > max_behind:
@@ -567,7 +571,7 @@ class PacedProducer(threading.Thread):
                 now = time.perf_counter_ns()
                 try:
                     self.producer.produce(
-                        self.topic, STAMP.pack(now) + self.padding, on_delivery=self._delivered, **extra
+                        self.topic, STAMP.pack(now) + self.padding, partition=partition, on_delivery=self._delivered
                     )
                 except BufferError:
                     break
@@ -580,12 +584,16 @@ class PacedProducer(threading.Thread):
 
     def stop(self) -> None:
         self._stopping.set()
-        self.join(30)
+        if self.ident is not None:  # started
+            self.join(30)
         remaining = self.producer.flush(120)
         if self.failure is not None:
             raise BenchError(f"the producer of {self.topic} failed: {self.failure!r}") from self.failure
         if remaining:
             raise BenchError(f"{remaining} messages to {self.topic} neither acknowledged nor failed after 120 s")
+
+    def has_ack_since(self, start_ns: int, first_index: int) -> bool:
+        return self.acked_since(start_ns, first_index) is not None
 
     def acked_since(self, start_ns: int, first_index: int = 0) -> tuple[int, int] | None:
         """The first acknowledgement (send, ack) of a message sent at or after `start_ns`, if any yet; acks come in
@@ -624,14 +632,16 @@ class Receiver(threading.Thread):
                     continue
                 now = time.perf_counter_ns()
                 for message in [first, *self.consumer.consume(1000, 0)]:
-                    if message.error() is None:
-                        self.received.append((STAMP.unpack_from(message.value())[0], now))
+                    value = message.value()
+                    if message.error() is None and value is not None:
+                        self.received.append((STAMP.unpack_from(value)[0], now))
         except BaseException as exc:  # reported by the main thread
             self.failure = exc
 
     def stop(self) -> None:
         self._stopping.set()
-        self.join(30)
+        if self.ident is not None:  # started
+            self.join(30)
         self.consumer.close()
         if self.failure is not None:
             raise BenchError(f"the consumer failed: {self.failure!r}") from self.failure
@@ -653,18 +663,18 @@ class LatencyRun:
 def measure_latency(cluster: BenchCluster, topic: str, args: argparse.Namespace) -> LatencyRun:
     receiver = Receiver(cluster.bootstrap, topic, 3)
     receiver.start()
-    producer = PacedProducer(cluster.bootstrap, topic, args.rate)
     try:
-        time.sleep(1.0)  # the consumer finds the end of the partitions
-        producer.start()
-        time.sleep(args.warmup)
-        cpu0, start = sum(cluster.broker_cpu().values()), time.perf_counter_ns()
-        time.sleep(args.seconds)
-        end, cpu1 = time.perf_counter_ns(), sum(cluster.broker_cpu().values())
-        skipped_in_window = producer.skipped
-    finally:
-        producer.stop()
-    try:
+        producer = PacedProducer(cluster.bootstrap, topic, args.rate)
+        try:
+            time.sleep(1.0)  # the consumer finds the end of the partitions
+            producer.start()
+            time.sleep(args.warmup)
+            cpu0, start = sum(cluster.broker_cpu().values()), time.perf_counter_ns()
+            time.sleep(args.seconds)
+            end, cpu1 = time.perf_counter_ns(), sum(cluster.broker_cpu().values())
+            skipped_in_window = producer.skipped
+        finally:
+            producer.stop()
         window_acks = [(s, a) for s, a in producer.acks if start <= s < end]
         wanted = {s for s, _ in window_acks}
         deadline = time.monotonic() + 30
@@ -775,7 +785,7 @@ def failover_run(scratch: Path, session_ms: int, kills: int) -> list[tuple[int, 
                     cluster.brokers[victim].kill()
                     elected = wait_leader_moved(cluster, topic, [0], victim, session_ms / 1000 + 60)
                     wait_for(
-                        lambda k=killed, i=index: producer.acked_since(k, i) is not None,
+                        functools.partial(producer.has_ack_since, killed, index),
                         f"an acknowledgement after kill {kill + 1}",
                         cluster,
                     )
@@ -869,7 +879,7 @@ def phase_shutdown(scratch: Path, args: argparse.Namespace) -> PhaseResult:
             victim = BROKER_IDS[index % len(BROKER_IDS)]
             preferred = [p for p, replicas in enumerate(assignment) if replicas[0] == victim]
             wait_for(
-                lambda v=victim, ps=preferred: all(cluster.state(topic, p).get("leader") == v for p in ps),
+                functools.partial(cluster.leads, victim, topic, preferred),
                 f"broker {victim} leading its preferred partitions",
                 cluster,
             )
@@ -885,7 +895,7 @@ def phase_shutdown(scratch: Path, args: argparse.Namespace) -> PhaseResult:
                     broker.signal(signal.SIGTERM)
                     moved = wait_leader_moved(cluster, topic, preferred, victim, 60)
                     wait_for(
-                        lambda s=stopped, p=producer: p.acked_since(s) is not None,
+                        functools.partial(producer.has_ack_since, stopped, 0),
                         f"an acknowledgement after SIGTERM {index + 1}",
                         cluster,
                     )
@@ -1089,6 +1099,9 @@ def main(argv: list[str] | None = None) -> int:
         except (BenchError, ClusterUpError, KafkaException, ValueError) as exc:
             console.print(f"replication benchmark failed: {exc}", markup=False)
             return 1
+        except KeyboardInterrupt:
+            console.print("interrupted: ZooKeeper and the brokers are stopped, the scratch dir is removed")
+            return 130
     console.print("[bold]summaries[/]")
     for result in results:
         console.print(f"  {result.summary}")
