@@ -2,8 +2,8 @@
 latency at a steady rate, how long a partition stays unwritable when its leader is killed, and how long a controlled
 shutdown takes.
 
-    .venv/bin/python bench/replication.py                       # the four phases, about 15 minutes
-    .venv/bin/python bench/replication.py --quick               # everything short: a smoke test (~2 minutes)
+    .venv/bin/python bench/replication.py                       # the four phases, about 17 minutes
+    .venv/bin/python bench/replication.py --quick               # everything short: a smoke test (~1.5 minutes)
     .venv/bin/python bench/replication.py --phases failover --kills 5 --session-timeouts 6000
     .venv/bin/python bench/replication.py --write-report        # also write its section of docs/benchmarks.md
     PYTHONPATH=/elsewhere/src .venv/bin/python bench/replication.py   # the brokers of another checkout
@@ -502,6 +502,10 @@ def phase_throughput(cluster: BenchCluster, args: argparse.Namespace) -> PhaseRe
         "microseconds per delivered message, rf3 vs rf1); the machine has "
         f"{os.cpu_count()} cores for the brokers, ZooKeeper and the client"
     )
+    notes.append(
+        "client CPU s: this process (the Python produce() loop and librdkafka's threads); close to the window's "
+        "seconds, the client rather than the brokers set the pace, and rf3 ÷ rf1 says little about replication"
+    )
     return PhaseResult(title, columns, rows, "throughput: " + "; ".join(parts), targets, notes)
 
 
@@ -858,7 +862,11 @@ def phase_failover(scratch: Path, args: argparse.Namespace) -> PhaseResult:
     title = "Failover: SIGKILL of the leader (1 partition, rf3, min.insync.replicas=2) → first acks=all delivery"
     notes = [
         "first ack: the first acknowledgement of a message sent after the kill (one every 5 ms, idempotent, "
-        "acks=all); new leader: the state znode names another broker"
+        "acks=all); new leader: the state znode names another broker. ZooKeeper counts a session from the "
+        "broker's last contact and expires it on its ticks (tickTime 2000 in the zoo.cfg of "
+        "src/tidelog/tools/cluster_up.py), so the new leader comes from a little before to about 2 s after the "
+        "session timeout; from there to the first ack is the client learning the new leader (metadata) and "
+        "retrying"
     ]
     return PhaseResult(title, columns, rows, "failover: " + "; ".join(parts), targets, notes)
 
@@ -976,7 +984,8 @@ def phase_shutdown(scratch: Path, args: argparse.Namespace) -> PhaseResult:
     ]
     summary = (
         f"controlled shutdown: leadership moved p50 {fmt_ms(pct(moved_arr, 50))} ms, max {fmt_ms(worst_moved)} ms; "
-        f"first acknowledgement p50 {fmt_ms(pct(acked_arr, 50))} ms, max {fmt_ms(worst_acked)} ms"
+        f"first acknowledgement p50 {fmt_ms(pct(acked_arr, 50))} ms, max {fmt_ms(worst_acked)} ms; longest gap "
+        f"between acknowledgements max {fmt_ms(float(gap_arr.max()) / 1e6)} ms"
     )
     return PhaseResult(title, columns, rows, summary, targets, notes)
 
