@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test check-install system-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall fuzz-long soak-long docs-config clean
+.PHONY: demo test check-install system-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall bench-replication fuzz-long soak-long docs-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,7 +67,7 @@ test-cluster-faults: $(STAMP) system-deps java
 	$(PY) -m pytest -q -s -m slow tests/cluster
 
 bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines \
-	bench-admin-stall
+	bench-admin-stall bench-replication
 
 bench-append: $(STAMP)
 	$(PY) bench/append_throughput.py
@@ -100,6 +100,11 @@ bench-engines: $(STAMP)
 # heartbeat round trips while CreateTopics/CreatePartitions/DeleteTopics of 2,000 partitions run; writes its docs section
 bench-admin-stall: $(STAMP)
 	$(PY) bench/admin_stall.py --write-report
+
+# three brokers and ZooKeeper: acks=all rf3 vs rf1, latency at 10k msg/s, kill -9 failover, controlled shutdown;
+# writes its docs section (needs Debian's zookeeper package: make system-deps)
+bench-replication: $(STAMP) system-deps java
+	$(PY) bench/replication.py --write-report
 
 # Coverage-guided fuzzing (atheris), 1,000,000 inputs per target; figures in docs/reliability.md.
 fuzz-long: $(STAMP)
