@@ -15,7 +15,7 @@ from typing import Any
 
 import kafka_wire
 import pytest
-from cluster_checks import registered, wait_for
+from cluster_checks import controller, registered, wait_for
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
@@ -31,6 +31,7 @@ SETTINGS = {
     "log.segment.delete.delay.ms": 200,  # a removed replica's files go soon after
     "offsets.topic.num.partitions": 1,
     "group.initial.rebalance.delay.ms": 0,
+    "controlled.shutdown.retry.backoff.ms": 500,
 }
 UNKNOWN_TOPIC_OR_PARTITION = 3
 INVALID_REPLICA_ASSIGNMENT = 39
@@ -45,8 +46,8 @@ def state(zk: KazooClient, topic: str, partition: int) -> dict[str, Any]:
     return json.loads(zk.get(f"/brokers/topics/{topic}/partitions/{partition}/state")[0])
 
 
-def produce(bootstrap: str, count: int, start: int = 0) -> dict[str, tuple[int, int]]:
-    """acks=all, round-robin over both partitions; value -> (partition, offset) acknowledged."""
+def produce(bootstrap: str, count: int, start: int = 0, partitions: int = 2) -> dict[str, tuple[int, int]]:
+    """acks=all, round-robin over the partitions; value -> (partition, offset) acknowledged."""
     acked: dict[str, tuple[int, int]] = {}
     failures: list[str] = []
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 2})
@@ -58,17 +59,17 @@ def produce(bootstrap: str, count: int, start: int = 0) -> dict[str, tuple[int, 
             acked[message.value().decode()] = (message.partition(), message.offset())
 
     for index in range(start, start + count):
-        producer.produce(TOPIC, f"record-{index:05d}".encode(), partition=index % 2, on_delivery=delivered)
+        producer.produce(TOPIC, f"record-{index:05d}".encode(), partition=index % partitions, on_delivery=delivered)
         producer.poll(0)
     assert producer.flush(120) == 0, "messages left undelivered"
     assert not failures, failures[:5]
     return acked
 
 
-def read_all(bootstrap: str, count: int) -> dict[str, tuple[int, int]]:
+def read_all(bootstrap: str, count: int, partitions: int = 2) -> dict[str, tuple[int, int]]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False})
     try:
-        consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(2)])
+        consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions)])
         read: dict[str, tuple[int, int]] = {}
         wait_for(lambda: _poll_into(consumer, read) >= count, what=f"{count} records read back")
         return read
@@ -104,6 +105,16 @@ def test_replicas_move_between_brokers(
     admin.create_topics([new_topic])[TOPIC].result(60)
     wait_for(lambda: all(len(state(zk_client, TOPIC, p)["isr"]) == 2 for p in range(2)), what="both replicas in sync")
     acked = produce(bootstrap, 4000)
+
+    topics_file = write_json(tmp_path / "topics.json", {"version": 1, "topics": [{"topic": TOPIC}]})
+    code, out = reassign(
+        capsys, bootstrap, "--generate", "--topics-to-move-json-file", topics_file, "--broker-list", "1,2,3"
+    )
+    assert code == 0, out
+    current, proposed = (json.loads(line) for line in out.splitlines() if line.startswith("{"))
+    assert [p["replicas"] for p in current["partitions"]] == [[1, 2], [1, 2]]
+    assert [(p["topic"], p["partition"]) for p in proposed["partitions"]] == [(TOPIC, 0), (TOPIC, 1)]
+    assert all(len(set(p["replicas"])) == 2 and set(p["replicas"]) <= {1, 2, 3} for p in proposed["partitions"])
 
     plan = {
         "version": 1,
@@ -225,3 +236,42 @@ def test_reassignment_errors_listing_and_cancel(
     assert alter(brokers[2].bootstrap, [{"partition_index": 0, "replicas": [2, 1]}]) == {0: (0, None)}
     wait_for(lambda: topic_znode(zk_client, TOPIC)["partitions"] == {"0": [2, 1]}, what="the new order written")
     assert topic_znode(zk_client, TOPIC)["adding_replicas"] == {}
+
+
+def test_a_reassignment_survives_a_controller_failover(
+    cluster_broker: ClusterBroker, zk_client: KazooClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reassignment's state is the topic znode: a new controller completes what the stopped one started, and
+    the stopped broker, removed meanwhile, deletes its replica when it starts again."""
+    brokers = {broker_id: cluster_broker(broker_id, SETTINGS) for broker_id in (1, 2, 3)}
+    wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
+    first = int(wait_for(lambda: controller(zk_client), what="a controller"))  # type: ignore[call-overload]
+    kept, added = (b for b in (1, 2, 3) if b != first)
+    admin = AdminClient({"bootstrap.servers": brokers[kept].bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[first, kept]])])[TOPIC].result(60)
+    wait_for(lambda: len(state(zk_client, TOPIC, 0)["isr"]) == 2, what="both replicas in sync")
+    bootstrap = ",".join(b.bootstrap for b in brokers.values())
+    acked = produce(bootstrap, 1000, partitions=1)
+
+    plan_file = write_json(
+        tmp_path / "plan.json",
+        {"version": 1, "partitions": [{"topic": TOPIC, "partition": 0, "replicas": [kept, added]}]},
+    )
+    os.kill(brokers[added].pid, signal.SIGSTOP)  # the new replica cannot catch up yet
+    try:
+        code, out = reassign(capsys, brokers[kept].bootstrap, "--execute", "--reassignment-json-file", plan_file)
+        assert code == 0, out
+        brokers[first].stop()  # the controller goes; `kept` is elected (`added` is paused)
+        wait_for(lambda: controller(zk_client) == kept, what=f"broker {kept} elected controller")
+        assert topic_znode(zk_client, TOPIC)["adding_replicas"] == {"0": [added]}
+    finally:
+        os.kill(brokers[added].pid, signal.SIGCONT)
+    wait_for(lambda: topic_znode(zk_client, TOPIC)["partitions"] == {"0": [kept, added]}, what="the move completed")
+    assert topic_znode(zk_client, TOPIC)["removing_replicas"] == {}
+    assert sorted(state(zk_client, TOPIC, 0)["isr"]) == sorted([kept, added])
+    brokers[first].restart()
+    wait_for(lambda: not (brokers[first].log_dir / f"{TOPIC}-0").exists(), what="the stopped broker's replica gone")
+    replicas = {f"broker{b}": brokers[b].log_dir for b in (kept, added)}
+    wait_for(lambda: compare_replicas(replicas, TOPIC, 0).identical, what="identical replicas")
+    read = read_all(brokers[kept].bootstrap, len(acked), partitions=1)
+    assert {value: read.get(value) for value in acked} == acked
