@@ -59,6 +59,8 @@ class ReassignOptions:
     timeout_ms: int = ALTER_TIMEOUT_MS
 
     def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ToolError(f"unknown action {self.action!r}: one of --{', --'.join(ACTIONS)}", USAGE)
         if self.action == "generate":
             if not self.topics_to_move_json_file or not self.broker_list:
                 raise ToolError("--generate needs --topics-to-move-json-file and --broker-list", USAGE)
