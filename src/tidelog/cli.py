@@ -5,6 +5,8 @@ tidelog serve [-c server.properties] [--override KEY=VALUE ...]
 tidelog topics --bootstrap-server H:P --create|--list|--describe|--delete [--topic T] ...
 tidelog produce --bootstrap-server H:P --topic T [--property parse.key=true ...] < lines
 tidelog consume --bootstrap-server H:P --topic T [--group G] [--from-beginning] [--property print.key=true ...]
+tidelog reassign --bootstrap-server H:P (--execute|--verify|--cancel) --reassignment-json-file F
+tidelog reassign --bootstrap-server H:P --generate --topics-to-move-json-file F --broker-list 1,2,3
 tidelog dump-commitlog --store DIR [--print-body]
 tidelog dump-consumequeue --store DIR --topic T --queue Q
 tidelog query-message --store DIR (--topic T --key K [--begin MS] [--end MS] [--max N] | --msg-id ID)
@@ -223,6 +225,20 @@ def _consume(args: argparse.Namespace) -> int:
     return console.consume(options)
 
 
+def _reassign(args: argparse.Namespace) -> int:
+    from tidelog.tools.reassign import ReassignOptions, reassign
+
+    options = ReassignOptions(
+        bootstrap_server=args.bootstrap_server,
+        action=args.action,
+        reassignment_json_file=args.reassignment_json_file,
+        topics_to_move_json_file=args.topics_to_move_json_file,
+        broker_list=args.broker_list,
+        timeout_ms=args.timeout,
+    )
+    return reassign(options)
+
+
 def _users(args: argparse.Namespace) -> int:
     from tidelog.tools import security_tools
 
@@ -383,6 +399,41 @@ def _add_topics_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     topics.set_defaults(handler=_console_tool(_topics))
 
 
+def _add_reassign_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    reassign = commands.add_parser(
+        "reassign",
+        help="move partition replicas between brokers, as kafka-reassign-partitions.sh does",
+        description="Propose, start, check and cancel partition reassignments in a cluster "
+        "(kafka-reassign-partitions.sh; docs/cluster.md, 'Moving replicas').",
+    )
+    reassign.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,...]", help="the brokers to contact")
+    actions = reassign.add_mutually_exclusive_group(required=True)
+    for action, text in [
+        ("generate", "print a proposed assignment of --topics-to-move-json-file's topics over --broker-list"),
+        ("execute", "start the reassignment of --reassignment-json-file"),
+        ("verify", "say whether each reassignment of --reassignment-json-file is done"),
+        ("cancel", "cancel the ongoing reassignments of --reassignment-json-file's partitions"),
+    ]:
+        actions.add_argument(f"--{action}", dest="action", action="store_const", const=action, help=text)
+    reassign.add_argument(
+        "--reassignment-json-file",
+        metavar="FILE",
+        help='{"version":1,"partitions":[{"topic":"t","partition":0,"replicas":[2,3]},...]}',
+    )
+    reassign.add_argument(
+        "--topics-to-move-json-file", metavar="FILE", help='with --generate: {"version":1,"topics":[{"topic":"t"}]}'
+    )
+    reassign.add_argument("--broker-list", metavar="1,2,3", help="with --generate: the brokers to place replicas on")
+    reassign.add_argument(
+        "--timeout",
+        type=int,
+        default=30_000,
+        metavar="MS",
+        help="how long the brokers may take to start (default 30000)",
+    )
+    reassign.set_defaults(handler=_console_tool(_reassign))
+
+
 def _add_produce_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     produce = commands.add_parser(
         "produce",
@@ -513,6 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_parser(commands)
 
     _add_topics_parser(commands)
+    _add_reassign_parser(commands)
     _add_produce_parser(commands)
     _add_consume_parser(commands)
     _add_users_parser(commands)

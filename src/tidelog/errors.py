@@ -67,6 +67,7 @@ class ErrorCode(IntEnum):
     PREFERRED_LEADER_NOT_AVAILABLE = 80
     ELIGIBLE_LEADERS_NOT_AVAILABLE = 83
     ELECTION_NOT_NEEDED = 84
+    NO_REASSIGNMENT_IN_PROGRESS = 85
     GROUP_SUBSCRIBED_TO_TOPIC = 86
     INVALID_RECORD = 87
 
@@ -262,9 +263,16 @@ class InvalidRequestError(TidelogError):
 
 
 class InvalidReplicaAssignmentError(TidelogError):
-    """A CreateTopics or CreatePartitions assignment that names unknown brokers, repeats one, or is uneven."""
+    """A CreateTopics, CreatePartitions or AlterPartitionReassignments assignment that names unknown brokers,
+    repeats one, is empty or uneven (or a reassignment the engine cannot carry out)."""
 
     kafka_error_code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+
+
+class NoReassignmentInProgressError(TidelogError):
+    """An AlterPartitionReassignments cancel (replicas null) of a partition that is not being reassigned."""
+
+    kafka_error_code = ErrorCode.NO_REASSIGNMENT_IN_PROGRESS
 
 
 class NotControllerError(TidelogError):

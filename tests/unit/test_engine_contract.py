@@ -20,6 +20,7 @@ from tidelog.codec.record_batch import build_batch
 from tidelog.codec.record_set import decode_batch, iter_batches
 from tidelog.errors import (
     InvalidPartitionsError,
+    InvalidReplicaAssignmentError,
     OffsetOutOfRangeError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
@@ -273,6 +274,34 @@ def test_a_topic_held_in_part_keeps_its_given_id(open_log: Opener, engine_name: 
     assert not [key for key in engine.partitions() if key[0] == "part"]
     whole = engine.create_topic("whole", 2)
     assert whole.local_partitions is None and list(whole.held) == [0, 1]
+
+
+def test_a_reassignment_adds_and_drops_replicas_of_a_held_topic(
+    open_log: Opener, engine_name: str, tmp_path: Path
+) -> None:
+    """`hold_partitions`: a cluster broker gains an empty replica of a partition moved here and drops the one moved
+    away (renamed for deletion at once, like a deleted topic's); the RocketMQ engine refuses to move replicas."""
+    engine = open_log()
+    engine.create_topic("moved", 3, local_partitions=[0, 1])
+    engine.produce("moved", 1, [Record(b"x", timestamp_ms=TS)])
+    if engine_name != "kafka":
+        with pytest.raises(InvalidReplicaAssignmentError, match="Kafka engine"):
+            engine.hold_partitions("moved", [1, 2])
+        engine.hold_partitions("moved", [1, 0])  # what it holds already: nothing to do
+        return
+    with pytest.raises(InvalidPartitionsError):
+        engine.hold_partitions("moved", [3])
+    engine.hold_partitions("moved", [1, 2])
+    assert engine.topics()["moved"].local_partitions == (1, 2)
+    assert engine.log_end_offset("moved", 2) == 0 and [r.value for r in engine.consume("moved", 1)] == [b"x"]
+    with pytest.raises(UnknownTopicOrPartitionError, match="no replica of moved-0"):
+        engine.partition("moved", 0)
+    engine.hold_partitions("moved", [])
+    engine.close()
+    assert not (tmp_path / "data" / "moved-1").exists() and not deletion_leftovers(tmp_path / "data")
+    engine = open_log()
+    assert engine.topics()["moved"].local_partitions == ()
+    assert not [key for key in engine.partitions() if key[0] == "moved"]
 
 
 def deletion_leftovers(root: Path) -> list[Path]:

@@ -20,6 +20,8 @@ With zookeeper.connect, a broker of a cluster (docs/cluster.md) also has:
                                      controlled shutdowns, preferred-leader elections and the auto rebalance
     leadership (leadership.py)       ControlledShutdown and ElectLeaders, handed to the controller's thread (or
                                      forwarded to the controller broker); the stopping broker's controlled shutdown
+    reassignment (reassignment.py)   AlterPartitionReassignments (handed or forwarded to the controller, like
+                                     ElectLeaders) and ListPartitionReassignments (from `metadata`)
     cluster_topics (cluster_topics.py)  CreateTopics, DeleteTopics, CreatePartitions written to ZooKeeper
     cluster_groups (cluster_groups.py)  __consumer_offsets as a cluster topic: each group's coordinator is the
                                      leader of its partition, whose groups it loads when it comes to lead it
@@ -55,6 +57,7 @@ from tidelog.broker.leadership import LeadershipApis
 from tidelog.broker.metrics import Metrics
 from tidelog.broker.offset_store import OffsetStore
 from tidelog.broker.produce import FileProducerIdBlocks, Flusher, ProduceApis, ProducerIdAllocator
+from tidelog.broker.reassignment import ReassignmentApis
 from tidelog.broker.replica_fetcher import ReplicaFetchers
 from tidelog.broker.replica_manager import ReplicaManager
 from tidelog.broker.sasl import SaslApis
@@ -164,8 +167,17 @@ class Broker:
         self.sasl = SaslApis(config.security, config.listeners, log_dir)
         self.acls = AclApis(self.authorizer)
         self.leadership: LeadershipApis | None = None
+        self.reassignment: ReassignmentApis | None = None
         if self.cluster is not None and self.metadata is not None and self.controller is not None:
             self.leadership = LeadershipApis(config, self.authorizer, self.cluster, self.metadata, self.controller)
+            self.reassignment = ReassignmentApis(
+                config,
+                self.authorizer,
+                self.cluster,
+                self.metadata,
+                self.controller,
+                replicates=cluster_topics is not None and cluster_topics.replicates,
+            )
         self.server = KafkaServer(config, self._handler_table(), self.metrics)
         self.metrics.expect_apis(self.server.handlers)
         self.metrics.watch(self.engine.partitions, lambda: len(self.groups.groups), lambda: self.connection_count)
@@ -176,6 +188,8 @@ class Broker:
         areas: list[Any] = [self.fetch, self.produce, self.topics, self.groups, self.sasl, self.acls]
         if self.leadership is not None:
             areas.append(self.leadership)
+        if self.reassignment is not None:
+            areas.append(self.reassignment)
         for area in areas:
             handlers = area.handlers()
             clash = table.keys() & handlers.keys()

@@ -19,11 +19,13 @@ with it (a replica created just then takes its role).
 
 Local replicas: after every change, the cache makes the engine hold exactly the replicas assigned to this broker
 (`_reconcile`, on the admin thread, where every engine topic call runs): a topic gets created with the cluster's
-topic id and only the partitions assigned here, grows when partitions are added, takes the cluster's config
-overrides, and is deleted when its znode goes (or when the cluster's topic of that name has another id: it was
-deleted and created again while this broker was away). Topics the engine holds that the cluster never assigned
-(a single broker's topics from before it joined) are left alone: they are not served in cluster mode - except a
-`__consumer_offsets` of its own, which makes way for the cluster's (cluster_groups.py).
+topic id and only the partitions assigned here, grows when partitions are added, gains an empty replica of a
+partition a reassignment adds here (its fetcher fills it from the leader) and deletes the replica of one a
+reassignment moved away (`StorageEngine.hold_partitions`; the files go after log.segment.delete.delay.ms), takes the
+cluster's config overrides, and is deleted when its znode goes (or when the cluster's topic of that name has another
+id: it was deleted and created again while this broker was away). Topics the engine holds that the cluster never
+assigned (a single broker's topics from before it joined) are left alone: they are not served in cluster mode -
+except a `__consumer_offsets` of its own, which makes way for the cluster's (cluster_groups.py).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class PartitionView:
     replicas: tuple[int, ...]  # the assignment, preferred leader first
     state: zk.PartitionState | None  # None until the controller writes the partition's first state
     state_version: int = -1  # the state znode's ZooKeeper version (-1: none), which a conditional write names
+    adding: tuple[int, ...] = ()  # a reassignment in progress: the replicas being added (in `replicas` already)
+    removing: tuple[int, ...] = ()  # and those that go once it completes (still in `replicas`)
 
     @property
     def leader(self) -> int:
@@ -83,6 +87,15 @@ class PartitionView:
     @property
     def isr(self) -> tuple[int, ...]:
         return self.state.isr if self.state is not None else ()
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """Where a reassignment moves the partition (TRS): the replicas but those being removed."""
+        return tuple(r for r in self.replicas if r not in self.removing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +307,8 @@ class MetadataCache:
                     assignment.partitions[partition],
                     state[0] if state is not None else None,
                     state[1] if state is not None else -1,
+                    assignment.adding_replicas.get(partition, ()),
+                    assignment.removing_replicas.get(partition, ()),
                 )
             )
         return TopicView(name, assignment.topic_id, tuple(partitions), dict(self._configs.get(name, {})), version)
@@ -468,28 +483,27 @@ class MetadataCache:
                     )
                     self._delete_local(name)
                     description = None
-                if not mine:
-                    continue
                 configs = dict(topic.configs)
                 if description is None:
-                    engine.create_topic(
-                        name, len(topic.partitions), configs, topic_id=topic.topic_id, local_partitions=mine
-                    )
-                    log.info("created the replicas of %s: partitions %s", name, ", ".join(map(str, mine)))
+                    if mine:
+                        engine.create_topic(
+                            name, len(topic.partitions), configs, topic_id=topic.topic_id, local_partitions=mine
+                        )
+                        log.info("created the replicas of %s: partitions %s", name, ", ".join(map(str, mine)))
                     continue
+                holding = set(description.held)
                 if len(topic.partitions) > description.partitions:
                     new = [p for p in mine if p >= description.partitions]
                     engine.create_partitions(name, len(topic.partitions), local_partitions=new)
                     log.info("topic %s grew to %d partitions; replicas here: %s", name, len(topic.partitions), new)
-                missing = [p for p in mine if p < description.partitions and p not in description.held]
-                if missing:
-                    self._warn_once(
+                    holding |= set(new)
+                if holding != set(mine):  # a reassignment added replicas here, or moved them away
+                    engine.hold_partitions(name, mine)
+                    log.info(
+                        "topic %s: new replicas here: %s; replicas deleted here: %s",
                         name,
-                        "moved",
-                        "topic %s: partitions %s were assigned here after the topic was created; moving replicas "
-                        "between brokers is not supported yet",
-                        name,
-                        missing,
+                        sorted(set(mine) - holding) or "none",
+                        sorted(holding - set(mine)) or "none",
                     )
                 if dict(description.configs) != configs:
                     engine.alter_topic_configs(name, configs)

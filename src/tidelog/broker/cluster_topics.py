@@ -223,7 +223,13 @@ class ClusterTopics:
 
     def _write_partitions(self, topic: TopicView, added: Assignment) -> None:
         partitions = {p.partition: p.replicas for p in topic.partitions} | added
-        assignment = zk.TopicAssignment(topic.name, topic.topic_id, partitions)
+        assignment = zk.TopicAssignment(  # an ongoing reassignment of the existing partitions carries on
+            topic.name,
+            topic.topic_id,
+            partitions,
+            {p.partition: p.adding for p in topic.partitions if p.adding},
+            {p.partition: p.removing for p in topic.partitions if p.removing},
+        )
         try:
             self.client.set(zk.topic_path(topic.name), assignment.encode(), version=topic.zk_version)
         except BadVersionError:

@@ -18,7 +18,14 @@ repairs everything at once). A pass:
      unclean.leader.election.enable (the topic's, else the broker default) lets a live replica outside the ISR
      lead. An offline partition keeps its last ISR member in the ISR (as Kafka does), so that the broker that had
      all its data leads again when it comes back;
-   - a live leader keeps leading; dead followers leave the ISR (leader epoch + 1, as Kafka's controller bumps it).
+   - a live leader keeps leading; dead followers leave the ISR (leader epoch + 1, as Kafka's controller bumps it);
+4. for each partition being reassigned (`_complete_reassignments`, the end of Kafka's
+   KafkaController.onPartitionReassignment) whose target replicas are all in the ISR: a leader outside the target
+   gives way to the first target replica that is live and in the ISR, and the removed replicas leave the ISR (one
+   state write, leader epoch + 1); then the topic znode gets the target as the partition's replicas and loses its
+   adding/removing entries (one write for all of a topic's partitions that completed). Every broker's metadata
+   cache then deletes the replicas that were removed. Until then the partition waits: its new replicas are created
+   by their brokers' caches, follow the leader, and join the ISR once they have caught up (replica_manager.py).
 
 Leadership moves on request too, each run on the same thread (`submit` hands a job over and returns a future the
 event loop awaits), so a job never races a pass:
@@ -33,6 +40,13 @@ event loop awaits), so a job never races a pass:
 - a leader election (`elect_leaders`, the ElectLeaders API): PREFERRED moves each named partition's leadership to
   its preferred replica (the first of its assignment) when that broker is live, not shutting down and in the ISR;
   UNCLEAN gives a partition without a live leader its first live replica;
+- a partition reassignment (`alter_reassignments`, the AlterPartitionReassignments API; Kafka 2.4+'s KIP-455 in
+  ZooKeeper mode): with the original replicas ORS (the replicas but those being added) and the target TRS, the topic
+  znode gets replicas = TRS + (ORS - TRS), adding_replicas = TRS - ORS, removing_replicas = ORS - TRS, in one
+  conditional write per topic; step 4 of the passes completes it. Replicas null cancels a reassignment: the target
+  becomes ORS, and the replicas being added become removing replicas (as do those of an earlier target a new one
+  drops), so they leave the ISR before they leave the assignment. The state lives in the topic znodes only, so a new
+  controller carries on with an ongoing reassignment where the last one left it;
 - the automatic rebalance (`auto.leader.rebalance.enable`, every `leader.imbalance.check.interval.seconds`, Kafka's
   checkAndTriggerAutoLeaderRebalance): for each broker, the partitions it is the preferred replica of; when more
   than `leader.imbalance.per.broker.percentage` of them are led elsewhere, the preferred election runs for those
@@ -44,9 +58,8 @@ epoch's znode has a new version and a deposed controller's writes fail with Cont
 then stops acting and gives up /controller, and the cluster elects again. A state write also names the state znode's
 version, so a write based on a stale view fails and the pass reads again.
 
-In this slice followers hold no data (replication is the next slice): moving leadership moves where clients produce
-and consume, not the records already written. Brokers that come back are not added to the ISR: the next slice's
-leaders add a follower once it has caught up, through the same conditional writes of the state znode.
+Followers copy their leaders (replica_manager.py, replica_fetcher.py); leaders add a follower to the ISR once it has
+caught up, through conditional writes of the same state znode.
 """
 
 from __future__ import annotations
@@ -54,7 +67,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import IntEnum
@@ -76,7 +89,16 @@ from tidelog.broker.cluster_membership import ClusterMembership, ControllerRole
 from tidelog.broker.cluster_metadata import MetadataCache, PartitionView, TopicView
 from tidelog.broker.config import LeadershipConfig
 from tidelog.config import LogConfig
-from tidelog.errors import ConfigError, ErrorCode, NotControllerError, StaleBrokerEpochError, TidelogError
+from tidelog.errors import (
+    ConfigError,
+    ErrorCode,
+    InvalidReplicaAssignmentError,
+    NoReassignmentInProgressError,
+    NotControllerError,
+    StaleBrokerEpochError,
+    TidelogError,
+    UnknownTopicOrPartitionError,
+)
 from tidelog.kafka_uuid import new_kafka_uuid
 
 log = logging.getLogger("tidelog.controller")
@@ -352,6 +374,8 @@ class Controller:
             unclean = self._unclean(topic)
             for partition in topic.partitions:
                 retry |= self._elect(writer, topic, partition, live, unclean)
+            if any(p.reassigning for p in topic.partitions):
+                retry |= self._complete_reassignments(writer, topic, live)
         known = {(name, p.partition) for name, topic in view.topics.items() for p in topic.partitions}
         for key in [key for key in self._written if key not in known]:
             del self._written[key]
@@ -615,12 +639,142 @@ class Controller:
             )
             self.elect_leaders(writer, movable, ElectionType.PREFERRED)
 
+    # --- partition reassignment ---------------------------------------------------------------------------------
+
+    def alter_reassignments(
+        self, writer: FencedWriter, requested: Mapping[TopicPartition, Sequence[int] | None]
+    ) -> dict[TopicPartition, tuple[ErrorCode, str | None]]:
+        """The AlterPartitionReassignments API: start (target replicas) or cancel (None) each partition's
+        reassignment (see the module docstring); each partition's result (error code, message)."""
+        by_topic: dict[str, dict[int, Sequence[int] | None]] = {}
+        for (name, index), target in requested.items():
+            by_topic.setdefault(name, {})[index] = target
+        results: dict[TopicPartition, tuple[ErrorCode, str | None]] = {}
+        for name, targets in sorted(by_topic.items()):
+            for _attempt in range(ELECTION_ATTEMPTS):
+                outcome = self._reassign_topic(writer, name, targets)
+                if outcome is not None:
+                    results.update(outcome)
+                    break
+            else:
+                message = f"topic {name} kept changing while its reassignment was written; try again"
+                results.update({(name, i): (ErrorCode.UNKNOWN_SERVER_ERROR, message) for i in targets})
+        return results
+
+    def _reassign_topic(
+        self, writer: FencedWriter, name: str, targets: Mapping[int, Sequence[int] | None]
+    ) -> dict[TopicPartition, tuple[ErrorCode, str | None]] | None:
+        """One conditional write of the topic znode with the reassignments of `targets`; None if the znode changed
+        since it was read (the caller reads it again)."""
+        try:
+            data, stat = self.client.get(zk.topic_path(name))
+            current = zk.TopicAssignment.decode(name, data)
+        except (NoNodeError, zk.MalformedZnodeError):
+            current = None
+        if current is None or self.client.exists(zk.delete_topic_path(name)):
+            missing = f"topic {name} does not exist" if current is None else f"topic {name} is being deleted"
+            return {(name, i): (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, missing) for i in targets}
+        replicas = dict(current.partitions)
+        adding = dict(current.adding_replicas)
+        removing = dict(current.removing_replicas)
+        live = set(self.membership.live_brokers)
+        outcome: dict[TopicPartition, tuple[ErrorCode, str | None]] = {}
+        for index, target in sorted(targets.items()):
+            try:
+                full, added, removed = _reassigned(
+                    name, index, replicas.get(index), adding.get(index, ()), removing.get(index, ()), target, live
+                )
+            except TidelogError as exc:
+                outcome[(name, index)] = (ErrorCode(exc.kafka_error_code), str(exc))
+                continue
+            replicas[index] = full
+            for entries, value in ((adding, added), (removing, removed)):
+                if value:
+                    entries[index] = value
+                else:
+                    entries.pop(index, None)
+            outcome[(name, index)] = (ErrorCode.NONE, None)
+            log.info(
+                "%s-%d: reassignment %s: replicas %s, adding %s, removing %s",
+                name,
+                index,
+                "cancelled" if target is None else f"to {list(target)}",
+                list(full),
+                list(added),
+                list(removed),
+            )
+        assignment = zk.TopicAssignment(name, current.topic_id, replicas, adding, removing)
+        if assignment != current:
+            try:
+                writer.commit(lambda t: t.set_data(zk.topic_path(name), assignment.encode(), version=stat.version))
+            except (BadVersionError, NoNodeError):
+                return None
+        return outcome
+
+    def _complete_reassignments(self, writer: FencedWriter, topic: TopicView, live: set[int]) -> bool:
+        """Step 4 of a pass for one topic (see the module docstring); True if the pass should run again."""
+        completed: dict[int, tuple[int, ...]] = {}
+        for partition in topic.partitions:
+            if not partition.reassigning:
+                continue
+            state, version = self._current(topic, partition)
+            target = partition.target_replicas
+            if state is None or state.leader == zk.NO_LEADER or not set(target) <= set(state.isr):
+                continue  # its new replicas are still catching up (or it has no leader to hand over from)
+            removing = set(partition.removing)
+            leader = state.leader
+            if leader not in target or leader in self.shutting_down:
+                candidates = [r for r in target if r in state.isr and r in live and r not in self.shutting_down]
+                if not candidates:
+                    continue
+                leader = candidates[0]
+            if leader != state.leader or removing & set(state.isr):
+                isr = tuple(r for r in state.isr if r not in removing)
+                desired = zk.PartitionState(leader, state.leader_epoch + 1, isr, writer.role.epoch)
+                key = (topic.name, partition.partition)
+                try:
+                    new_version = writer.set_state(topic.name, partition.partition, desired, version)
+                except (BadVersionError, NoNodeError):
+                    self._reread(topic, partition)
+                    return True
+                self._written[key] = _Written(topic.topic_id, desired, new_version)
+                log.info(
+                    "%s-%d: reassignment: leader %s, leader epoch %d, ISR %s -> %s",
+                    *key,
+                    leader if leader == state.leader else f"{state.leader} -> {leader}",
+                    desired.leader_epoch,
+                    list(state.isr),
+                    list(isr),
+                )
+            completed[partition.partition] = target
+        if not completed:
+            return False
+        assignment = zk.TopicAssignment(
+            topic.name,
+            topic.topic_id,
+            {p.partition: completed.get(p.partition, p.replicas) for p in topic.partitions},
+            {p.partition: p.adding for p in topic.partitions if p.adding and p.partition not in completed},
+            {p.partition: p.removing for p in topic.partitions if p.removing and p.partition not in completed},
+        )
+        path, data = zk.topic_path(topic.name), assignment.encode()
+        try:
+            writer.commit(lambda t: t.set_data(path, data, version=topic.zk_version))
+        except (BadVersionError, NoNodeError):
+            return False  # the cache has not seen the latest topic znode yet: its watch wakes the controller again
+        for index, target in sorted(completed.items()):
+            log.info("%s-%d: reassignment completed: replicas %s", topic.name, index, list(target))
+        return False
+
     # --- topics -----------------------------------------------------------------------------------------------
 
     def _give_topic_id(self, writer: FencedWriter, topic: TopicView) -> None:
         """A topic znode without an id (an older writer's) gets one, as Kafka's controller does."""
         assignment = zk.TopicAssignment(
-            topic.name, new_kafka_uuid(), {p.partition: p.replicas for p in topic.partitions}
+            topic.name,
+            new_kafka_uuid(),
+            {p.partition: p.replicas for p in topic.partitions},
+            {p.partition: p.adding for p in topic.partitions if p.adding},
+            {p.partition: p.removing for p in topic.partitions if p.removing},
         )
         try:
             writer.commit(
@@ -667,3 +821,43 @@ class Controller:
             paths += self._subtree(f"{path}/{child}")
         paths.append(path)
         return paths
+
+
+def _reassigned(
+    name: str,
+    index: int,
+    replicas: tuple[int, ...] | None,
+    adding: tuple[int, ...],
+    removing: tuple[int, ...],
+    target: Sequence[int] | None,
+    live: Collection[int],
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """A partition's replicas, adding and removing replicas once its reassignment to `target` starts (None: its
+    ongoing reassignment is cancelled), as Kafka's ReplicaAssignment.reassignTo computes them (the original replicas
+    ORS are the replicas but those being added, in their current order); raises the error Kafka answers the
+    partition with (its messages included)."""
+    if replicas is None:
+        raise UnknownTopicOrPartitionError(f"topic {name} has no partition {index}")
+    origin = tuple(r for r in replicas if r not in adding)
+    if target is None:
+        if not adding and not removing:
+            raise NoReassignmentInProgressError(f"no reassignment of {name}-{index} is in progress")
+        target = origin
+    elif not target:
+        raise InvalidReplicaAssignmentError("Empty replica list specified in partition reassignment.")
+    elif len(set(target)) != len(target):
+        raise InvalidReplicaAssignmentError(
+            f"Duplicate replica ids in partition reassignment replica list: {list(target)}"
+        )
+    elif any(r < 0 for r in target):
+        raise InvalidReplicaAssignmentError(f"Invalid broker id in replica assignment: {list(target)}")
+    elif not set(target) <= set(live):
+        raise InvalidReplicaAssignmentError(
+            f"Replica assignment has brokers that are not alive. Replica list: {list(target)}, live broker list: "
+            f"{sorted(live)}"
+        )
+    # replicas an earlier reassignment was adding that the new target drops are removed like the original ones, so
+    # they leave the ISR (and leadership) before they leave the assignment
+    dropped = tuple(r for r in replicas if r not in target and r not in origin)
+    full = tuple(target) + tuple(r for r in origin if r not in target) + dropped
+    return full, tuple(r for r in target if r not in origin), tuple(r for r in full if r not in target)

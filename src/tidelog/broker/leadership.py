@@ -144,12 +144,7 @@ class LeadershipApis:
         return [(p.topic_name, int(p.partition_index)) for p in answer.remaining_partitions]
 
     def _connection_to(self, broker_id: int) -> BrokerConnection:
-        registration = self.membership.live_brokers.get(broker_id)
-        listener = self.config.inter_broker_listener.name
-        endpoint = registration.endpoint(listener) if registration is not None else None
-        if endpoint is None:
-            raise NotControllerError(f"no controller to ask: broker {broker_id} has no registered {listener} listener")
-        return BrokerConnection(endpoint.host, endpoint.port, f"tidelog-broker-{self.config.node_id}")
+        return controller_connection(self.config, self.membership, broker_id)
 
     # --- ElectLeaders -----------------------------------------------------------------------------------------
 
@@ -240,6 +235,17 @@ class LeadershipApis:
             for key in elected:
                 if not visible(self.cache.view, key):
                     results[key] = (ErrorCode.REQUEST_TIMED_OUT, "the election was not visible within the timeout")
+
+
+def controller_connection(config: BrokerConfig, membership: ClusterMembership, broker_id: int) -> BrokerConnection:
+    """A connection (not yet open) to the inter-broker listener of `broker_id`, the controller; NotControllerError
+    when it has no such listener registered."""
+    registration = membership.live_brokers.get(broker_id)
+    listener = config.inter_broker_listener.name
+    endpoint = registration.endpoint(listener) if registration is not None else None
+    if endpoint is None:
+        raise NotControllerError(f"no controller to ask: broker {broker_id} has no registered {listener} listener")
+    return BrokerConnection(endpoint.host, endpoint.port, f"tidelog-broker-{config.node_id}")
 
 
 def _election_response(error_code: int, results: Mapping[TopicPartition, tuple[int, str | None]]) -> dict[str, Any]:

@@ -17,7 +17,8 @@ on a worker thread (kazoo's calls block).
   moves, acks=all produces waiting below it are answered and long-polling consumers woken.
 - ISR shrink: every replica.lag.time.max.ms / 2, a follower in the ISR not caught up for replica.lag.time.max.ms
   leaves it. ISR expand: a follower outside the ISR whose log end reached the high watermark and this leader
-  epoch's start offset joins it. Either change is written by the leader into the partition's state znode, as a
+  epoch's start offset joins it - unless a reassignment is removing it (Kafka's leader sees the target replica set
+  only and cannot add it back). Either change is written by the leader into the partition's state znode, as a
   Kafka leader did in ZooKeeper mode: read it, check that it still names this broker and this leader epoch, and
   set it with that znode version (a conditional write: a controller write in between makes it fail, and the next
   view decides). The leader uses a new ISR only once it is written.
@@ -41,7 +42,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NoNodeError
 
 from tidelog.broker import zk_layout as zk
-from tidelog.broker.cluster_metadata import ClusterView, MetadataCache, Role
+from tidelog.broker.cluster_metadata import ClusterView, MetadataCache, PartitionView, Role
 from tidelog.config import LogConfig
 from tidelog.errors import (
     ConfigError,
@@ -93,6 +94,7 @@ class LeaderState:
     state_version: int  # the state znode's version this ISR was read or written with
     epoch_start_offset: int  # the leader's log end when it came to lead in this epoch
     min_insync_replicas: int
+    removing: tuple[int, ...]  # replicas a reassignment removes: they do not join the ISR again
     followers: dict[int, FollowerState] = field(default_factory=dict)
     isr_change_pending: bool = False
     waiters: list[_Waiter] = field(default_factory=list)
@@ -167,7 +169,7 @@ class ReplicaManager:
             if partition is None or partition.state is None:
                 continue
             if replica.role is Role.LEADER:
-                self._lead(view, key, replica.leader_epoch, partition.replicas, partition.isr, partition.state_version)
+                self._lead(view, key, replica.leader_epoch, partition)
             else:
                 if key in self.leaders:
                     self._resign(key, f"broker {replica.leader} leads it now (leader epoch {replica.leader_epoch})")
@@ -177,19 +179,15 @@ class ReplicaManager:
             self._resign(key, "this broker no longer holds a replica of it")
         self.fetchers.follow_only(follow)
 
-    def _lead(
-        self,
-        view: ClusterView,
-        key: PartitionKey,
-        leader_epoch: int,
-        replicas: tuple[int, ...],
-        isr: tuple[int, ...],
-        state_version: int,
-    ) -> None:
+    def _lead(self, view: ClusterView, key: PartitionKey, leader_epoch: int, partition: PartitionView) -> None:
+        replicas, isr, state_version = partition.replicas, partition.isr, partition.state_version
         state = self.leaders.get(key)
         min_insync = self._min_insync_replicas(view, key[0])
         if state is not None and state.leader_epoch == leader_epoch:
+            if state.replicas != replicas:  # a reassignment added followers, or completed and dropped some
+                state.followers = _followers(self.broker_id, replicas, isr, state.followers, self.clock())
             state.replicas = replicas
+            state.removing = partition.removing
             state.min_insync_replicas = min_insync
             if state_version > state.state_version:  # the controller changed the ISR (a broker died)
                 state.isr, state.state_version = isr, state_version
@@ -201,13 +199,8 @@ class ReplicaManager:
         except UnknownTopicOrPartitionError:
             return  # its replica is not created yet: the cache calls again once it is
         handle.leader_epoch = leader_epoch  # stamped into every batch appended from now on
-        now = self.clock()
-        followers = {}
-        for replica in replicas:
-            if replica == self.broker_id:
-                continue
-            previous = state.followers.get(replica) if state is not None else None
-            followers[replica] = previous or FollowerState(last_caught_up_ms=now if replica in isr else 0)
+        previous = state.followers if state is not None else {}
+        followers = _followers(self.broker_id, replicas, isr, previous, self.clock())
         new_state = LeaderState(
             handle,
             leader_epoch,
@@ -216,6 +209,7 @@ class ReplicaManager:
             state_version,
             handle.log_end_offset,
             min_insync,
+            partition.removing,
             followers,
             waiters=state.waiters if state is not None else [],
         )
@@ -366,7 +360,7 @@ class ReplicaManager:
     def _maybe_expand_isr(
         self, key: PartitionKey, state: LeaderState, replica_id: int, follower: FollowerState
     ) -> None:
-        if state.isr_change_pending:
+        if state.isr_change_pending or replica_id in state.removing:
             return
         caught_up = (
             follower.log_end_offset >= state.handle.high_watermark
@@ -463,6 +457,22 @@ class ReplicaManager:
         except BadVersionError:
             return None  # written by the controller meanwhile: the next fetch or check tries again
         return new_state, int(new_stat.version)
+
+
+def _followers(
+    broker_id: int,
+    replicas: tuple[int, ...],
+    isr: tuple[int, ...],
+    previous: dict[int, FollowerState],
+    now: int,
+) -> dict[int, FollowerState]:
+    """The leader's record of each follower among `replicas`: what it knew of it, or a new one (a member of the ISR
+    counted as caught up now, as Kafka's makeLeader does)."""
+    return {
+        replica: previous.get(replica) or FollowerState(last_caught_up_ms=now if replica in isr else 0)
+        for replica in replicas
+        if replica != broker_id
+    }
 
 
 def _log_task_failure(task: asyncio.Task[None]) -> None:

@@ -20,9 +20,12 @@ Two kinds of call, and where a server may make them:
 - data calls (partition(), append, read, offsets, delete_records, topics(), append_replica, set_high_watermark,
   end_offset_for_epoch): bounded work on one partition, no engine-wide lock held for long - safe on an event loop;
   a follower's truncations fsync before they return: they belong on its fetcher's thread;
-- topic calls (create_topic, delete_topic, create_partitions, alter_topic_configs) and close: many files, the
-  engine lock held throughout - a server runs them on a thread of their own (broker/admin.py). Deletion renames
-  the directories at once and removes the files after log.segment.delete.delay.ms (storage/common/deletion.py).
+- topic calls (create_topic, delete_topic, create_partitions, hold_partitions, alter_topic_configs) and close: many
+  files, the engine lock held throughout - a server runs them on a thread of their own (broker/admin.py). Deletion
+  renames the directories at once and removes the files after log.segment.delete.delay.ms
+  (storage/common/deletion.py). `hold_partitions` is how a cluster broker gains or drops replicas of a topic's
+  existing partitions (a partition reassignment); the RocketMQ engine refuses it (its topics in a cluster have one
+  replica per partition, which cannot move without its data).
 
 Engines: storage/kafka (Kafka's log directory layout) and storage/rocketmq (RocketMQ's CommitLog and
 ConsumeQueues). They share storage/common and never import each other; nothing above storage imports them
@@ -261,6 +264,13 @@ class StorageEngine(ABC):
     @abstractmethod
     def create_partitions(self, name: str, total: int, *, local_partitions: Collection[int] | None = None) -> None:
         """Grow the topic to `total` partitions, holding `local_partitions` of the new ones (None: all of them)."""
+
+    @abstractmethod
+    def hold_partitions(self, name: str, local_partitions: Collection[int]) -> None:
+        """Hold exactly `local_partitions` of the topic's partitions: an empty replica of each one not held yet (a
+        follower fills it), and the replicas of the others deleted as delete_topic deletes them. Raises
+        InvalidPartitionsError for partitions the topic does not have, UnknownTopicOrPartitionError for an unknown
+        topic, InvalidReplicaAssignmentError where the engine cannot move replicas."""
 
     @abstractmethod
     def alter_topic_configs(self, name: str, configs: Mapping[str, Any]) -> None:

@@ -483,14 +483,32 @@ class KafkaEngine(StorageEngine):
             self._check_open()
             record = self.registry.remove(name)
             for partition in record.held():
-                partition_log = self.logs.pop((name, partition))
-                self._log_dir_of.pop((name, partition))
-                self.cleaner.forget((name, partition))
-                key_index = self.key_indexes.pop((name, partition), None)
-                if key_index is not None:
-                    key_index.close()
-                partition_log.close(flush=False)
-                self.deleter.delete_later(partition_log.directory)
+                self._delete_partition(name, partition)
+            self.registry.save()
+
+    def _delete_partition(self, name: str, partition: int) -> None:
+        partition_log = self.logs.pop((name, partition))
+        self._log_dir_of.pop((name, partition))
+        self.cleaner.forget((name, partition))
+        key_index = self.key_indexes.pop((name, partition), None)
+        if key_index is not None:
+            key_index.close()
+        partition_log.close(flush=False)
+        self.deleter.delete_later(partition_log.directory)
+
+    def hold_partitions(self, name: str, local_partitions: Collection[int]) -> None:
+        with self._lock:
+            self._check_open()
+            record = self.registry.get(name)
+            wanted = check_local_partitions(name, 0, record.partitions, local_partitions) or []
+            held = set(record.held())
+            added = [p for p in wanted if p not in held]
+            self._check_open_file_budget(name, len(added))
+            for partition in added:
+                self._open_partition(self._least_loaded_dir(), name, partition)
+            for partition in sorted(held - set(wanted)):
+                self._delete_partition(name, partition)
+            record.local = wanted
             self.registry.save()
 
     def create_partitions(self, name: str, total: int, *, local_partitions: Collection[int] | None = None) -> None:

@@ -44,6 +44,7 @@ from tidelog.errors import (
     ConfigError,
     CorruptCheckpointError,
     InvalidPartitionsError,
+    InvalidReplicaAssignmentError,
     KafkaStorageError,
     KeyIndexDisabledError,
     LogClosedError,
@@ -698,6 +699,16 @@ class RocketMQEngine(StorageEngine):
                 record.local = [*record.held(), *held]
             record.partitions = total
             self._save_topics_file()
+
+    def hold_partitions(self, name: str, local_partitions: Collection[int]) -> None:
+        with self._lock:
+            record = self.registry.get(name)
+            if sorted(set(local_partitions)) == list(record.held()):
+                return
+        raise InvalidReplicaAssignmentError(
+            f"topic {name}: the RocketMQ engine cannot move partition replicas between brokers (each queue has one "
+            "replica, whose records live in this broker's CommitLog); use the Kafka engine to reassign partitions"
+        )
 
     def alter_topic_configs(self, name: str, configs: Mapping[str, Any]) -> None:
         with self._lock:
