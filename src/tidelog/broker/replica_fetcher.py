@@ -18,8 +18,9 @@ hash(topic, partition) % num.replica.fetchers. A fetcher is an asyncio task with
 
 Errors: OFFSET_OUT_OF_RANGE (the follower's end is beyond the leader's, after an unclean election, or below the
 leader's log start): ListOffsets at the leader, then truncate to its end, or start over at its log start.
-NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH: the leader has moved on or not caught up with
-the metadata yet: the partition waits replica.fetch.backoff.ms and tries again, until the next view reassigns it.
+FENCED_LEADER_EPOCH: the leader has moved on: the partition waits replica.fetch.backoff.ms and tries again, until
+the next view reassigns it. UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER: the leader has not applied the view this
+follower has (both read ZooKeeper, in either order): the partition tries again after 50 ms, not a full back-off.
 A broken connection: reconnect after replica.fetch.backoff.ms.
 """
 
@@ -49,6 +50,9 @@ OFFSET_FOR_LEADER_EPOCH_VERSION = 4
 LIST_OFFSETS_VERSION = 7
 UNDEFINED_EPOCH = -1
 UNDEFINED_OFFSET = -1
+LEADER_CATCHING_UP_S = 0.05
+# the leader does not know (yet) the leader epoch the follower was given: it is about to
+LEADER_CATCHING_UP_ERRORS = frozenset({ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER})
 RETRIABLE_PARTITION_ERRORS = frozenset(
     {
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -233,8 +237,14 @@ class _Fetcher:
                 ready.append((key, state, handle))
         return ready
 
-    def _back_off(self, state: FetchState) -> None:
-        state.retry_at = asyncio.get_running_loop().time() + self.owner.config.replica_fetch_backoff_ms / 1000
+    def _back_off(self, state: FetchState, error: int | None = None) -> None:
+        """Leave the partition out for replica.fetch.backoff.ms; for only LEADER_CATCHING_UP_S when the leader has
+        not applied the new leader epoch yet (it will within milliseconds: a full back-off would hold acks=all at
+        the new leader for a second after every failover)."""
+        delay = self.owner.config.replica_fetch_backoff_ms / 1000
+        if error in LEADER_CATCHING_UP_ERRORS:
+            delay = min(delay, LEADER_CATCHING_UP_S)
+        state.retry_at = asyncio.get_running_loop().time() + delay
 
     # --- truncation -------------------------------------------------------------------------------------------
 
@@ -265,8 +275,8 @@ class _Fetcher:
                 continue
             error = int(answer.error_code)
             if error != ErrorCode.NONE:
-                log.info("%s: %s-%d: OffsetForLeaderEpoch answered %s", self.name, *key, ErrorCode(error).name)
-                self._back_off(state)
+                log.info("%s: %s-%d: OffsetForLeaderEpoch answered %s", self.name, *key, _error_name(error))
+                self._back_off(state, error)
                 continue
             await self._truncate_to_leader(key, state, handle, int(answer.leader_epoch), int(answer.end_offset))
 
@@ -359,7 +369,7 @@ class _Fetcher:
                 log.warning("%s: %s-%d: Fetch answered %s", self.name, *key, _error_name(error))
             else:
                 log.debug("%s: %s-%d: Fetch answered %s", self.name, *key, _error_name(error))
-            self._back_off(state)
+            self._back_off(state, error)
             return
         records = answer.records
         if records:
