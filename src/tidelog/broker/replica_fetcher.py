@@ -84,6 +84,25 @@ def whole_batches_length(data: bytes | memoryview) -> int:
     return position
 
 
+def divergence(follower: Partition, leader_epoch: int, end_offset: int) -> tuple[int, bool]:
+    """Where the follower's log must be cut, given the leader's OffsetForLeaderEpoch answer (`leader_epoch`,
+    `end_offset`) to the follower's latest epoch; and whether the logs then agree (False: ask again with the new
+    latest epoch, KIP-279's next round).
+
+    - The leader answered for the follower's own latest epoch, or for an older epoch the follower also has: cut at
+      the smaller of the two ends of that epoch; done.
+    - The leader answered an older epoch the follower never had: cut where the follower's largest epoch below it
+      ends (and at most at the leader's end); ask again.
+    - Nothing to compare (an empty log here, or the leader knows no epoch at or below the follower's): keep what the
+      high watermark says is committed; a fetch beyond the leader's end is then out of range and truncates."""
+    ours = follower.latest_epoch
+    if ours == UNDEFINED_EPOCH or end_offset == UNDEFINED_OFFSET or leader_epoch == UNDEFINED_EPOCH:
+        return min(follower.high_watermark, follower.log_end_offset), True
+    our_epoch, our_end = follower.end_offset_for_epoch(leader_epoch)
+    done = leader_epoch == ours or our_epoch == leader_epoch
+    return min(end_offset, our_end if our_end != UNDEFINED_OFFSET else follower.log_end_offset), done
+
+
 class ReplicaFetchers:
     """Every fetcher of this broker; `follow_only` (on the loop) says which partitions to follow from whom."""
 
@@ -283,16 +302,8 @@ class _Fetcher:
     async def _truncate_to_leader(
         self, key: PartitionKey, state: FetchState, handle: Partition, leader_epoch: int, end_offset: int
     ) -> None:
-        """Cut the follower's log where the leader's answer says it diverges (see the module docstring)."""
-        ours = handle.latest_epoch
-        if ours == UNDEFINED_EPOCH or end_offset == UNDEFINED_OFFSET or leader_epoch == UNDEFINED_EPOCH:
-            # nothing to compare (an empty log here, or the leader knows no epoch at or below ours): keep what the
-            # high watermark says is committed; a fetch beyond the leader's end is out of range and truncates then
-            target, done = min(handle.high_watermark, handle.log_end_offset), True
-        else:
-            our_epoch, our_end = handle.end_offset_for_epoch(leader_epoch)
-            done = leader_epoch == ours or our_epoch == leader_epoch
-            target = min(end_offset, our_end if our_end != UNDEFINED_OFFSET else handle.log_end_offset)
+        """Cut the follower's log where the leader's answer says it diverges (see `divergence`)."""
+        target, done = divergence(handle, leader_epoch, end_offset)
         if target < handle.log_end_offset:
             log.info(
                 "%s-%d: truncating from %d to %d (leader epoch %d ends at %d at the leader)",
