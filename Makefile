@@ -38,7 +38,7 @@ test: $(STAMP) system-deps java check-install
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q tests -m "not slow"; status=$$?; \
+	$(PY) -m pytest -q --durations=20 tests -m "not slow"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$status
 
 # `pip install .` alone (no extras) in a fresh venv in a temp dir: `tidelog serve` with a librdkafka producer and
