@@ -863,8 +863,8 @@ def phase_failover(scratch: Path, args: argparse.Namespace) -> PhaseResult:
     notes = [
         "first ack: the first acknowledgement of a message sent after the kill (one every 5 ms, idempotent, "
         "acks=all); new leader: the state znode names another broker. ZooKeeper counts a session from the "
-        "broker's last contact and expires it on its ticks (tickTime 2000 in the zoo.cfg of "
-        "src/tidelog/tools/cluster_up.py), so the new leader comes from a little before to about 2 s after the "
+        "broker's last contact and expires it on its ticks (tickTime 500 in the zoo.cfg of "
+        "src/tidelog/tools/cluster_up.py), so the new leader comes from a little before to about 0.5 s after the "
         "session timeout; from there to the first ack is the client learning the new leader (metadata) and "
         "retrying"
     ]
@@ -1034,8 +1034,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--seconds, --kills, --shutdowns and --rate must be positive")
     if any(s < STAMP.size for s in args.sizes) or not args.sizes:
         parser.error(f"--sizes: each at least {STAMP.size}")
-    if any(t < 4000 or t > 40000 for t in args.session_timeouts) or not args.session_timeouts:
-        parser.error("--session-timeouts: between 4000 and 40000 (ZooKeeper's bounds at tickTime 2000)")
+    if any(t < 1000 or t > 60000 for t in args.session_timeouts) or not args.session_timeouts:
+        parser.error("--session-timeouts: between 1000 and 60000 (ZooKeeper's bounds in cluster_up's zoo.cfg)")
     return args
 
 

@@ -141,8 +141,9 @@ class Cluster:
         (home / "data").mkdir(parents=True, exist_ok=True)
         self.zookeeper_port = self.options.zookeeper_port or _free_port()
         config = home / "zoo.cfg"
-        config.write_text(
-            "tickTime=2000\n"
+        config.write_text(  # short ticks: a dead broker's session ends within half a second of its timeout
+            "tickTime=500\n"
+            "maxSessionTimeout=60000\n"
             f"dataDir={home / 'data'}\n"
             f"clientPort={self.zookeeper_port}\n"
             "clientPortAddress=127.0.0.1\n"
