@@ -37,6 +37,7 @@ from tidelog.spark.demo import DEADLINE_S, EVENTS_PARTITIONS, STOP_RESERVE_S, De
 from tidelog.tools.cluster_up import (
     START_TIMEOUT_S,
     Cluster,
+    ClusterUpError,
     ClusterUpOptions,
     controller_id,
     partition_state,
@@ -214,7 +215,12 @@ class ClusterBrokers(DemoBrokers):
         now = time.monotonic()
         with progress.lock:
             acknowledged = progress.acknowledged
-        leader = f"leader [bold]{self.leader}[/]" if self.leader >= 0 else "[red]no leader[/]"
+        if self.leader in self.cluster.killed:
+            leader = f"leader [red]{self.leader} (killed; ZooKeeper still names it)[/]"
+        elif self.leader >= 0:
+            leader = f"leader [bold]{self.leader}[/]"
+        else:
+            leader = "[red]no leader[/]" if self.epoch >= 0 else "leader -"
         line = f"{TOPIC}-{PARTITION}: {leader} (epoch {self.epoch}), ISR {_ids(self.isr)}"
         line += f" | acknowledged {acknowledged:,}"
         if f.killed_at is None:
@@ -328,4 +334,8 @@ def run(
 ) -> int:
     """`tidelog demo --cluster`; exit codes as `tidelog.spark.demo.run` says, and 1 when a check failed."""
     brokers = ClusterBrokers(data_dir.resolve() / "cluster", seconds)
-    return run_demo(brokers, data_dir, seconds=seconds, rate=rate, deadline_s=deadline_s)
+    try:
+        return run_demo(brokers, data_dir, seconds=seconds, rate=rate, deadline_s=deadline_s)
+    except ClusterUpError as exc:  # everything it started is stopped by now
+        Console(stderr=True).print(f"tidelog demo --cluster: error: {exc}", markup=False, highlight=False)
+        return 1
