@@ -255,6 +255,7 @@ class DemoBrokers:
     nothing. `SingleBroker` is `tidelog demo`'s; `tidelog.tools.cluster_demo` has `tidelog demo --cluster`'s."""
 
     name = "the broker"  # in the watchdog's messages: "starting ...", "stopped ..."
+    through = "through the broker"  # how the streaming query reads page_visits (unless from the files)
     title = "page visits per window on Spark"
     replication_factor = 1
     topic_config: ClassVar[dict[str, str]] = {}  # of both topics
@@ -430,7 +431,7 @@ def run_demo(
         query = pipeline.start_pipeline(
             spark, source, sink, parquet_dir, str(data_dir / "checkpoint"), on_batch=on_batch
         )
-        reading = "the log files" if "path" in source else f"through {brokers.name}"
+        reading = "the log files" if "path" in source else brokers.through
         console.print(f"streaming query started (reading {reading}); producing {rate} visits/s for {seconds:.0f} s")
         producer_thread = threading.Thread(
             target=produce_visits,
