@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test check-install system-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall bench-replication fuzz-long soak-long docs-config clean
+.PHONY: demo demo-cluster test check-install system-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall bench-replication fuzz-long soak-long docs-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP) java
 	$(VENV)/bin/tidelog demo
+
+# the same pipeline on ZooKeeper and three brokers, the leader of a partition killed mid-stream (docs/cluster.md)
+demo-cluster: $(STAMP) system-deps java
+	$(VENV)/bin/tidelog demo --cluster
 
 # Debian packages: kcat for the client tests, openssl for tests/security, ZooKeeper for tests/cluster, a Java
 # runtime for Spark and ZooKeeper.

@@ -10,7 +10,7 @@ tidelog reassign --bootstrap-server H:P --generate --topics-to-move-json-file F 
 tidelog dump-commitlog --store DIR [--print-body]
 tidelog dump-consumequeue --store DIR --topic T --queue Q
 tidelog query-message --store DIR (--topic T --key K [--begin MS] [--end MS] [--max N] | --msg-id ID)
-tidelog demo [--storage] [--seconds S] [--rate N] [--read-from broker|files]
+tidelog demo [--storage | --cluster] [--seconds S] [--rate N] [--read-from broker|files]
 tidelog users (--log-dir DIR | -c server.properties) --add U [--password P | --password-file F] | --remove U | --list
 tidelog acls (--log-dir DIR | -c server.properties) --add|--remove|--list [kafka-acls.sh options]
 
@@ -141,6 +141,13 @@ def _demo(args: argparse.Namespace) -> int:
 
         demo.run()
         return 0
+    if args.cluster:
+        if args.read_from == "files":
+            print("tidelog demo: error: --cluster reads through the brokers, not --read-from files", file=sys.stderr)
+            return 2
+        from tidelog.tools import cluster_demo
+
+        return cluster_demo.run(seconds=args.seconds, rate=args.rate)
     from tidelog.spark import demo as spark_demo
 
     return spark_demo.run(seconds=args.seconds, rate=args.rate, read_from=args.read_from)
@@ -577,6 +584,12 @@ def build_parser() -> argparse.ArgumentParser:
         "10-second window with Structured Streaming into a topic and Parquet, print the top pages, stop.",
     )
     demo.add_argument("--storage", action="store_true", help="the short storage-engine demo instead (no Spark)")
+    demo.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on ZooKeeper and three brokers (replication factor 3), the leader of a partition killed mid-stream "
+        "(what `make demo-cluster` runs; needs Debian's zookeeper package)",
+    )
     demo.add_argument("--seconds", type=float, default=40.0, help="how long to produce events (default 40)")
     demo.add_argument("--rate", type=int, default=500, help="events per second to produce (default 500)")
     demo.add_argument(

@@ -1,12 +1,14 @@
 """`tidelog demo` (what `make demo` runs) end to end on a short run through a real `tidelog serve`, and its
 deadline: a demo stuck in a call that never returns still stops by itself, says where it was stuck, and stops
-the broker it started."""
+the broker it started. `tidelog demo --cluster` end to end on a short run: ZooKeeper, three brokers, a leader
+killed mid-stream."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +21,8 @@ import pytest
 
 import tidelog
 from tidelog.spark import demo
+from tidelog.tools import cluster_demo
+from tidelog.tools.cluster_up import zookeeper_missing
 
 
 def test_the_demo_end_to_end(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,3 +99,48 @@ def test_a_stuck_demo_stops_by_itself_at_its_deadline(tmp_path: Path) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):  # only if the check above failed: the broker we started
             os.kill(broker_pid, signal.SIGKILL)
+
+
+def _processes_under(directory: Path) -> list[str]:
+    """Command lines of running processes that name `directory` (the cluster's ZooKeeper and brokers do)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if str(directory) in command:
+                found.append(f"{proc.name}: {command}")
+    return found
+
+
+def test_the_cluster_demo_counts_every_window_once_across_a_failover(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tidelog demo --cluster`, short: ZooKeeper and three brokers, the leader of page_visits-0 killed with
+    SIGKILL a third of the way through the producing, a new leader, the killed broker back in the ISR; every window
+    counted once, every acknowledged record in page_visits once, everything stopped."""
+    missing = zookeeper_missing()
+    if missing:
+        pytest.skip(missing)
+    data = tmp_path / "demo"
+    started = time.monotonic()
+    code = cluster_demo.run(data, seconds=20, rate=200)
+    took = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert took < demo.DEADLINE_S
+    killed = re.search(r"SIGKILL broker (\d) \(pid \d+\): the leader of page_visits-0 \(leader epoch (\d+)", out)
+    assert killed, out
+    elected = re.search(r"broker (\d) leads page_visits-0 now, leader epoch (\d+)", out)
+    assert elected and elected[1] != killed[1] and int(elected[2]) > int(killed[2]), out
+    assert "the producer's next acknowledgement on page_visits-0:" in out
+    assert f"broker {killed[1]} is back in the ISR of page_visits-0" in out
+    # not a terminal: plain status lines with the partition's leader, not only a final frame
+    assert len([line for line in out.splitlines() if "page_visits-0: leader" in line]) >= 2, out
+    assert "every window counted, none twice" in out
+    assert re.search(r"had ([\d,]+) acknowledged; page_visits holds \1 \(read through the brokers\): none lost", out)
+    assert "stopped brokers 1,2,3 (SIGTERM, exit codes 0, 0, 0) and ZooKeeper" in out
+    assert not spark.streams.active
+    assert not _processes_under(data), "left running"
+    print(f"the cluster demo took {took:.0f} s")

@@ -11,6 +11,9 @@
    against the sum of the windowed counts;
 5. stops Spark (if it started it) and the broker (SIGTERM) - also on Ctrl-C or an error.
 
+`run_demo` is that flow for any `DemoBrokers`: `SingleBroker` here (`tidelog demo`), a three-broker cluster with a
+failover in `tidelog.tools.cluster_demo` (`tidelog demo --cluster`), which adds its own steps through the hooks.
+
 The whole demo stops by itself within DEADLINE_S + CLEANUP_BUDGET_S (under 3 minutes): the stream ends early enough to
 leave time for the report, and a watchdog behind it ends a demo stuck in a call that never returns, saying where
 it was stuck, after stopping Spark and the broker (exit code DEADLINE_EXIT_CODE).
@@ -32,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.console import Console
 from rich.live import Live
@@ -83,6 +86,9 @@ def load_pipeline() -> ModuleType:
 class Progress:
     produced: int = 0
     producing: bool = True
+    producing_since: float | None = None  # time.monotonic() when the first visit was produced
+    acknowledged: int = 0  # records the producer was told are written (its delivery reports)
+    delivery_errors: list[str] = field(default_factory=list)
     last_event_ms: int = 0
     windows_written: int = 0
     rows_in: int = 0
@@ -145,13 +151,34 @@ class Watchdog:
             self.console.print(f"[red]stopping {name} failed: {exc}")
 
 
-def produce_visits(bootstrap: str, seconds: float, rate: int, progress: Progress, stop: threading.Event) -> None:
-    """Page visits at about `rate` per second for `seconds`, then one heartbeat ahead in event time."""
+def produce_visits(
+    bootstrap: str,
+    seconds: float,
+    rate: int,
+    progress: Progress,
+    stop: threading.Event,
+    on_ack: Callable[[int, int], None] | None = None,
+) -> None:
+    """Page visits at about `rate` per second for `seconds`, then one heartbeat ahead in event time, with an
+    idempotent producer (acks=all). `on_ack(partition, record timestamp)` is called for each acknowledged record,
+    on this thread."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    def delivered(error: Any, message: Any) -> None:
+        with progress.lock:
+            if error is not None:
+                progress.delivery_errors.append(str(error))
+                return
+            progress.acknowledged += 1
+        if on_ack is not None:
+            on_ack(message.partition(), message.timestamp()[1])
+
+    config = {"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True, "acks": "all"}
+    producer = Producer({**config, "on_delivery": delivered})
     rng = random.Random(7)
     started = time.monotonic()
+    with progress.lock:
+        progress.producing_since = started
     sent = 0
     while not stop.is_set():
         elapsed = time.monotonic() - started
@@ -177,33 +204,35 @@ def produce_visits(bootstrap: str, seconds: float, rate: int, progress: Progress
         progress.producing = False
 
 
-def create_topics(bootstrap: str) -> None:
+def create_topics(bootstrap: str, replication_factor: int = 1, config: dict[str, str] | None = None) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topics = [
-        NewTopic("page_visits", num_partitions=EVENTS_PARTITIONS, replication_factor=1),
-        NewTopic("page_visits_per_window", num_partitions=1, replication_factor=1),
+        NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=config or {})
+        for name, partitions in (("page_visits", EVENTS_PARTITIONS), ("page_visits_per_window", 1))
     ]
     for future in admin.create_topics(topics).values():
         future.result(timeout=30)
 
 
-def _status(progress: Progress, started: float) -> Text:
+def _status(progress: Progress, started: float, brokers: DemoBrokers) -> Text:
     with progress.lock:
         state = "producing" if progress.producing else "draining: waiting for the watermark to close the last window"
         watermark = progress.watermark[11:19] if len(progress.watermark) >= 19 else progress.watermark
-        return Text.from_markup(
+        text = (
             f"[bold]{time.monotonic() - started:5.1f} s[/]  {state}\n"
             f"        produced [bold]{progress.produced:,}[/] visits | Spark read [bold]{progress.rows_in:,}[/] "
             f"in {progress.batches} micro-batches (last {progress.last_batch_ms / 1000:.1f} s) | "
             f"watermark {watermark} | windows written [bold]{progress.windows_written}[/]"
         )
+    extra = brokers.status(progress)
+    return Text.from_markup(text + (f"\n        {extra}" if extra else ""))
 
 
-def _plain_status(progress: Progress, started: float) -> str:
+def _plain_status(progress: Progress, started: float, brokers: DemoBrokers) -> str:
     """The status on one line, without styles (for logs)."""
-    return " ".join(_status(progress, started).plain.split())
+    return " ".join(_status(progress, started, brokers).plain.split())
 
 
 def _track(query: Any, progress: Progress) -> None:
@@ -220,6 +249,102 @@ def _track(query: Any, progress: Progress) -> None:
             progress.watermark = watermark.replace("T", " ").replace(".000Z", "Z")
 
 
+class DemoBrokers:
+    """What the demo's pipeline runs against, and the hooks by which a variant adds its own steps to the one flow of
+    `run_demo`. The hooks run on the main thread, except `delivered` (on the producer's thread); the defaults do
+    nothing. `SingleBroker` is `tidelog demo`'s; `tidelog.tools.cluster_demo` has `tidelog demo --cluster`'s."""
+
+    name = "the broker"  # in the watchdog's messages: "starting ...", "stopped ..."
+    through = "through the broker"  # how the streaming query reads page_visits (unless from the files)
+    title = "page visits per window on Spark"
+    replication_factor = 1
+    topic_config: ClassVar[dict[str, str]] = {}  # of both topics
+    stop_reserve_s = STOP_RESERVE_S  # of the deadline: the time kept for stopping the query, the report, the stop
+    strict = False  # True: the exit code is 1 unless every check of the report passed
+
+    def missing(self) -> str | None:
+        """What this variant needs beyond Spark and is not installed, or None."""
+        return None
+
+    def start(self, console: Console) -> None:
+        raise NotImplementedError
+
+    @property
+    def bootstrap(self) -> str:
+        raise NotImplementedError
+
+    def source(self, read_from: str) -> dict[str, str]:
+        """Where the streaming query reads page_visits (`read_from`: broker or files)."""
+        return {"kafka.bootstrap.servers": self.bootstrap}
+
+    def batch_source(self) -> tuple[dict[str, str], str]:
+        """Where the report's batch reads go, and how to say it."""
+        return {"kafka.bootstrap.servers": self.bootstrap}, "through the broker"
+
+    def where(self) -> str:
+        """Where its data is, for the last line."""
+        return ""
+
+    def tick(self, console: Console, progress: Progress) -> None:
+        """Every half second while the query streams."""
+
+    def delivered(self, partition: int, timestamp_ms: int) -> None:
+        """A record was acknowledged (on the producer's thread)."""
+
+    def status(self, progress: Progress) -> str:
+        """More status (markup, one line), or ''."""
+        return ""
+
+    def before_report(self, console: Console, until: float) -> None:
+        """After the query stopped, before the report; return by `until` (time.monotonic())."""
+
+    def report(self, console: Console, spark: Any, progress: Progress) -> bool:
+        """Its part of the report, after the windows' check; False when one of its checks failed."""
+        return True
+
+    def stop(self, console: Console) -> None:
+        """Stop everything it started (also when start failed half way), saying how it went."""
+        raise NotImplementedError
+
+    def stop_now(self) -> None:
+        """The watchdog's cleanup: stop within a few seconds."""
+        raise NotImplementedError
+
+
+class SingleBroker(DemoBrokers):
+    """`tidelog demo`: one `tidelog serve` child (LocalBroker); the report reads the broker's log files."""
+
+    name = "tidelog serve"
+
+    def __init__(self, log_dir: Path) -> None:
+        self.broker = LocalBroker(log_dir, {"num.partitions": str(EVENTS_PARTITIONS)})
+
+    def start(self, console: Console) -> None:
+        self.broker.start()
+        console.print(f"tidelog serve is up on [bold]{self.broker.bootstrap}[/] (log.dirs={self.broker.log_dir})")
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    def source(self, read_from: str) -> dict[str, str]:
+        return {"path": str(self.broker.log_dir)} if read_from == "files" else super().source(read_from)
+
+    def batch_source(self) -> tuple[dict[str, str], str]:
+        return {"path": str(self.broker.log_dir)}, "from the broker's log files"
+
+    def where(self) -> str:
+        return f"log files: {self.broker.log_dir}"
+
+    def stop(self, console: Console) -> None:
+        code = self.broker.stop()
+        if code is not None:
+            console.print("tidelog serve stopped" + (" cleanly" if code == 0 else f" with exit code {code}"))
+
+    def stop_now(self) -> None:
+        self.broker.stop(timeout_s=BROKER_STOP_S)
+
+
 def run(
     data_dir: Path = Path("tidelog-demo-data"),
     *,
@@ -231,11 +356,26 @@ def run(
     """The demo; 0 when every window was written and checked, 1 when it was cut short, 130 on Ctrl-C.
 
     Uses the running SparkSession if there is one (and then leaves it running), else starts and stops its own."""
+    brokers = SingleBroker(data_dir / "broker")
+    return run_demo(brokers, data_dir, seconds=seconds, rate=rate, read_from=read_from, deadline_s=deadline_s)
+
+
+def run_demo(
+    brokers: DemoBrokers,
+    data_dir: Path,
+    *,
+    seconds: float = 40.0,
+    rate: int = 500,
+    read_from: str = "broker",
+    deadline_s: float = DEADLINE_S,
+) -> int:
+    """The demo's flow against `brokers` (see the module docstring); the exit code as `run` says, and 1 when a
+    check failed if `brokers.strict`."""
     console = Console()
     console.soft_wrap = not console.is_terminal  # a log keeps each line whole instead of cutting it at 80 columns
     logging.getLogger("py4j").setLevel(logging.WARNING)  # py4j logs every callback at INFO
-    console.rule("[bold]tidelog demo: page visits per window on Spark")
-    problem = _missing_requirement()
+    console.rule(f"[bold]tidelog demo: {brokers.title}")
+    problem = _missing_requirement() or brokers.missing()
     if problem:
         hint = "(`tidelog demo --storage` runs the storage demo, which needs neither)"
         console.print(f"[red]{escape(problem)}[/]\n{hint}")  # escaped: rich would take [spark] for markup
@@ -244,23 +384,23 @@ def run(
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     started = time.monotonic()
-    stream_until = started + deadline_s - STOP_RESERVE_S  # the streaming phase ends by then, drained or not
+    stream_until = started + deadline_s - brokers.stop_reserve_s  # the streaming phase ends by then, drained or not
     watchdog = Watchdog(deadline_s, console, started).start()
     stop = threading.Event()
     watchdog.on_expiry("the producer", stop.set)
-    broker = LocalBroker(data_dir / "broker", {"num.partitions": str(EVENTS_PARTITIONS)})
-    watchdog.on_expiry("tidelog serve", lambda: broker.stop(timeout_s=BROKER_STOP_S))
+    watchdog.on_expiry(brokers.name, brokers.stop_now)
     spark = None
     own_spark = False
     query = None
     producer_thread: threading.Thread | None = None
     try:
-        watchdog.phase = "starting tidelog serve"
-        broker.start()
-        console.print(f"tidelog serve is up on [bold]{broker.bootstrap}[/] (log.dirs={broker.log_dir})")
+        watchdog.phase = f"starting {brokers.name}"
+        brokers.start(console)
         watchdog.phase = "creating the topics"
-        create_topics(broker.bootstrap)
-        console.print("created topics page_visits (5 partitions) and page_visits_per_window")
+        create_topics(brokers.bootstrap, brokers.replication_factor, brokers.topic_config)
+        settings = "".join(f", {key}={value}" for key, value in brokers.topic_config.items())
+        rf = f" (replication factor {brokers.replication_factor}{settings})" if brokers.replication_factor > 1 else ""
+        console.print(f"created topics page_visits (5 partitions) and page_visits_per_window{rf}")
         watchdog.phase = "starting Spark"
         from pyspark.sql import SparkSession
 
@@ -284,26 +424,23 @@ def run(
                     progress.max_window_end_ms = max(progress.max_window_end_ms, int(end_ms))
                     progress.window_latencies_ms.append(now - end_ms)
 
-        if read_from == "files":
-            source = {"path": str(broker.log_dir)}
-        else:
-            source = {"kafka.bootstrap.servers": broker.bootstrap}
-        sink = {"kafka.bootstrap.servers": broker.bootstrap}
+        source = brokers.source(read_from)
+        sink = {"kafka.bootstrap.servers": brokers.bootstrap}
         parquet_dir = str(data_dir / "windows.parquet")
         watchdog.phase = "starting the streaming query"
         query = pipeline.start_pipeline(
             spark, source, sink, parquet_dir, str(data_dir / "checkpoint"), on_batch=on_batch
         )
-        console.print(
-            f"streaming query started (reading {'the log files' if read_from == 'files' else 'through the broker'});"
-            f" producing {rate} visits/s for {seconds:.0f} s"
-        )
+        reading = "the log files" if "path" in source else brokers.through
+        console.print(f"streaming query started (reading {reading}); producing {rate} visits/s for {seconds:.0f} s")
         producer_thread = threading.Thread(
-            target=produce_visits, args=(broker.bootstrap, seconds, rate, progress, stop), daemon=True
+            target=produce_visits,
+            args=(brokers.bootstrap, seconds, rate, progress, stop, brokers.delivered),
+            daemon=True,
         )
         producer_thread.start()
         watchdog.phase = "streaming"
-        closed, cut_short = _stream(console, query, progress, started, stream_until)
+        closed, cut_short = _stream(console, query, progress, started, stream_until, brokers)
         stop.set()
         producer_thread.join(timeout=30)
         watchdog.phase = "stopping the streaming query"
@@ -316,11 +453,14 @@ def run(
             )
         elif not closed:
             console.print("[yellow]the last window did not close within the drain timeout; results are partial")
+        watchdog.phase = "waiting before the report"
+        brokers.before_report(console, stream_until)
         watchdog.phase = "reading the results"
-        _report(console, spark, pipeline, broker, parquet_dir, progress)
+        checked = _report(console, spark, pipeline, brokers, parquet_dir, progress)
+        checked = brokers.report(console, spark, progress) and checked
         console.rule(f"[bold green]done in {time.monotonic() - started:.0f} s")
-        console.print(f"Parquet: {parquet_dir}   log files: {broker.log_dir}")
-        return 0 if closed else 1
+        console.print(f"Parquet: {parquet_dir}   {brokers.where()}")
+        return 0 if closed and (checked or not brokers.strict) else 1
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; stopping")
         return 130
@@ -333,18 +473,19 @@ def run(
             query.stop()
         if spark is not None and own_spark:
             spark.stop()
-        watchdog.phase = "stopping tidelog serve"
-        code = broker.stop()
-        if code is not None:
-            console.print("tidelog serve stopped" + (" cleanly" if code == 0 else f" with exit code {code}"))
+        watchdog.phase = f"stopping {brokers.name}"
+        brokers.stop(console)
         watchdog.cancel()
 
 
-def _stream(console: Console, query: Any, progress: Progress, started: float, until: float) -> tuple[bool, bool]:
+def _stream(
+    console: Console, query: Any, progress: Progress, started: float, until: float, brokers: DemoBrokers
+) -> tuple[bool, bool]:
     """Follows the query until the last window is written, the drain times out or `until` passes, showing
     progress. Returns (the last window was written, `until` cut the stream short)."""
     drain_deadline: float | None = None
-    live = Live(_status(progress, started), console=console, refresh_per_second=4) if console.is_terminal else None
+    status = _status(progress, started, brokers)
+    live = Live(status, console=console, refresh_per_second=4) if console.is_terminal else None
     next_line = time.monotonic()
     with live or contextlib.nullcontext():
         while True:
@@ -356,11 +497,12 @@ def _stream(console: Console, query: Any, progress: Progress, started: float, un
                 producing = progress.producing
                 last_window_end = (progress.last_event_ms // 10_000 + 1) * 10_000
                 closed = progress.max_window_end_ms >= last_window_end
+            brokers.tick(console, progress)
             now = time.monotonic()
             if live is not None:
-                live.update(_status(progress, started))
+                live.update(_status(progress, started, brokers))
             elif now >= next_line:
-                console.print(_plain_status(progress, started), highlight=False)
+                console.print(_plain_status(progress, started, brokers), highlight=False)
                 next_line = now + PLAIN_STATUS_EVERY_S
             if not producing:
                 drain_deadline = drain_deadline or now + DRAIN_TIMEOUT_S
@@ -369,16 +511,17 @@ def _stream(console: Console, query: Any, progress: Progress, started: float, un
             if now > until:
                 break
     if live is None:
-        console.print(_plain_status(progress, started), highlight=False)
+        console.print(_plain_status(progress, started, brokers), highlight=False)
     console.print()
     return closed, not closed and time.monotonic() > until
 
 
 def _report(
-    console: Console, spark: Any, pipeline: ModuleType, broker: LocalBroker, parquet_dir: str, progress: Progress
-) -> None:
-    files = {"path": str(broker.log_dir)}
-    top = pipeline.top_pages(spark, files, n=len(PAGES))
+    console: Console, spark: Any, pipeline: ModuleType, brokers: DemoBrokers, parquet_dir: str, progress: Progress
+) -> bool:
+    """The top pages from a batch read, checked against the sum of the windowed counts; True when they agree."""
+    source, how = brokers.batch_source()
+    top = pipeline.top_pages(spark, source, n=len(PAGES))
     windowed = (
         {
             row["page"]: row["visits"]
@@ -391,7 +534,7 @@ def _report(
         if Path(parquet_dir).exists()  # a run cut short before its first window closed wrote none
         else {}
     )
-    table = Table(title="top pages (batch read of page_visits from the broker's log files)")
+    table = Table(title=f"top pages (batch read of page_visits {how})")
     for column in ("page", "visits", "sum of windows (Parquet)"):
         table.add_column(column, justify="right" if column != "page" else "left")
     for page, visits in top:
@@ -402,7 +545,8 @@ def _report(
     matches = all(windowed.get(page) == visits for page, visits in top)
     verdict = "[green]every window counted, none twice" if matches else "[red]windowed counts differ"
     console.print(f"{total:,} visits; {verdict}")
-    topic_rows = spark.read.format("tidelog").option("subscribe", "page_visits_per_window").load(str(broker.log_dir))
+    reader = pipeline.with_options(spark.read.format("tidelog"), source).option("subscribe", "page_visits_per_window")
+    topic_rows = reader.load(*([source["path"]] if "path" in source else []))
     console.print(f"page_visits_per_window holds {topic_rows.count():,} window results; the first:")
     for row in topic_rows.orderBy("offset").limit(3).collect():
         console.print(f"  offset {row['offset']}: {row['value'].decode()}")
@@ -412,3 +556,4 @@ def _report(
             f"window results written {statistics.median(latencies) / 1000:.1f} s (median) / "
             f"{latencies[-1] / 1000:.1f} s (max) after their window ended (the 5 s watermark included)"
         )
+    return matches

@@ -4,7 +4,11 @@ Works against `tidelog serve` and against a real Kafka cluster alike. Planning (
 metadata, watermarks and offsets-for-times (ListOffsets); a task reads its range with a consumer of its own that
 is assigned the one partition at the range's start offset (no group membership, no offset commits: progress lives
 in Spark's checkpoint, as with Spark's Kafka source). Other `kafka.*` options pass through to librdkafka, except
-those the source must decide itself (options.py). Records are read uncommitted, as Spark's Kafka source reads
+those the source must decide itself (options.py). A leader change in a cluster is waited out, as the Java consumer
+under Spark's source waits it out: planning retries an offset lookup that fails with a retriable error
+(NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, a lost connection) every RETRY_INTERVAL_S until METADATA_TIMEOUT_S
+has passed, and a task's consumer skips such error events while it waits for its records (librdkafka fetches from
+the new leader by itself). Records are read uncommitted, as Spark's Kafka source reads
 them (and as the path reader does): `kafka.isolation.level=read_committed` asks for committed ones only.
 """
 
@@ -12,8 +16,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -29,6 +34,8 @@ METADATA_TIMEOUT_S = 30.0
 RECORDS_PER_CHUNK = 20_000
 MAX_MESSAGES_PER_POLL = 10_000
 POLL_INTERVAL_S = 1.0
+RETRY_INTERVAL_S = 0.5
+T = TypeVar("T")
 _TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}  # librdkafka's NOT_AVAILABLE/CREATE_TIME/LOG_APPEND_TIME -> Kafka's ids
 
 
@@ -66,6 +73,17 @@ class KafkaBackend:
     def _fail(self, what: str, exc: KafkaException | KafkaError) -> KafkaClientError:
         return KafkaClientError(f"kafka.bootstrap.servers={self.options.bootstrap_servers}: {what} failed: {exc}")
 
+    def _retrying(self, call: Callable[[], T]) -> T:
+        """`call()`, again after a retriable error (a leader moving) until METADATA_TIMEOUT_S has passed."""
+        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        while True:
+            try:
+                return call()
+            except KafkaException as exc:
+                if not _transient(exc.args[0] if exc.args else None) or time.monotonic() > deadline:
+                    raise
+            time.sleep(RETRY_INTERVAL_S)
+
     def topic_partitions(self) -> dict[str, list[int]]:
         try:
             metadata = self.consumer.list_topics(timeout=METADATA_TIMEOUT_S)
@@ -80,9 +98,10 @@ class KafkaBackend:
     def _watermarks(self, partitions: Iterable[TP]) -> dict[TP, tuple[int, int]]:
         result = {}
         for topic, partition in partitions:
+            wanted = TopicPartition(topic, partition)
             try:
-                low, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_S, cached=False
+                low, high = self._retrying(
+                    partial(self.consumer.get_watermark_offsets, wanted, timeout=METADATA_TIMEOUT_S, cached=False)
                 )
             except KafkaException as exc:
                 raise self._fail(f"fetching the offsets of {topic}-{partition}", exc) from None
@@ -97,8 +116,10 @@ class KafkaBackend:
 
     def offset_for_timestamp(self, tp: TP, timestamp_ms: int) -> int | None:
         try:
-            (found,) = self.consumer.offsets_for_times(
-                [TopicPartition(tp[0], tp[1], timestamp_ms)], timeout=METADATA_TIMEOUT_S
+            (found,) = self._retrying(
+                lambda: self.consumer.offsets_for_times(
+                    [TopicPartition(tp[0], tp[1], timestamp_ms)], timeout=METADATA_TIMEOUT_S
+                )
             )
         except KafkaException as exc:
             raise self._fail(f"looking up timestamp {timestamp_ms} in {tp[0]}-{tp[1]}", exc) from None
@@ -113,6 +134,21 @@ class KafkaBackend:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+
+def _transient(error: Any) -> bool:
+    """An error a leader change causes, which the next attempt (or librdkafka itself) gets past."""
+    if not isinstance(error, KafkaError):
+        return False
+    return bool(error.retriable()) or error.code() in _TRANSIENT_CODES
+
+
+_TRANSIENT_CODES = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+}
 
 
 def _record(message: Any) -> tuple[Record, int]:
@@ -190,4 +226,6 @@ def _handle_error(
         target = max(position, low)
         consumer.assign([TopicPartition(r.topic, r.partition, target)])
         return target
+    if _transient(error):
+        return position  # librdkafka goes on fetching (from the new leader); kafkaConsumer.pollTimeoutMs still applies
     raise KafkaClientError(f"{name}: reading from {options.bootstrap_servers} failed: {error}")

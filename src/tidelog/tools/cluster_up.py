@@ -29,9 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -59,6 +59,7 @@ class ClusterUpOptions:
     base_port: int | None = None
     zookeeper_port: int | None = None
     interval_s: float = 3.0
+    overrides: Mapping[str, str] = field(default_factory=dict)  # more broker settings (`tidelog demo --cluster`)
 
 
 @dataclass
@@ -113,7 +114,11 @@ def zookeeper_missing() -> str | None:
 
 
 class Cluster:
-    """The processes of one `cluster up` run; `stop()` ends the brokers, then ZooKeeper."""
+    """The processes of one `cluster up` run; `stop()` ends the brokers, then ZooKeeper.
+
+    `kill_broker` and `restart_broker` are for demos of a failover (`tidelog demo --cluster`). Every child is started
+    with PR_SET_PDEATHSIG, which Linux ties to the thread that started it: start and restart them from a thread that
+    lives as long as the cluster (the main thread)."""
 
     def __init__(self, options: ClusterUpOptions, directory: Path, console: Console) -> None:
         self.options = options
@@ -122,6 +127,7 @@ class Cluster:
         self.zookeeper: _Process | None = None
         self.zookeeper_port = 0
         self.brokers: list[_Broker] = []
+        self.killed: set[int] = set()  # broker ids killed on purpose and not restarted: `check_alive` passes them
 
     @property
     def zookeeper_connect(self) -> str:
@@ -178,41 +184,76 @@ class Cluster:
             return False
 
     def start_brokers(self) -> None:
-        count = self.options.brokers
-        for broker_id in range(1, count + 1):
+        for broker_id in range(1, self.options.brokers + 1):
             port = self.options.base_port + broker_id - 1 if self.options.base_port else _free_port()
-            log_dir = self.directory / f"broker-{broker_id}"
-            overrides = {
-                "broker.id": str(broker_id),
-                "zookeeper.connect": self.zookeeper_connect,
-                "listeners": f"PLAINTEXT://127.0.0.1:{port}",
-                "log.dirs": str(log_dir),
-                "default.replication.factor": str(min(3, count)),
-            }
-            args = [sys.executable, "-m", "tidelog.cli", "serve"]
-            for key, value in overrides.items():
-                args += ["--override", f"{key}={value}"]
-            out = self.directory / f"broker-{broker_id}.out"
-            err = self.directory / f"broker-{broker_id}.err"
-            with out.open("wb") as stdout, err.open("ab") as stderr:
-                proc = subprocess.Popen(
-                    args,
-                    stdin=subprocess.DEVNULL,
-                    stdout=stdout,
-                    stderr=stderr,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
-            self.brokers.append(_Broker(f"broker {broker_id}", proc, out, err, broker_id, port, log_dir))
+            self.brokers.append(self._spawn_broker(broker_id, port))
+        self.wait_ready(self.brokers)
+
+    def _spawn_broker(self, broker_id: int, port: int) -> _Broker:
+        log_dir = self.directory / f"broker-{broker_id}"
+        overrides = {
+            "broker.id": str(broker_id),
+            "zookeeper.connect": self.zookeeper_connect,
+            "listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "log.dirs": str(log_dir),
+            "default.replication.factor": str(min(3, self.options.brokers)),
+            **self.options.overrides,
+        }
+        args = [sys.executable, "-m", "tidelog.cli", "serve"]
+        for key, value in overrides.items():
+            args += ["--override", f"{key}={value}"]
+        out = self.directory / f"broker-{broker_id}.out"
+        err = self.directory / f"broker-{broker_id}.err"
+        with out.open("wb") as stdout, err.open("ab") as stderr:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,  # Ctrl-C reaches the parent only; it stops the others in order
+                preexec_fn=_die_with_parent,
+            )
+        return _Broker(f"broker {broker_id}", proc, out, err, broker_id, port, log_dir)
+
+    def is_ready(self, broker: _Broker) -> bool:
+        """Printed its ready line (since its last start: the output file starts empty each time)."""
+        return READY_LINE in broker.out.read_text(errors="replace")
+
+    def wait_ready(self, brokers: list[_Broker]) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        waiting = list(self.brokers)
+        waiting = list(brokers)
         while waiting:
             self.check_alive()
-            waiting = [b for b in waiting if READY_LINE not in b.out.read_text(errors="replace")]
+            waiting = [b for b in waiting if not self.is_ready(b)]
             if waiting and time.monotonic() > deadline:
                 names = ", ".join(b.name for b in waiting)
                 raise ClusterUpError(f"no ready line within {START_TIMEOUT_S:.0f} s from {names}:\n{waiting[0].tail()}")
             time.sleep(0.2)
+
+    def broker(self, broker_id: int) -> _Broker:
+        for broker in self.brokers:
+            if broker.broker_id == broker_id:
+                return broker
+        raise KeyError(f"no broker {broker_id}")
+
+    def kill_broker(self, broker_id: int) -> int:
+        """SIGKILL (no controlled shutdown: its ZooKeeper session has to time out); returns the pid killed."""
+        broker = self.broker(broker_id)
+        self.killed.add(broker_id)
+        broker.proc.kill()
+        broker.proc.wait()
+        return broker.proc.pid
+
+    def restart_broker(self, broker_id: int) -> _Broker:
+        """Starts a stopped broker again, same id, listener and log directory, without waiting for its ready line
+        (`is_ready` says when)."""
+        old = self.broker(broker_id)
+        if old.proc.poll() is None:
+            raise ClusterUpError(f"{old.name} is still running")
+        new = self._spawn_broker(broker_id, old.port)
+        self.brokers[self.brokers.index(old)] = new
+        self.killed.discard(broker_id)
+        return new
 
     def wait_registered(self, client: KazooClient) -> None:
         wanted = {str(b.broker_id) for b in self.brokers}
@@ -231,7 +272,8 @@ class Cluster:
             time.sleep(0.2)
 
     def check_alive(self) -> None:
-        for process in ([self.zookeeper] if self.zookeeper else []) + list(self.brokers):
+        alive = [b for b in self.brokers if b.broker_id not in self.killed]
+        for process in ([self.zookeeper] if self.zookeeper else []) + alive:
             code = process.proc.poll()
             if code is not None:
                 raise ClusterUpError(
@@ -240,21 +282,22 @@ class Cluster:
 
     # --- stop ----------------------------------------------------------------------------------------------------
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM to every broker, each waited for up to `timeout_s` (then SIGKILL), then the same for ZooKeeper."""
         for broker in self.brokers:
             if broker.proc.poll() is None:
                 broker.proc.send_signal(signal.SIGTERM)
         for broker in self.brokers:
-            _wait_or_kill(broker.proc)
+            _wait_or_kill(broker.proc, timeout_s)
         if self.zookeeper is not None:
             if self.zookeeper.proc.poll() is None:
                 self.zookeeper.proc.terminate()
-            _wait_or_kill(self.zookeeper.proc)
+            _wait_or_kill(self.zookeeper.proc, timeout_s)
 
 
-def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
+def _wait_or_kill(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> None:
     try:
-        proc.wait(STOP_TIMEOUT_S)
+        proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -279,6 +322,11 @@ def controller_id(client: KazooClient) -> int | None:
     value = _read_json(client, "/controller")
     broker = value.get("brokerid") if value else None
     return broker if isinstance(broker, int) else None
+
+
+def partition_state(client: KazooClient, topic: str, partition: int) -> dict[str, object] | None:
+    """The partition's state znode (leader, leader_epoch, isr, controller_epoch), None when there is none yet."""
+    return _read_json(client, f"/brokers/topics/{topic}/partitions/{partition}/state")
 
 
 Row = tuple[str, int, int, tuple[int, ...], tuple[int, ...]]  # topic, partition, leader, replicas, isr
