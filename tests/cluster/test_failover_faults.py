@@ -222,11 +222,13 @@ def kill_leaders(kills: int, cluster_broker: ClusterBroker, zk: KazooClient) -> 
         assert_replicas_identical(log_dirs, TOPIC, partition, up_to=ends[partition])
 
 
+@pytest.mark.timeout(900)  # about 10 s a kill; pyproject's 300 s is for ordinary tests
 def test_kill_the_leader_again_and_again(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
     kill_leaders(10, cluster_broker, zk_client)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(7200)
 def test_kill_the_leader_a_hundred_times(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
     kill_leaders(100, cluster_broker, zk_client)
 
