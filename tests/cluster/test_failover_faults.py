@@ -199,7 +199,11 @@ def kill_leaders(kills: int, cluster_broker: ClusterBroker, zk: KazooClient) -> 
             wait_for(lambda: full_isr(zk), timeout_s=FAILOVER_S * 2, what=f"the full ISR after kill {kill + 1}")
     finally:
         producer.stop()
-    print(f"\n{kills} kills: kill -9 to the next acknowledgement {min(timings):.1f}-{max(timings):.1f} s")
+    timings.sort()
+    print(
+        f"\n{kills} kills, {producer.acked_count:,} records acknowledged: kill -9 to the next acknowledgement "
+        f"{min(timings):.1f}-{max(timings):.1f} s, median {timings[len(timings) // 2]:.1f} s"
+    )
 
     assert not producer.errors, f"{len(producer.errors)} produce errors, first: {producer.errors[:3]}"
     ends = high_watermarks(bootstrap)
