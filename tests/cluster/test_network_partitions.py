@@ -11,6 +11,9 @@
   writes with NOT_ENOUGH_REPLICAS (min.insync.replicas 2); when the network heals they catch up and rejoin the
   ISR. (A write that timed out was appended: it is replicated after the heal, as in Kafka - the producer was told
   it may or may not be there.)
+
+The proxies are the first fixture of each test, so they are closed last: the brokers stop (a controlled shutdown
+each) while they can still reach ZooKeeper and each other.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def create_topic(bootstrap: str, zk: KazooClient) -> None:
 
 
 def test_a_leader_cut_off_from_zookeeper_acknowledges_nothing_that_is_lost(
-    zookeeper: ZooKeeperProcess, zk_client: KazooClient, cluster_broker: ClusterBroker, fault_proxies: ProxyRegistry
+    fault_proxies: ProxyRegistry, zookeeper: ZooKeeperProcess, zk_client: KazooClient, cluster_broker: ClusterBroker
 ) -> None:
     host, _, port = zookeeper.connect.rpartition(":")
     brokers = {}
@@ -130,7 +133,7 @@ def test_a_leader_cut_off_from_zookeeper_acknowledges_nothing_that_is_lost(
 
 
 def test_a_leader_cut_off_from_its_followers_refuses_acks_all_once_the_isr_shrinks(
-    zk_client: KazooClient, cluster_broker: ClusterBroker, fault_proxies: ProxyRegistry
+    fault_proxies: ProxyRegistry, zk_client: KazooClient, cluster_broker: ClusterBroker
 ) -> None:
     brokers: dict[int, BrokerProcess] = {}
     for broker_id in (1, 2, 3):  # every broker advertises a proxy in front of its listener
