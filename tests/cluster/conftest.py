@@ -27,8 +27,9 @@ def zookeeper(tmp_path: Path) -> Iterator[ZooKeeperProcess]:
 @pytest.fixture
 def zk_client(zookeeper: ZooKeeperProcess) -> Iterator[KazooClient]:
     """A client of the test's own, to inspect the znodes as an operator would with zkCli.sh."""
-    client = KazooClient(hosts=zookeeper.connect)
-    client.start(timeout=10)
+    # patient: a ZooKeeper just started on two busy cores may answer `ruok` before it completes a session's handshake
+    client = KazooClient(hosts=zookeeper.connect, connection_retry={"max_tries": -1, "delay": 0.2, "max_delay": 2})
+    client.start(timeout=30)
     yield client
     client.stop()
     client.close()
