@@ -3,7 +3,8 @@
 A Fetch reads file slices from each requested partition (at most `partition_max_bytes` each and
 `max_bytes` in all, but always one whole batch for the first partition that has data, KIP-74). If
 fewer than `min_bytes` are available it waits up to `max_wait_ms` for an append to one of its
-partitions - woken by the producer path, never by polling - then reads again. Record bytes go out
+partitions - woken by the producer path, never by polling - then reads again (a consumer's fetch only when the high
+watermark moved, a follower's when the log end did: `AppendNotifier`). Record bytes go out
 with sendfile straight from the segment files.
 
 ListOffsets answers Kafka's special targets: -2 earliest (log start), -1 latest (the high watermark: the log end on
@@ -43,36 +44,58 @@ FollowerFetchRecorder = Callable[[str, int, int, int], None]
 
 
 class AppendNotifier:
-    """Wakes long-polling fetches when one of their partitions receives data."""
+    """Wakes long-polling fetches when there is more for them to read, keeping Kafka's two kinds apart: a follower's
+    fetch (from replica_fetcher.py) reads up to the log end, so an append wakes it; a consumer's reads up to the high
+    watermark, so only a high watermark that moved wakes it (on a single broker every append moves it). Waking a
+    fetch that has nothing new to read only costs a read and a request round trip: in a cluster every acks=all batch
+    would otherwise wake each consumer once for the append and once for the replication, and each follower once more
+    for a high watermark it learns with its next fetch anyway."""
 
     def __init__(self) -> None:
-        self._waiters: dict[PartitionKey, set[asyncio.Future[None]]] = defaultdict(set)
+        self._followers: dict[PartitionKey, set[asyncio.Future[None]]] = defaultdict(set)
+        self._consumers: dict[PartitionKey, set[asyncio.Future[None]]] = defaultdict(set)
 
     def notify(self, key: PartitionKey) -> None:
-        for waiter in self._waiters.pop(key, ()):
-            if not waiter.done():
-                waiter.set_result(None)
+        """New records that are visible at once: followers and consumers."""
+        self.notify_followers(key)
+        self.notify_consumers(key)
+
+    def notify_followers(self, key: PartitionKey) -> None:
+        """The log end moved (the leader appended, the high watermark not yet)."""
+        _wake(self._followers.pop(key, ()))
+
+    def notify_consumers(self, key: PartitionKey) -> None:
+        """The high watermark moved."""
+        _wake(self._consumers.pop(key, ()))
 
     def notify_all(self) -> None:
-        for key in list(self._waiters):
-            self.notify(key)
+        for waiters in (self._followers, self._consumers):
+            for key in list(waiters):
+                _wake(waiters.pop(key, ()))
 
-    async def wait(self, keys: Iterable[PartitionKey], timeout: float) -> None:
+    async def wait(self, keys: Iterable[PartitionKey], timeout: float, follower: bool = False) -> None:
+        waiters = self._followers if follower else self._consumers
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         keys = list(keys)
         for key in keys:
-            self._waiters[key].add(waiter)
+            waiters[key].add(waiter)
         try:
             await asyncio.wait_for(waiter, timeout)
         except TimeoutError:
             pass
         finally:
             for key in keys:
-                waiting = self._waiters.get(key)
+                waiting = waiters.get(key)
                 if waiting is not None:
                     waiting.discard(waiter)
                     if not waiting:
-                        del self._waiters[key]
+                        del waiters[key]
+
+
+def _wake(waiters: Iterable[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
 
 
 class FetchApis:
@@ -126,7 +149,7 @@ class FetchApis:
             remaining = deadline - loop.time()
             if total >= min_bytes or failed or not keys or remaining <= 0 or self.is_stopping():
                 break  # (nothing to wait for without partitions: answered at once, as Kafka does)
-            await self.notifier.wait(keys, remaining)
+            await self.notifier.wait(keys, remaining, follower=replica_id >= 0)
         for topic in topics:
             sent = sum(p.records_size for p in topic.partitions)
             if sent:

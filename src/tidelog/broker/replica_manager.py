@@ -292,7 +292,7 @@ class ReplicaManager:
             return
         handle.set_high_watermark(new_high_watermark)
         self._check_waiters(state)
-        self.notifier.notify(key)
+        self.notifier.notify_consumers(key)
 
     # --- acks=all ---------------------------------------------------------------------------------------------
 

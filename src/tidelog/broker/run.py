@@ -2,11 +2,17 @@
 
 SIGTERM and SIGINT trigger a clean shutdown (exit 0); a config error exits 2 with a message naming
 the key; a failure to start (port in use, log dir locked) exits 1.
+
+Once started, the objects of the broker's first moments (its modules, the protocol schemas, the logs' state) are
+frozen out of Python's cyclic garbage collector (`gc.freeze`): they live as long as the process, and a full
+collection that walks them held the event loop for 40-60 ms on this project's machine - every request in flight
+waited that long (docs/benchmarks.md, replication latency).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 
@@ -54,6 +60,8 @@ async def _run(config: BrokerConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopped.set)
+    gc.collect()
+    gc.freeze()
     print(f"tidelog broker ready on port(s) {', '.join(map(str, broker.bound_ports))}", flush=True)
     await stopped.wait()
     log.info("shutting down")
