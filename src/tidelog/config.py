@@ -81,6 +81,57 @@ def parse_list(key: str, raw: Any) -> list[str]:
     return items
 
 
+def parse_optional_list(key: str, raw: Any) -> list[str]:
+    """A comma-separated list that may be empty (`""`)."""
+    if isinstance(raw, str) and not raw.strip():
+        return []
+    if isinstance(raw, list | tuple) and not raw:
+        return []
+    return parse_list(key, raw)
+
+
+_THROTTLED_REPLICA = re.compile(r"[0-9]+:[0-9]+")
+
+
+def parse_throttled_replicas(key: str, raw: Any) -> list[str]:
+    """Kafka's ThrottledReplicaListValidator: empty, `*`, or `partition:broker` pairs."""
+    items = parse_optional_list(key, raw)
+    if items == ["*"] or all(_THROTTLED_REPLICA.fullmatch(item) for item in items):
+        return items
+    raise ConfigError(
+        f"config {key}: {','.join(items)!r} must be the literal '*' or a list of replicas in the form "
+        "partitionId:brokerId (0:101,1:102)"
+    )
+
+
+def _level_parser(codec: str, low: int, high: int, also: int | None = None) -> Callable[[str, Any], int]:
+    """A compression level: an int in [low, high] (or `also`, gzip's -1 for the codec's default)."""
+
+    def parse_level(key: str, raw: Any) -> int:
+        value = parse_int(key, raw)
+        if value != also and not low <= value <= high:
+            extra = f" or {also}" if also is not None else ""
+            raise ConfigError(f"config {key}: {value} is not a {codec} level (from {low} to {high}{extra})")
+        return value
+
+    parse_level.__name__ = f"parse_{codec}_level"
+    return parse_level
+
+
+parse_gzip_level = _level_parser("gzip", 1, 9, also=-1)
+parse_lz4_level = _level_parser("lz4", 1, 17)
+parse_zstd_level = _level_parser("zstd", -131072, 22)
+_METADATA_VERSION = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?(-IV[0-9]+)?")
+
+
+def parse_message_format_version(key: str, raw: Any) -> str:
+    """A Kafka MetadataVersion string (`2.8`, `3.0-IV1`, `0.10.2`); ignored since Kafka 3.0, as here."""
+    value = parse_str(key, raw)
+    if not _METADATA_VERSION.fullmatch(value):
+        raise ConfigError(f"config {key}: {value!r} is not a Kafka version such as 3.0-IV1")
+    return value
+
+
 ENGINES = ("kafka", "rocketmq")  # the storage engines (tidelog.storage.engine)
 
 
@@ -124,6 +175,12 @@ VALUE_TYPES: dict[Callable[[str, Any], Any], str] = {
     parse_float: "double",
     parse_str: "string",
     parse_list: "list",
+    parse_optional_list: "list",
+    parse_throttled_replicas: "list",
+    parse_gzip_level: "int",
+    parse_lz4_level: "int",
+    parse_zstd_level: "int",
+    parse_message_format_version: "string",
 }
 
 
@@ -134,6 +191,8 @@ def _keys(*keys: Key) -> dict[str, Key]:
 # --- per-topic keys (Kafka's TopicConfig names) ---------------------------------------------------------------
 
 KAFKA = ("kafka",)
+# compression.type: Kafka's BrokerCompressionType names
+COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
 ROCKETMQ = ("rocketmq",)
 
 TOPIC_KEYS: dict[str, Key] = _keys(
@@ -295,6 +354,129 @@ TOPIC_KEYS: dict[str, Key] = _keys(
         doc="In a cluster: an `acks=all` produce needs at least this many in-sync replicas (else "
         "`NOT_ENOUGH_REPLICAS`); the broker enforces it, the storage engines ignore it.",
     ),
+    Key(
+        "compression.type",
+        parse_str,
+        choices=COMPRESSION_TYPES,
+        default="producer",
+        engines=KAFKA,
+        doc="`producer` stores each batch with the producer's codec; a codec name recompresses every batch a "
+        "producer sends in another codec (or uncompressed) with that one before it is stored, as Kafka's broker does.",
+    ),
+    Key(
+        "compression.gzip.level",
+        parse_gzip_level,
+        default="-1",
+        engines=KAFKA,
+        valid="`1` to `9`, or `-1` (the codec's default)",
+        doc="Level of the broker's gzip recompression (`compression.type=gzip`).",
+    ),
+    Key(
+        "compression.lz4.level",
+        parse_lz4_level,
+        default="9",
+        engines=KAFKA,
+        valid="`1` to `17`",
+        doc="Level of the broker's lz4 recompression (`compression.type=lz4`).",
+    ),
+    Key(
+        "compression.zstd.level",
+        parse_zstd_level,
+        default="3",
+        engines=KAFKA,
+        valid="`-131072` to `22`",
+        doc="Level of the broker's zstd recompression (`compression.type=zstd`).",
+    ),
+    Key(
+        "message.timestamp.before.max.ms",
+        parse_int,
+        minimum=0,
+        default=str(LONG_MAX),
+        doc="A `CreateTime` record whose timestamp is more than this before the broker's clock is refused "
+        "(`INVALID_TIMESTAMP`); the default accepts any.",
+    ),
+    Key(
+        "message.timestamp.after.max.ms",
+        parse_int,
+        minimum=0,
+        default=str(LONG_MAX),
+        doc="A `CreateTime` record whose timestamp is more than this after the broker's clock is refused "
+        "(`INVALID_TIMESTAMP`); the default accepts any.",
+    ),
+    Key(
+        "message.timestamp.difference.max.ms",
+        parse_int,
+        minimum=0,
+        default=str(LONG_MAX),
+        doc="Deprecated in Kafka 3.6: the bound on both sides where `message.timestamp.before.max.ms` / "
+        "`message.timestamp.after.max.ms` keep their default.",
+    ),
+    Key(
+        "message.downconversion.enable",
+        parse_bool,
+        default="true",
+        doc="Whether old Fetch versions may get records converted to an older message format.",
+    ),
+    Key(
+        "message.format.version",
+        parse_message_format_version,
+        default="3.0-IV1",
+        valid="a Kafka version (`2.8`, `3.0-IV1`)",
+        doc="Accepted for compatibility and ignored, as Kafka 3.x ignores it: batches are stored as sent.",
+    ),
+    Key(
+        "preallocate",
+        parse_bool,
+        default="false",
+        doc="Accepted and ignored: segment files grow as they are written.",
+    ),
+    Key(
+        "leader.replication.throttled.replicas",
+        parse_throttled_replicas,
+        default="",
+        valid="`*`, or `partition:broker` pairs, comma-separated",
+        doc="Accepted and ignored: tidelog does not throttle replication.",
+    ),
+    Key(
+        "follower.replication.throttled.replicas",
+        parse_throttled_replicas,
+        default="",
+        valid="`*`, or `partition:broker` pairs, comma-separated",
+        doc="Accepted and ignored: tidelog does not throttle replication.",
+    ),
+    Key(
+        "remote.storage.enable",
+        parse_bool,
+        default="false",
+        doc="Tiered storage: tidelog has no remote log storage, so `true` is refused (`INVALID_CONFIG`), as Kafka "
+        "refuses it when its remote log storage system is disabled.",
+    ),
+    Key(
+        "local.retention.ms",
+        parse_int,
+        minimum=-2,
+        default="-2",
+        doc="Tiered storage's local retention; accepted and ignored (no remote storage).",
+    ),
+    Key(
+        "local.retention.bytes",
+        parse_int,
+        minimum=-2,
+        default="-2",
+        doc="Tiered storage's local retention; accepted and ignored (no remote storage).",
+    ),
+    Key(
+        "remote.log.copy.disable",
+        parse_bool,
+        default="false",
+        doc="Tiered storage; accepted and ignored (no remote storage).",
+    ),
+    Key(
+        "remote.log.delete.on.disable",
+        parse_bool,
+        default="false",
+        doc="Tiered storage; accepted and ignored (no remote storage).",
+    ),
 )
 
 # Broker keys that set a topic default: broker name -> (topic name, unit multiplier).
@@ -323,6 +505,18 @@ BROKER_TO_TOPIC: dict[str, tuple[str, int]] = {
     "log.cleaner.max.compaction.lag.ms": ("max.compaction.lag.ms", 1),
     "unclean.leader.election.enable": ("unclean.leader.election.enable", 1),
     "min.insync.replicas": ("min.insync.replicas", 1),
+    "compression.type": ("compression.type", 1),
+    "compression.gzip.level": ("compression.gzip.level", 1),
+    "compression.lz4.level": ("compression.lz4.level", 1),
+    "compression.zstd.level": ("compression.zstd.level", 1),
+    "log.message.timestamp.before.max.ms": ("message.timestamp.before.max.ms", 1),
+    "log.message.timestamp.after.max.ms": ("message.timestamp.after.max.ms", 1),
+    "log.message.timestamp.difference.max.ms": ("message.timestamp.difference.max.ms", 1),
+    "log.message.downconversion.enable": ("message.downconversion.enable", 1),
+    "log.message.format.version": ("message.format.version", 1),
+    "log.preallocate": ("preallocate", 1),
+    "log.local.retention.ms": ("local.retention.ms", 1),
+    "log.local.retention.bytes": ("local.retention.bytes", 1),
 }
 _UNITS = {1: "", 60_000: "minutes", 3_600_000: "hours"}
 
@@ -353,6 +547,11 @@ def _topic_default_key(broker: str, topic: str, multiplier: int) -> Key:
 TOPIC_DEFAULT_KEYS: dict[str, Key] = _keys(
     *(_topic_default_key(broker, topic, multiplier) for broker, (topic, multiplier) in BROKER_TO_TOPIC.items())
 )
+
+# The broker keys AlterConfigs and IncrementalAlterConfigs may change while the broker runs, per broker or as the
+# cluster's default (tidelog.broker.dynamic_config): those of Kafka's dynamic log configs that tidelog has, which are
+# every topic default but `log.message.format.version` (as Kafka's DynamicLogConfig).
+DYNAMIC_BROKER_KEYS = frozenset(TOPIC_DEFAULT_KEYS) - {"log.message.format.version"}
 
 # Storage keys of the broker (EngineConfig) that are not topic defaults.
 ENGINE_KEYS: dict[str, Key] = _keys(
@@ -683,10 +882,50 @@ class LogConfig:
     delete_retention_ms: int = 86_400_000
     unclean_leader_election_enable: bool = False
     min_insync_replicas: int = 1
+    compression_type: str = "producer"
+    compression_gzip_level: int = -1
+    compression_lz4_level: int = 9
+    compression_zstd_level: int = 3
+    message_timestamp_before_max_ms: int = LONG_MAX
+    message_timestamp_after_max_ms: int = LONG_MAX
+    message_timestamp_difference_max_ms: int = LONG_MAX
+    message_downconversion_enable: bool = True
+    message_format_version: str = "3.0-IV1"
+    preallocate: bool = False
+    leader_replication_throttled_replicas: tuple[str, ...] = ()
+    follower_replication_throttled_replicas: tuple[str, ...] = ()
+    remote_storage_enable: bool = False
+    local_retention_ms: int = -2
+    local_retention_bytes: int = -2
+    remote_log_copy_disable: bool = False
+    remote_log_delete_on_disable: bool = False
 
     @property
     def compact(self) -> bool:
         return "compact" in self.cleanup_policy
+
+    @property
+    def timestamp_before_max_ms(self) -> int:
+        """How far before the broker's clock a CreateTime record may be: message.timestamp.before.max.ms, or the
+        deprecated message.timestamp.difference.max.ms while the former keeps its default (as Kafka 3.9)."""
+        if self.message_timestamp_before_max_ms != LONG_MAX:
+            return self.message_timestamp_before_max_ms
+        return self.message_timestamp_difference_max_ms
+
+    @property
+    def timestamp_after_max_ms(self) -> int:
+        """How far after the broker's clock a CreateTime record may be (see timestamp_before_max_ms)."""
+        if self.message_timestamp_after_max_ms != LONG_MAX:
+            return self.message_timestamp_after_max_ms
+        return self.message_timestamp_difference_max_ms
+
+    def timestamp_bounds(self, now_ms: int) -> tuple[int, int] | None:
+        """[low, high] a producer's CreateTime record timestamps must be in at `now_ms`, or None when any goes
+        (LogAppendTime, or neither bound set)."""
+        before, after = self.timestamp_before_max_ms, self.timestamp_after_max_ms
+        if self.message_timestamp_type != "CreateTime" or (before == LONG_MAX and after == LONG_MAX):
+            return None
+        return now_ms - before, now_ms + after
 
     @property
     def max_segment_ms(self) -> int:
@@ -703,7 +942,23 @@ class LogConfig:
                 raise ConfigError(f"unknown topic config {name!r}")
             value = key.convert(raw)
             changes[name.replace(".", "_")] = tuple(value) if isinstance(value, list) else value
-        return replace(self, **changes)
+        config = replace(self, **changes)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """The rules between keys Kafka's LogConfig checks (validateValues, and remote storage only with a remote
+        log storage system, which tidelog does not have); ConfigError names the keys."""
+        if self.min_compaction_lag_ms > self.max_compaction_lag_ms:
+            raise ConfigError(
+                f"conflict topic config setting min.compaction.lag.ms ({self.min_compaction_lag_ms}) > "
+                f"max.compaction.lag.ms ({self.max_compaction_lag_ms})"
+            )
+        if self.remote_storage_enable:
+            raise ConfigError(
+                "config remote.storage.enable: Tiered Storage functionality is disabled in the broker. Topic cannot "
+                "be configured with remote log storage."
+            )
 
 
 @dataclass(frozen=True)

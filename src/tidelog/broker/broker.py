@@ -6,7 +6,8 @@ builds the one handler table, and starts and stops the parts in order. No part h
     authorizer (authorizer.py)       ACL checks every handler makes
     metrics (metrics.py)             counters handlers bump, the state gauges, the /metrics endpoint
     flusher (produce.py)             group commit of fsyncs for acks=all produces and offset commits
-    fetch, produce, topics, groups, sasl, acls    the handlers of one area each
+    fetch, produce, topics, configs, groups, sasl, acls    the handlers of one area each
+    dynamic (dynamic_config.py)      dynamic broker configs: stored, watched in a cluster, applied to the engine
     offset_store (offset_store.py)   __consumer_offsets, which the group coordinator writes and replays
     server (server.py)               listeners, framing, routing through the table, sending
 
@@ -49,7 +50,9 @@ from tidelog.broker.cluster_metadata import MetadataCache
 from tidelog.broker.cluster_producer_ids import ZooKeeperProducerIdBlocks
 from tidelog.broker.cluster_topics import ClusterTopics
 from tidelog.broker.config import BrokerConfig
+from tidelog.broker.config_admin import ConfigApis
 from tidelog.broker.controller import Controller
+from tidelog.broker.dynamic_config import DynamicBrokerConfig, FileStore
 from tidelog.broker.fetch import FetchApis
 from tidelog.broker.groups import GroupCoordinator
 from tidelog.broker.handler import HandlerTable
@@ -164,6 +167,19 @@ class Broker:
         self.topics = TopicApis(
             self.engine, config, self.authorizer, self.admin, self.groups.forget_topic, cluster_topics
         )
+        self.dynamic = DynamicBrokerConfig(
+            config,
+            self.engine,
+            self.admin,
+            store=FileStore(log_dir) if self.cluster is None else None,
+            client=self.cluster.client if self.cluster is not None else None,
+        )
+        self.dynamic.listeners.extend(
+            lambda defaults, part=part: setattr(part, "log_defaults", defaults)  # type: ignore[misc]
+            for part in (self.controller, self.replicas)
+            if part is not None
+        )
+        self.configs = ConfigApis(self.engine, config, self.authorizer, self.admin, self.dynamic, cluster_topics)
         self.sasl = SaslApis(config.security, config.listeners, log_dir)
         self.acls = AclApis(self.authorizer)
         self.leadership: LeadershipApis | None = None
@@ -185,7 +201,7 @@ class Broker:
     def _handler_table(self) -> HandlerTable:
         """Every API the broker serves (ApiVersions aside, which the server answers from this table)."""
         table: HandlerTable = {}
-        areas: list[Any] = [self.fetch, self.produce, self.topics, self.groups, self.sasl, self.acls]
+        areas: list[Any] = [self.fetch, self.produce, self.topics, self.configs, self.groups, self.sasl, self.acls]
         if self.leadership is not None:
             areas.append(self.leadership)
         if self.reassignment is not None:
@@ -209,6 +225,7 @@ class Broker:
         return self.server.bound_ports
 
     async def start(self) -> None:
+        self.dynamic.load()  # the stored dynamic broker configs, applied before anything is served
         if self.cluster is None:
             self.offset_store.open()  # in a cluster, the partitions this broker leads are loaded as it comes to
         self.groups.start()

@@ -44,6 +44,8 @@ from tidelog.kafka_uuid import new_kafka_uuid
 from tidelog.storage.api import validate_topic_name
 
 if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
     from tidelog.broker.cluster_membership import ClusterMembership
     from tidelog.broker.config import BrokerConfig
 
@@ -149,6 +151,11 @@ class ClusterTopics:
             raise TopicExistsError(f"Topic '{name}' already exists.")
         if failure is not None:
             raise InvalidRequestError(f"writing topic {name} to ZooKeeper failed: {results}; try again")
+
+    async def alter_topic_config(self, name: str, configs: Mapping[str, str]) -> None:
+        """Replace the topic's overrides in `/config/topics/<t>`, with a change notification, as Kafka's
+        AdminZkClient.changeTopicConfig; every broker's cache sees the znode change and applies it."""
+        await asyncio.to_thread(write_entity_config, self.client, zk.topic_config_path(name), f"topics/{name}", configs)
 
     async def wait_for_leaders(
         self, name: str, topic_id: str | None, partitions: Iterable[int], timeout_ms: int
@@ -258,3 +265,17 @@ def _check_assignment(partitions: Assignment, factor: int, live: set[int]) -> No
             )
         if len(replicas) != factor:
             raise InvalidReplicaAssignmentError("All partitions should have the same number of replicas.")
+
+
+def write_entity_config(client: KazooClient, path: str, entity_path: str, configs: Mapping[str, str]) -> None:
+    """Set a ConfigEntityZNode (created if missing) and add its `/config/changes` notification, in one
+    transaction (blocking: off the event loop)."""
+    transaction = client.transaction()
+    if client.exists(path):
+        transaction.set_data(path, zk.encode_topic_config(configs))
+    else:
+        transaction.create(path, zk.encode_topic_config(configs))
+    transaction.create(zk.CONFIG_CHANGE_PREFIX, zk.encode_config_change(entity_path), sequence=True)
+    results = transaction.commit()
+    if any(isinstance(r, Exception) for r in results):
+        raise InvalidRequestError(f"writing {path} to ZooKeeper failed: {results}; try again")

@@ -617,6 +617,9 @@ class BrokerConfig:
     leadership: LeadershipConfig = field(default_factory=LeadershipConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # The keys as the file and --override gave them (DescribeConfigs' STATIC_BROKER_CONFIG; the base that dynamic
+    # broker configs are laid over, tidelog.broker.dynamic_config).
+    static_settings: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def node_id(self) -> int:
@@ -707,6 +710,7 @@ class BrokerConfig:
             leadership=LeadershipConfig.from_server_keys(server),
             engine=EngineConfig.from_mapping(select(settings, storage), log_dir=defaults.engine.log_dirs[0]),
             security=security,
+            static_settings={name: _setting_text(raw) for name, raw in settings.items()},
         )
 
     @property
@@ -721,6 +725,15 @@ class BrokerConfig:
                 return advertised.host, advertised.port
         host = listener.host if listener.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
         return host, bound_port
+
+
+def _setting_text(raw: Any) -> str:
+    """A setting as a properties file spells it (`true`, not Python's `True`; lists comma-separated)."""
+    if isinstance(raw, bool):
+        return str(raw).lower()
+    if isinstance(raw, list | tuple):
+        return ",".join(map(str, raw))
+    return str(raw)
 
 
 def inter_broker_listener(listeners: tuple[Listener, ...], name: str | None) -> Listener:

@@ -1,5 +1,5 @@
-"""Metadata, CreateTopics, DeleteTopics, CreatePartitions, DeleteRecords, DescribeConfigs: the cluster as clients
-see it.
+"""Metadata, CreateTopics, DeleteTopics, CreatePartitions, DeleteRecords: the cluster as clients see it (topic
+configs are config_admin.py's).
 
 A single broker (no zookeeper.connect) is the whole cluster: it is the controller, the leader of every partition and
 its only replica, and topic changes are the engine's topic calls on the admin thread. CreateTopics validates names,
@@ -19,13 +19,12 @@ delete records from it (INVALID_TOPIC_EXCEPTION, as Kafka answers).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import CLUSTER_NAME, Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, Response
 from tidelog.broker.zk_layout import NO_LEADER
-from tidelog.config import TOPIC_KEYS
 from tidelog.errors import (
     ConfigError,
     ErrorCode,
@@ -66,7 +65,7 @@ def _take_partition_budget(budget: list[int], topic: str, count: int) -> None:
 
 
 class TopicApis:
-    """Metadata, topic administration, DeleteRecords and DescribeConfigs. Topic changes run on the admin thread;
+    """Metadata, topic administration and DeleteRecords. Topic changes run on the admin thread;
     `on_topic_deleted` lets the group coordinator drop the topic's committed offsets."""
 
     def __init__(
@@ -92,7 +91,6 @@ class TopicApis:
             ApiKey.DELETE_TOPICS: ApiHandler(1, 6, self.handle_delete_topics),
             ApiKey.CREATE_PARTITIONS: ApiHandler(0, 3, self.handle_create_partitions),
             ApiKey.DELETE_RECORDS: ApiHandler(0, 2, self.handle_delete_records),
-            ApiKey.DESCRIBE_CONFIGS: ApiHandler(1, 4, self.handle_describe_configs),
         }
 
     # --- Metadata ---------------------------------------------------------------------------------------------
@@ -472,129 +470,3 @@ class TopicApis:
                 partitions.append(result)
             topics.append({"name": topic.name, "partitions": partitions})
         return {"throttle_time": 0, "topics": topics}
-
-    # --- DescribeConfigs --------------------------------------------------------------------------------------
-
-    async def handle_describe_configs(self, request: Request, connection: Connection) -> Response:
-        results = []
-        for resource in request.body.resources:
-            result: dict[str, Any] = {
-                "error_code": 0,
-                "error_message": None,
-                "resource_type": resource.resource_type,
-                "resource_name": resource.resource_name,
-                "configs": [],
-            }
-            wanted = set(resource.configuration_keys) if resource.configuration_keys is not None else None
-            if resource.resource_type == RESOURCE_TOPIC and not self.authorizer.authorize(
-                connection, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, resource.resource_name
-            ):
-                result.update(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
-            elif resource.resource_type == RESOURCE_BROKER and not self.authorizer.authorize(
-                connection, Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER
-            ):
-                result.update(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message="Authorization failed.")
-            elif resource.resource_type == RESOURCE_TOPIC:
-                overrides = self._topic_overrides(resource.resource_name)
-                if overrides is None:
-                    result.update(
-                        error_code=UnknownTopicOrPartitionError.kafka_error_code,
-                        error_message=f"topic {resource.resource_name!r} does not exist",
-                    )
-                else:
-                    result["configs"] = self._topic_configs(overrides, wanted)
-            elif resource.resource_type == RESOURCE_BROKER:
-                result["configs"] = self._broker_configs(wanted)
-            else:
-                result.update(
-                    error_code=ErrorCode.INVALID_REQUEST,
-                    error_message=f"resource type {resource.resource_type} is not supported",
-                )
-            results.append(result)
-        return {"throttle_time": 0, "results": results}
-
-    def _topic_overrides(self, name: str) -> Mapping[str, Any] | None:
-        """A topic's config overrides (None: no such topic): the engine's, or in a cluster /config/topics/<t>."""
-        if self.cluster is not None:
-            topic = self.cluster.cache.view.topics.get(name)
-            return topic.configs if topic is not None else None
-        description = self.engine.topics().get(name)
-        return description.configs if description is not None else None
-
-    def _topic_configs(self, overrides: Mapping[str, Any], wanted: set[str] | None) -> list[dict[str, Any]]:
-        effective = self.config.engine.log_defaults.with_overrides(overrides)
-        configs = []
-        for name in sorted(TOPIC_KEYS):
-            if wanted is not None and name not in wanted:
-                continue
-            value = getattr(effective, name.replace(".", "_"))
-            text = (
-                ",".join(value)
-                if isinstance(value, tuple)
-                else str(value).lower()
-                if isinstance(value, bool)
-                else str(value)
-            )
-            source = SOURCE_TOPIC if name in overrides else SOURCE_DEFAULT
-            configs.append(
-                {
-                    "name": name,
-                    "value": text,
-                    "read_only": False,
-                    "config_source": source,
-                    "is_sensitive": False,
-                    "synonyms": [],
-                    "config_type": _config_type(value),
-                    "documentation": None,
-                }
-            )
-        return configs
-
-    def _broker_configs(self, wanted: set[str] | None) -> list[dict[str, Any]]:
-        config = self.config
-        values = {
-            "node.id": config.node_id,
-            "log.dirs": ",".join(config.engine.log_dirs),
-            "num.partitions": config.engine.num_partitions,
-            "auto.create.topics.enable": str(config.auto_create_topics_enable).lower(),
-            "socket.request.max.bytes": config.socket_request_max_bytes,
-            "offsets.topic.num.partitions": config.offsets_topic_num_partitions,
-            "offsets.topic.segment.bytes": config.offsets_topic_segment_bytes,
-            "log.cleaner.enable": str(config.engine.cleaner.enabled).lower(),
-            "log.cleaner.backoff.ms": config.engine.cleaner.backoff_ms,
-            "log.cleaner.dedupe.buffer.size": config.engine.cleaner.dedupe_buffer_size,
-        }
-        return [
-            {
-                "name": name,
-                "value": str(value),
-                "read_only": True,
-                "config_source": SOURCE_STATIC_BROKER,
-                "is_sensitive": False,
-                "synonyms": [],
-                "config_type": _config_type(value),
-                "documentation": None,
-            }
-            for name, value in sorted(values.items())
-            if wanted is None or name in wanted
-        ]
-
-
-RESOURCE_TOPIC = 2
-RESOURCE_BROKER = 4
-SOURCE_TOPIC = 1
-SOURCE_STATIC_BROKER = 4
-SOURCE_DEFAULT = 5
-
-
-def _config_type(value: object) -> int:
-    """Kafka's ConfigType: 1 BOOLEAN, 2 STRING, 5 LONG, 6 DOUBLE, 7 LIST."""
-    if isinstance(value, bool) or value in ("true", "false"):
-        return 1
-    if isinstance(value, int):
-        return 5
-    if isinstance(value, float):
-        return 6
-    if isinstance(value, tuple):
-        return 7
-    return 2

@@ -19,6 +19,15 @@ An operator who knows a Kafka cluster in ZooKeeper mode finds the same tree with
                                         (leader -1: no leader; TopicPartitionStateZNode)
     /config/topics/<t>      persistent  {"version":1,"config":{"retention.ms":"1000"}}, the topic's overrides, values
                                         as strings (ConfigEntityZNode)
+    /config/brokers/<id>    persistent  {"version":1,"config":{"log.retention.ms":"1000"}}, broker <id>'s dynamic
+                                        configs
+    /config/brokers/<default>
+                            persistent  the same, the cluster's default for every broker
+    /config/changes/config_change_<seq>
+                            persistent sequential  {"version":2,"entity_path":"topics/<t>"} (or "brokers/<id>",
+                                        "brokers/<default>"): a config change notification, as Kafka's AdminZkClient
+                                        writes one beside each config change (tidelog's brokers watch the config
+                                        znodes themselves)
     /admin/delete_topics/<t>
                             persistent  no data: the topic is marked for deletion; the controller removes the
                                         topic's znodes and then this one (DeleteTopicsTopicZNode)
@@ -63,6 +72,10 @@ PERSISTENT_PATHS = (
 )
 TOPICS_PATH = "/brokers/topics"
 CONFIG_TOPICS_PATH = "/config/topics"
+CONFIG_BROKERS_PATH = "/config/brokers"
+CONFIG_CHANGE_PREFIX = "/config/changes/config_change_"
+DEFAULT_BROKER_ENTITY = "<default>"  # the cluster's default broker configs (ConfigEntityName.DEFAULT)
+CONFIG_CHANGE_VERSION = 2
 DELETE_TOPICS_PATH = "/admin/delete_topics"
 PRODUCER_ID_BLOCK_PATH = "/latest_producer_id_block"
 PRODUCER_ID_BLOCK_VERSION = 1
@@ -216,6 +229,16 @@ def topic_config_path(topic: str) -> str:
     return f"{CONFIG_TOPICS_PATH}/{topic}"
 
 
+def broker_config_path(entity: str) -> str:
+    """`/config/brokers/<id>`, or `/config/brokers/<default>` for DEFAULT_BROKER_ENTITY."""
+    return f"{CONFIG_BROKERS_PATH}/{entity}"
+
+
+def encode_config_change(entity_path: str) -> bytes:
+    """A `/config/changes/config_change_` notification for `topics/<t>` or `brokers/<id>`."""
+    return _encode({"version": CONFIG_CHANGE_VERSION, "entity_path": entity_path})
+
+
 def delete_topic_path(topic: str) -> str:
     return f"{DELETE_TOPICS_PATH}/{topic}"
 
@@ -335,9 +358,13 @@ def encode_topic_config(configs: Mapping[str, Any]) -> bytes:
 
 
 def decode_topic_config(topic: str, data: bytes | None) -> dict[str, str]:
+    return decode_config(topic_config_path(topic), data)
+
+
+def decode_config(path: str, data: bytes | None) -> dict[str, str]:
+    """A ConfigEntityZNode (`/config/topics/<t>`, `/config/brokers/<id>`): its config, values as strings."""
     if not data:
         return {}
-    path = topic_config_path(topic)
     value = _decode_object(path, data)
     config = value.get("config", {})
     if not isinstance(config, dict) or not all(isinstance(v, str) for v in config.values()):

@@ -56,19 +56,20 @@ _XERIAL_BLOCK_LENGTH = struct.Struct(">i")
 _LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"
 
 
-def compress(codec: Compression, data: bytes | memoryview) -> bytes:
+def compress(codec: Compression, data: bytes | memoryview, level: int | None = None) -> bytes:
+    """Compress a records section; `level` is the codec's level (None: gzip 6, lz4 1, zstd 3; snappy has none)."""
     if codec is Compression.NONE:
         return bytes(data)
     if codec is Compression.GZIP:
-        return bytes(cramjam.gzip.compress(data, level=6))
+        return bytes(cramjam.gzip.compress(data, level=6 if level is None or level < 0 else level))
     if codec is Compression.SNAPPY:
         return bytes(cramjam.snappy.compress_raw(data))
     if codec is Compression.LZ4:
-        compressor = cramjam.lz4.Compressor(level=1, content_checksum=False, block_linked=False)
+        compressor = cramjam.lz4.Compressor(level=level or 1, content_checksum=False, block_linked=False)
         compressor.compress(bytes(data))
         return bytes(compressor.finish())
     if codec is Compression.ZSTD:
-        return bytes(cramjam.zstd.compress(data, level=3))
+        return bytes(cramjam.zstd.compress(data, level=3 if level is None else level))
     raise UnsupportedCompressionError(f"cannot compress with codec {codec!r}")
 
 

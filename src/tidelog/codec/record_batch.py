@@ -464,6 +464,29 @@ def build_batch(
     )
 
 
+def recompress_batch(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, codec: Compression, level: int | None = None
+) -> bytes:
+    """The v2 batch at `pos` with its records section compressed with `codec` instead (a broker's
+    compression.type): the records' bytes, every header field and the producer's ids kept, the CRC recomputed."""
+    records = records_section(buf, pos, header) if header.records_count > 0 else b""
+    attributes = (header.attributes & ~COMPRESSION_MASK) | int(codec)
+    return assemble_batch(
+        records,
+        records_count=header.records_count,
+        attributes=attributes,
+        base_offset=header.base_offset,
+        last_offset_delta=header.last_offset_delta,
+        base_timestamp=header.base_timestamp,
+        max_timestamp=header.max_timestamp,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        partition_leader_epoch=header.partition_leader_epoch,
+        level=level,
+    )
+
+
 def assemble_batch(
     records: bytes,
     *,
@@ -477,11 +500,13 @@ def assemble_batch(
     producer_epoch: int,
     base_sequence: int,
     partition_leader_epoch: int,
+    level: int | None = None,
 ) -> bytes:
     """A v2 batch around already encoded `records` (uncompressed, back to back): compressed with the codec of
-    `attributes` (an empty batch stays uncompressed, as Kafka writes it), header packed, CRC computed."""
+    `attributes` (at `level`, None: the codec's default; an empty batch stays uncompressed, as Kafka writes it),
+    header packed, CRC computed."""
     codec = Compression.from_id(attributes & COMPRESSION_MASK)
-    body = compress(codec, records) if codec is not Compression.NONE and records_count else records
+    body = compress(codec, records, level) if codec is not Compression.NONE and records_count else records
     header = bytearray(
         HEADER.pack(
             base_offset,

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tidelog.codec.record_batch import NO_TIMESTAMP, TIMESTAMP_TYPE_MASK, BatchHeader
+from tidelog.codec.record_batch import NO_TIMESTAMP, TIMESTAMP_TYPE_MASK, BatchHeader, decode_records
 from tidelog.codec.record_framing import (
     TWO_BYTES,
     batch_section,
@@ -35,7 +35,7 @@ from tidelog.codec.record_framing import (
     varints,
 )
 from tidelog.codec.varint import decode_varint, decode_varlong
-from tidelog.errors import CorruptRecordError
+from tidelog.errors import CorruptRecordError, InvalidTimestampError
 
 # Up to this many records a batch that does not come in runs (_check_runs) is walked by a Python loop: below it the
 # loop costs less than the general numpy path (measured for 100-byte records: the loop about 0.6 µs a record; numpy
@@ -71,6 +71,22 @@ def check_batch_records(buf: bytes | bytearray | memoryview, pos: int, header: B
     if header.attributes & TIMESTAMP_TYPE_MASK:
         return check._replace(max_timestamp=header.max_timestamp)
     return check
+
+
+def check_timestamps_within(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, low: int, high: int
+) -> None:
+    """Every record timestamp of the v2 batch at `pos` within [low, high] (Kafka's LogValidator under
+    message.timestamp.before.max.ms / after.max.ms: low = now - before, high = now + after); records without a
+    timestamp pass. Raises InvalidTimestampError naming the first record out of range, as Kafka words it. A walk
+    over decoded records: only topics that set a bound pay for it."""
+    for index, record in enumerate(decode_records(buf, pos, header)):
+        timestamp = record.timestamp_ms
+        if timestamp is not None and timestamp != NO_TIMESTAMP and not low <= timestamp <= high:
+            raise InvalidTimestampError(
+                f"Timestamp {timestamp} of message with offset {index} is out of range. The timestamp should be "
+                f"within [{low}, {high}]"
+            )
 
 
 def _as_int64(value: int) -> int:

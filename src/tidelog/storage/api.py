@@ -20,7 +20,8 @@ Two kinds of call, and where a server may make them:
 - data calls (partition(), append, read, offsets, delete_records, topics(), append_replica, set_high_watermark,
   end_offset_for_epoch): bounded work on one partition, no engine-wide lock held for long - safe on an event loop;
   a follower's truncations fsync before they return: they belong on its fetcher's thread;
-- topic calls (create_topic, delete_topic, create_partitions, hold_partitions, alter_topic_configs) and close: many
+- topic calls (create_topic, delete_topic, create_partitions, hold_partitions, alter_topic_configs,
+  set_log_defaults) and close: many
   files, the engine lock held throughout - a server runs them on a thread of their own (broker/admin.py). Deletion
   renames the directories at once and removes the files after log.segment.delete.delay.ms
   (storage/common/deletion.py). `hold_partitions` is how a cluster broker gains or drops replicas of a topic's
@@ -45,6 +46,7 @@ from typing import Any, BinaryIO, NamedTuple
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.codec.record_set import decode_batch, iter_batches
+from tidelog.config import LogConfig
 from tidelog.errors import InvalidTopicError, OffsetOutOfRangeError
 
 EARLIEST_TIMESTAMP = -2  # ListOffsets special targets, as Kafka defines them
@@ -276,6 +278,13 @@ class StorageEngine(ABC):
     def alter_topic_configs(self, name: str, configs: Mapping[str, Any]) -> None:
         """Replace a topic's config overrides (as IncrementalAlterConfigs leaves them); raises ConfigError naming a
         bad key, UnknownTopicOrPartitionError for an unknown topic."""
+
+    @abstractmethod
+    def set_log_defaults(self, defaults: LogConfig) -> None:
+        """New broker defaults for every topic key a topic does not override (a dynamic broker config changed):
+        every partition's settings are recomputed and apply from its next append, roll or retention check. Raises
+        ConfigError, changing nothing, when a topic's overrides do not fit the new defaults
+        (min.compaction.lag.ms above max.compaction.lag.ms)."""
 
     @abstractmethod
     def topics(self) -> dict[str, TopicDescription]:

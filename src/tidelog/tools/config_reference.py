@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tidelog.broker.config import SERVER_KEYS
 from tidelog.config import (
+    DYNAMIC_BROKER_KEYS,
     ENGINE_KEYS,
     ENGINES,
     INT_MAX,
@@ -72,7 +73,9 @@ SECTIONS = (
     Section(
         "Topic defaults",
         "Broker keys that set the default of a topic-level key for every topic that does not set it. Where Kafka has "
-        "several spellings (hours, minutes, ms) the finest one given wins.",
+        "several spellings (hours, minutes, ms) the finest one given wins. Those marked *Dynamic* can also be changed "
+        "while brokers run, for one broker or as the cluster's default, with AlterConfigs or IncrementalAlterConfigs "
+        "(docs/configs.md).",
         TOPIC_DEFAULT_KEYS,
     ),
     Section(
@@ -175,7 +178,8 @@ def render_section(section: Section) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for key in section.keys.values():
-        cells = (f"`{key.name}`", value_type(key), default_text(key), valid_text(key), engines_text(key), key.doc)
+        doc = f"*Dynamic.* {key.doc}" if key.name in DYNAMIC_BROKER_KEYS else key.doc
+        cells = (f"`{key.name}`", value_type(key), default_text(key), valid_text(key), engines_text(key), doc)
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -21,6 +21,7 @@ import os
 import resource
 import threading
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -540,6 +541,17 @@ class KafkaEngine(StorageEngine):
             for partition in record.held():
                 self.logs[(name, partition)].update_config(new_config)
             self.registry.save()
+            self._schedule_flush_check()
+
+    def set_log_defaults(self, defaults: LogConfig) -> None:
+        with self._lock:
+            self._check_open()
+            records = {name: self.registry.get(name) for name in self.registry.descriptions()}
+            configs = {name: defaults.with_overrides(record.configs) for name, record in records.items()}
+            self.config = replace(self.config, log_defaults=defaults)
+            for name, record in records.items():
+                for partition in record.held():
+                    self.logs[(name, partition)].update_config(configs[name])
             self._schedule_flush_check()
 
     def topics(self) -> dict[str, TopicDescription]:

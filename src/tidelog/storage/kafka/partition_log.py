@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidelog.atomic_files import fsync_directory, fsync_file
+from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import (
     BatchHeader,
     check_crc,
@@ -39,10 +40,11 @@ from tidelog.codec.record_batch import (
     check_producer_batch,
     compute_crc,
     read_header,
+    recompress_batch,
     set_log_append_time,
     set_max_timestamp,
 )
-from tidelog.codec.record_check import RecordsCheck, check_batch_records
+from tidelog.codec.record_check import RecordsCheck, check_batch_records, check_timestamps_within
 from tidelog.config import LogConfig
 from tidelog.errors import (
     InvalidRecordError,
@@ -245,6 +247,9 @@ class PartitionLog(Partition):
     def _append(self, data: bytes | bytearray | memoryview, from_client: bool) -> AppendResult:
         view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
         batches = self._validate(view, from_client)
+        if from_client and self._needs_recompression(batches):
+            view = memoryview(self._recompress(view, batches))
+            batches = self._validate(view, from_client)
         log_append_time = self.config.message_timestamp_type == "LogAppendTime"
         with self._lock:
             self._check_open()
@@ -363,6 +368,9 @@ class PartitionLog(Partition):
                     f"batch of {header.size_in_bytes} bytes exceeds max.message.bytes "
                     f"({self.config.max_message_bytes}) of {self.name}"
                 )
+            bounds = self.config.timestamp_bounds(self.clock()) if from_client else None
+            if bounds is not None:
+                check_timestamps_within(view, position, header, *bounds)
             batches.append(_AppendedBatch(position, header, header.max_timestamp))
             position += header.size_in_bytes
         if not batches:
@@ -375,6 +383,39 @@ class PartitionLog(Partition):
             elif from_client:
                 self._take_check(batch, check_batch_records(view, batch.position, batch.header))
         return batches
+
+    def _needs_recompression(self, batches: list[_AppendedBatch]) -> bool:
+        """Does compression.type name a codec some batch is not in? (`producer` keeps the producer's.)"""
+        target = self.config.compression_type
+        if target == "producer":
+            return False
+        codec = Compression.NONE if target == "uncompressed" else Compression.from_name(target)
+        return any(batch.header.compression is not codec for batch in batches)
+
+    def _recompress(self, view: memoryview, batches: list[_AppendedBatch]) -> bytes:
+        """The batches with their records in the topic's codec (Kafka's LogValidator with a compression.type
+        other than the producer's): the CRC of each checked first, so that damaged bytes are refused, not
+        rewritten with a valid CRC."""
+        config = self.config
+        codec = (
+            Compression.NONE
+            if config.compression_type == "uncompressed"
+            else Compression.from_name(config.compression_type)
+        )
+        level = {
+            Compression.GZIP: config.compression_gzip_level,
+            Compression.LZ4: config.compression_lz4_level,
+            Compression.ZSTD: config.compression_zstd_level,
+        }.get(codec)
+        out = []
+        for batch in batches:
+            header = batch.header
+            check_crc(header, compute_crc(view, batch.position, header.size_in_bytes), batch.position)
+            if header.compression is codec:
+                out.append(bytes(view[batch.position : batch.position + header.size_in_bytes]))
+            else:
+                out.append(recompress_batch(view, batch.position, header, codec, level))
+        return b"".join(out)
 
     def _checked_on_worker(self, header: BatchHeader) -> bool:
         return header.size_in_bytes >= CRC_IN_PARALLEL_BYTES and self.check_worker is not None

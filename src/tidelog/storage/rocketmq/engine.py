@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -718,6 +719,15 @@ class RocketMQEngine(StorageEngine):
             for queue_id in record.held():
                 self.queues[(name, queue_id)].config = new_config
             self._save_topics_file()
+
+    def set_log_defaults(self, defaults: LogConfig) -> None:
+        with self._lock:
+            records = {name: self.registry.get(name) for name in self.registry.descriptions()}
+            configs = {name: defaults.with_overrides(record.configs) for name, record in records.items()}
+            self.config = replace(self.config, log_defaults=defaults)
+            for name, record in records.items():
+                for queue_id in record.held():
+                    self.queues[(name, queue_id)].config = configs[name]
 
     def topics(self) -> dict[str, TopicDescription]:
         return self.registry.descriptions()

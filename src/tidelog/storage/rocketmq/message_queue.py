@@ -46,6 +46,7 @@ from tidelog.codec.record_batch import (
     compute_crc,
     read_header,
 )
+from tidelog.codec.record_check import check_timestamps_within
 from tidelog.codec.rocketmq_columns import decode_batch
 from tidelog.config import LogConfig
 from tidelog.errors import (
@@ -316,6 +317,9 @@ class MessageQueue(Partition):
                     f"batch of {header.size_in_bytes} bytes exceeds max.message.bytes "
                     f"({self.config.max_message_bytes}) of {self.name}"
                 )
+            bounds = self.config.timestamp_bounds(self.engine.clock()) if from_client else None
+            if bounds is not None:
+                check_timestamps_within(view, position, header, *bounds)
             headers.append((position, header))
             position += header.size_in_bytes
         if not headers:
