@@ -14,13 +14,13 @@ import threading
 import time
 from typing import Any
 
-import kafka_wire
 from cluster_checks import controller, registered, wait_for
 from confluent_kafka import ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
+import kafka_wire
 from broker_process import BrokerProcess
 from tidelog.protocol.messages import ApiKey
 from zookeeper_process import ClusterBroker

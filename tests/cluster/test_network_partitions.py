@@ -22,13 +22,13 @@ import json
 import time
 from typing import Any
 
-import kafka_wire
 from cluster_checks import registered, wait_for
 from confluent_kafka.admin import AdminClient, NewTopic
 from fault_proxy import ProxyRegistry
 from kazoo.client import KazooClient
 from replica_files import assert_replicas_identical
 
+import kafka_wire
 from broker_process import BrokerProcess
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.protocol.messages import ApiKey

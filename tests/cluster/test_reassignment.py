@@ -13,7 +13,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import kafka_wire
 import pytest
 from cluster_checks import controller, registered, wait_for
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -21,6 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 from replica_files import assert_replicas_identical, compare_replicas
 
+import kafka_wire
 from tidelog.cli import main
 from tidelog.protocol.messages import ApiKey
 from zookeeper_process import ClusterBroker

@@ -10,12 +10,12 @@ import shutil
 import time
 from typing import Any
 
-import kafka_wire
 from cluster_checks import registered, wait_for
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 
+import kafka_wire
 from broker_process import BrokerProcess
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.protocol.messages import ApiKey

@@ -15,13 +15,13 @@ import time
 from collections import Counter
 from typing import Any
 
-import kafka_wire
 import pytest
 from cluster_checks import controller, controller_epoch, registered, wait_for
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kazoo.client import KazooClient
 
+import kafka_wire
 from broker_process import BrokerProcess
 from tidelog.codec.group_records import partition_for_group
 from tidelog.codec.record_set import iter_batches
