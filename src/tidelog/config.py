@@ -295,6 +295,13 @@ TOPIC_KEYS: dict[str, Key] = _keys(
         doc="In a cluster: an `acks=all` produce needs at least this many in-sync replicas (else "
         "`NOT_ENOUGH_REPLICAS`); the broker enforces it, the storage engines ignore it.",
     ),
+    Key(
+        "message.downconversion.enable",
+        parse_bool,
+        default="true",
+        doc="Whether Fetch v0-v3 (clients older than Kafka 0.11) get the topic's batches converted to their message "
+        "format; `false` answers them `UNSUPPORTED_VERSION`, as Kafka does.",
+    ),
 )
 
 # Broker keys that set a topic default: broker name -> (topic name, unit multiplier).
@@ -323,6 +330,7 @@ BROKER_TO_TOPIC: dict[str, tuple[str, int]] = {
     "log.cleaner.max.compaction.lag.ms": ("max.compaction.lag.ms", 1),
     "unclean.leader.election.enable": ("unclean.leader.election.enable", 1),
     "min.insync.replicas": ("min.insync.replicas", 1),
+    "log.message.downconversion.enable": ("message.downconversion.enable", 1),
 }
 _UNITS = {1: "", 60_000: "minutes", 3_600_000: "hours"}
 
@@ -683,6 +691,7 @@ class LogConfig:
     delete_retention_ms: int = 86_400_000
     unclean_leader_election_enable: bool = False
     min_insync_replicas: int = 1
+    message_downconversion_enable: bool = True
 
     @property
     def compact(self) -> bool:

@@ -88,11 +88,11 @@ class TopicApis:
     def handlers(self) -> HandlerTable:
         return {
             ApiKey.METADATA: ApiHandler(0, 12, self.handle_metadata),
-            ApiKey.CREATE_TOPICS: ApiHandler(2, 7, self.handle_create_topics),
-            ApiKey.DELETE_TOPICS: ApiHandler(1, 6, self.handle_delete_topics),
+            ApiKey.CREATE_TOPICS: ApiHandler(0, 7, self.handle_create_topics),
+            ApiKey.DELETE_TOPICS: ApiHandler(0, 6, self.handle_delete_topics),
             ApiKey.CREATE_PARTITIONS: ApiHandler(0, 3, self.handle_create_partitions),
             ApiKey.DELETE_RECORDS: ApiHandler(0, 2, self.handle_delete_records),
-            ApiKey.DESCRIBE_CONFIGS: ApiHandler(1, 4, self.handle_describe_configs),
+            ApiKey.DESCRIBE_CONFIGS: ApiHandler(0, 4, self.handle_describe_configs),
         }
 
     # --- Metadata ---------------------------------------------------------------------------------------------
@@ -511,6 +511,9 @@ class TopicApis:
                     error_message=f"resource type {resource.resource_type} is not supported",
                 )
             results.append(result)
+        if request.api_version == 0:  # v0 has is_default where later versions have config_source
+            for config in (c for r in results for c in r.get("configs", ())):
+                config["is_default"] = config["config_source"] == SOURCE_DEFAULT
         return {"throttle_time": 0, "results": results}
 
     def _topic_overrides(self, name: str) -> Mapping[str, Any] | None:
