@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from broker_process import BrokerProcess
+from tidelog.tools import api_versions
 
 UNSUPPORTED_VERSION = 35
 COUNT = 12
@@ -233,3 +234,19 @@ def test_unserved_version_closes_and_is_logged_once(broker: BrokerProcess) -> No
     assert wire.call(18, 0, b"") is not None  # the broker still serves the client's next connection
     wire.close()
     assert broker.stderr_text().count(client_id) == 1
+
+
+def test_api_versions_tells_what_the_handler_table_serves(broker: BrokerProcess) -> None:
+    """ApiVersions v0 (error, [key, min, max]) is docs/compatibility.md's tidelog column, less the cluster's APIs."""
+    wire = Wire(broker)
+    answer = wire.call(18, 0, b"")
+    wire.close()
+    assert answer is not None
+    (error, count), pos, advertised = struct.unpack_from(">hi", answer), 6, {}
+    for _ in range(count):
+        key, low, high = struct.unpack_from(">hhh", answer, pos)
+        advertised[key] = (low, high)
+        pos += 6
+    assert error == 0
+    expected = {k: v for k, v in api_versions.served().items() if k not in api_versions.CLUSTER_ONLY}
+    assert advertised == expected

@@ -52,13 +52,17 @@ MAX_PIPELINED_RESPONSES = 128
 SENDFILE_MIN_BYTES = 64 * 1024  # slices below this go by pread + write (see the module header for the figures)
 TLS_WRITE_CHUNK_BYTES = 1024 * 1024  # over TLS (no sendfile) slices are pread and written in chunks of this size
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+API_VERSIONS_MAX_VERSION = 4
 
 
 class KafkaServer:
     def __init__(self, config: BrokerConfig, handlers: HandlerTable, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        self.handlers: HandlerTable = {ApiKey.API_VERSIONS: ApiHandler(0, 4, self._api_versions), **handlers}
+        self.handlers: HandlerTable = {
+            ApiKey.API_VERSIONS: ApiHandler(0, API_VERSIONS_MAX_VERSION, self._api_versions),
+            **handlers,
+        }
         self.supported = {key: (h.min_version, h.max_version) for key, h in self.handlers.items()}
         self.stopping = False
         self._servers: list[tuple[Listener, asyncio.Server, int]] = []
