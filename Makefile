@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-cluster test check-install system-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall bench-replication fuzz-long soak-long docs-config clean
+.PHONY: demo demo-cluster test check-install system-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall bench-replication fuzz-long soak-long docs-config docs-compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -124,6 +124,9 @@ bench-compaction: $(STAMP)
 # docs/configuration.md from the config key tables (tests/unit/test_configuration_doc.py checks it is current)
 docs-config: $(STAMP)
 	$(PY) -m tidelog.tools.config_reference --output docs/configuration.md
+
+docs-compat: $(STAMP)
+	$(PY) -m tidelog.tools.api_versions --output docs/compatibility.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .hypothesis tidelog-demo-data

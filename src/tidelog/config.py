@@ -415,7 +415,8 @@ TOPIC_KEYS: dict[str, Key] = _keys(
         "message.downconversion.enable",
         parse_bool,
         default="true",
-        doc="Whether old Fetch versions may get records converted to an older message format.",
+        doc="Whether Fetch v0-v3 (clients older than Kafka 0.11) get the topic's batches converted to their message "
+        "format; `false` answers them `UNSUPPORTED_VERSION`, as Kafka does.",
     ),
     Key(
         "message.format.version",

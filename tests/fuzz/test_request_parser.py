@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kio.index import load_request_schema
 from kio.serial import entity_writer
 from kio.static.primitive import Records
 from targets import broker_supported_versions, fuzz_request
 
 import tidelog
 from tidelog.errors import InvalidPartitionsError, MalformedRequestError, UnsupportedVersionError
+from tidelog.protocol.legacy_schemas import request_schema
 from tidelog.protocol.messages import decode_request
 from tidelog.storage.kafka.engine import FILES_PER_PARTITION
 
@@ -38,7 +38,7 @@ st.register_type_strategy(Records, st.binary(max_size=80).map(Records))
 @st.composite
 def encoded_requests(draw: st.DrawFn) -> tuple[int, int, object, bytes]:
     api_key, version = draw(st.sampled_from(API_VERSIONS))
-    request_cls = load_request_schema(api_key, version)
+    request_cls = request_schema(api_key, version)
     body = draw(st.from_type(request_cls))
     header_cls = request_cls.__header_schema__
     fields = {"request_api_key": api_key, "request_api_version": version, "correlation_id": draw(st.integers(0, 99))}

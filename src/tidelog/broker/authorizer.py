@@ -132,9 +132,9 @@ class AclApis:
 
     def handlers(self) -> HandlerTable:
         return {
-            ApiKey.DESCRIBE_ACLS: ApiHandler(1, 3, self.handle_describe_acls),
-            ApiKey.CREATE_ACLS: ApiHandler(1, 3, self.handle_create_acls),
-            ApiKey.DELETE_ACLS: ApiHandler(1, 3, self.handle_delete_acls),
+            ApiKey.DESCRIBE_ACLS: ApiHandler(0, 3, self.handle_describe_acls),
+            ApiKey.CREATE_ACLS: ApiHandler(0, 3, self.handle_create_acls),
+            ApiKey.DELETE_ACLS: ApiHandler(0, 3, self.handle_delete_acls),
         }
 
     def _refusal(self, connection: Connection, operation: Operation) -> tuple[int, str] | None:

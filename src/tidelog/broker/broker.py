@@ -105,7 +105,14 @@ class Broker:
             )
             cluster_topics = ClusterTopics(self.cluster, self.metadata, config)
             check_leader = self.metadata.check_leader
-        self.fetch = FetchApis(self.engine, self.authorizer, self.metrics, self.is_stopping, check_leader)
+        self.fetch = FetchApis(
+            self.engine,
+            self.authorizer,
+            self.metrics,
+            self.is_stopping,
+            check_leader,
+            log_defaults=config.engine.log_defaults,
+        )
         self.replicas: ReplicaManager | None = None
         self.fetchers: ReplicaFetchers | None = None
         if self.cluster is not None and self.metadata is not None:

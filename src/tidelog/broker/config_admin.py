@@ -144,7 +144,7 @@ class ConfigApis:
 
     def handlers(self) -> HandlerTable:
         return {
-            ApiKey.DESCRIBE_CONFIGS: ApiHandler(1, 4, self.handle_describe_configs),
+            ApiKey.DESCRIBE_CONFIGS: ApiHandler(0, 4, self.handle_describe_configs),
             ApiKey.ALTER_CONFIGS: ApiHandler(0, 2, self.handle_alter_configs),
             ApiKey.INCREMENTAL_ALTER_CONFIGS: ApiHandler(0, 1, self.handle_incremental_alter_configs),
         }
@@ -268,6 +268,9 @@ class ConfigApis:
                 result.update(error_code=exc.kafka_error_code, error_message=str(exc))
                 continue
             result["configs"] = [entry for entry in entries if wanted is None or entry["name"] in wanted]
+        if request.api_version == 0:  # v0 has is_default where later versions have config_source
+            for config in (c for r in results for c in r["configs"]):
+                config["is_default"] = config["config_source"] == SOURCE_DEFAULT
         return {"throttle_time": 0, "results": results}
 
     def _synonyms(self, name: str, names: tuple[str, ...], sensitive: bool) -> list[dict[str, Any]]:

@@ -4,18 +4,24 @@ A Fetch reads file slices from each requested partition (at most `partition_max_
 `max_bytes` in all, but always one whole batch for the first partition that has data, KIP-74). If
 fewer than `min_bytes` are available it waits up to `max_wait_ms` for an append to one of its
 partitions - woken by the producer path, never by polling - then reads again (a consumer's fetch only when the high
-watermark moved, a follower's when the log end did: `AppendNotifier`). Record bytes go out
-with sendfile straight from the segment files.
+watermark moved, a follower's when the log end did: `AppendNotifier`). Record bytes go out with sendfile straight
+from the segment files, except for Fetch v0-v3 (clients older than Kafka 0.11): their batches are read and
+down-converted to magic 0 (v0-v1) or magic 1 (v2-v3) message sets (codec/legacy_write.py), or refused per partition
+with UNSUPPORTED_VERSION where the topic sets `message.downconversion.enable=false`.
 
 ListOffsets answers Kafka's special targets: -2 earliest (log start), -1 latest (the high watermark: the log end on
 a single broker; a follower asking its leader gets the log end), -3 the record with the largest timestamp, and -4
-(EARLIEST_LOCAL_TIMESTAMP, v8+) which, with no tiered storage, is the log start too.
+(EARLIEST_LOCAL_TIMESTAMP, v8+) which, with no tiered storage, is the log start too. v0 answers a list of offsets
+(`old_style_offsets`, at most `max_num_offsets`): the one offset later versions answer, none where they answer -1
+(Kafka's v0 lists segment base offsets older than the timestamp; a latest or earliest lookup, what v0 clients send,
+gets the same single offset from both).
 
 In a cluster a Fetch with `replica_id` set comes from a follower (replica_fetcher.py): it reads up to the log end,
 not the high watermark, and its fetch offset is the follower's log end, which the replica manager records
 (`record_follower_fetch`) before the answer gives the follower the leader's high watermark. OffsetForLeaderEpoch
-answers (v2-v4) where a leader epoch ends in this leader's log (`Partition.end_offset_for_epoch`), what a follower
-truncates to (KIP-101/279) and what a consumer checks after a leader change (KIP-320).
+answers (v0-v4; v0 without the epoch in the answer) where a leader epoch ends in this leader's log
+(`Partition.end_offset_for_epoch`), what a follower truncates to (KIP-101/279) and what a consumer checks after a
+leader change (KIP-320).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, LeaderCheck, RawResponse, Response
+from tidelog.codec.legacy_write import downconvert
+from tidelog.config import LogConfig
 from tidelog.errors import ErrorCode, TidelogError
 from tidelog.protocol.fetch_response import PartitionData, TopicData, encode_fetch_response
 from tidelog.protocol.messages import ApiKey, Request, millis, response_header
@@ -37,6 +45,8 @@ if TYPE_CHECKING:
     from tidelog.broker.metrics import Metrics
 
 INT_MAX = (1 << 31) - 1
+DEFAULT_LOG_CONFIG = LogConfig()
+LAST_LEGACY_FETCH_VERSION = 3  # v0-v3 want magic 0/1 message sets; v4 brought the v2 record batch
 EARLIEST_LOCAL_TIMESTAMP = -4  # ListOffsets v8+ (KIP-405): the first offset kept on local disk
 PartitionKey = tuple[str, int]
 # (topic, partition, follower broker id, its fetch offset) -> None; raises NotLeaderOrFollowerError (replica_manager.py)
@@ -109,8 +119,10 @@ class FetchApis:
         is_stopping: Callable[[], bool],
         check_leader: LeaderCheck | None = None,
         record_follower_fetch: FollowerFetchRecorder | None = None,
+        log_defaults: LogConfig = DEFAULT_LOG_CONFIG,
     ) -> None:
         self.engine = engine
+        self.log_defaults = log_defaults  # the broker's topic defaults (message.downconversion.enable)
         self.check_leader = check_leader  # a cluster's: only the leader serves a partition
         self.record_follower_fetch = record_follower_fetch  # a cluster's: followers' progress to the replica manager
         self.authorizer = authorizer
@@ -120,9 +132,9 @@ class FetchApis:
 
     def handlers(self) -> HandlerTable:
         return {
-            ApiKey.FETCH: ApiHandler(4, 12, self.handle_fetch),
-            ApiKey.LIST_OFFSETS: ApiHandler(1, 8, self.handle_list_offsets),
-            ApiKey.OFFSET_FOR_LEADER_EPOCH: ApiHandler(2, 4, self.handle_offset_for_leader_epoch),  # kio has v2+
+            ApiKey.FETCH: ApiHandler(0, 12, self.handle_fetch),
+            ApiKey.LIST_OFFSETS: ApiHandler(0, 8, self.handle_list_offsets),
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: ApiHandler(0, 4, self.handle_offset_for_leader_epoch),
         }
 
     def wake_all(self) -> None:
@@ -154,9 +166,27 @@ class FetchApis:
             sent = sum(p.records_size for p in topic.partitions)
             if sent:
                 self.metrics.of_topic(topic.name)[2].inc(sent)
+        if request.api_version <= LAST_LEGACY_FETCH_VERSION:
+            self._down_convert(topics, magic=0 if request.api_version <= 1 else 1)
         header = response_header(ApiKey.FETCH, request.api_version, request.correlation_id)
         parts, size = encode_fetch_response(request.api_version, header, topics)
         return RawResponse(parts, size)
+
+    def _down_convert(self, topics: list[TopicData], magic: int) -> None:
+        """Fetch v0-v3: each partition's batches as a magic 0 (v0-v1) or 1 (v2-v3) message set, unless its topic says
+        `message.downconversion.enable=false` (UNSUPPORTED_VERSION, as Kafka answers)."""
+        described = self.engine.topics()
+        for topic in topics:
+            overrides = described[topic.name].configs if topic.name in described else {}
+            enabled = self.log_defaults.with_overrides(overrides).message_downconversion_enable
+            for data in topic.partitions:
+                if not enabled and data.error_code == ErrorCode.NONE:
+                    data.error_code = ErrorCode.UNSUPPORTED_VERSION
+                if not enabled or not data.slices:
+                    data.slices = ()
+                    continue
+                data.records = downconvert(b"".join(part.read() for part in data.slices), magic)
+                data.slices = ()
 
     def _read(self, body: Any, max_bytes: int, denied: set[str], replica_id: int) -> tuple[list[TopicData], int, bool]:
         engine = self.engine
@@ -250,6 +280,9 @@ class FetchApis:
                             offset=found.offset,
                             leader_epoch=found.leader_epoch if found.leader_epoch is not None else -1,
                         )
+                    if request.api_version == 0:  # a list of at most max_num_offsets offsets, newest first
+                        found_offsets = [found.offset] if found is not None else []
+                        answer["old_style_offsets"] = found_offsets[: max(list_partition.max_num_offsets, 0)]
                 except TidelogError as exc:
                     answer["error_code"] = exc.kafka_error_code
             topics.append({"name": list_topic.name, "partitions": partitions})
@@ -259,8 +292,7 @@ class FetchApis:
 
     async def handle_offset_for_leader_epoch(self, request: Request, connection: Connection) -> Response:
         """Where each asked leader epoch ends in this leader's log: (the epoch, its end offset), or (-1, -1) when the
-        log knows no epoch at or below it (Kafka's OffsetsForLeaderEpoch; v0-v1, which kio does not carry, are not
-        served yet)."""
+        log knows no epoch at or below it (Kafka's OffsetsForLeaderEpoch)."""
         topics = []
         for request_topic in request.body.topics:
             authorized = self.authorizer.authorize(

@@ -158,8 +158,8 @@ class GroupCoordinator:
             ApiKey.SYNC_GROUP: ApiHandler(0, 5, self.handle_sync_group),
             ApiKey.HEARTBEAT: ApiHandler(0, 4, self.handle_heartbeat),
             ApiKey.LEAVE_GROUP: ApiHandler(0, 5, self.handle_leave_group),
-            ApiKey.OFFSET_COMMIT: ApiHandler(2, 9, self.handle_offset_commit),
-            ApiKey.OFFSET_FETCH: ApiHandler(1, 9, self.handle_offset_fetch),
+            ApiKey.OFFSET_COMMIT: ApiHandler(0, 9, self.handle_offset_commit),
+            ApiKey.OFFSET_FETCH: ApiHandler(0, 9, self.handle_offset_fetch),
             ApiKey.DESCRIBE_GROUPS: ApiHandler(0, 5, self.handle_describe_groups),
             ApiKey.LIST_GROUPS: ApiHandler(0, 4, self.handle_list_groups),
             ApiKey.DELETE_GROUPS: ApiHandler(0, 2, self.handle_delete_groups),
@@ -750,8 +750,12 @@ class GroupCoordinator:
                 elif code == NONE and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
                     code = OFFSET_METADATA_TOO_LARGE
                 if code == NONE:
+                    committed_at = getattr(partition, "commit_timestamp", -1)  # v1 only: -1 means now, as in Kafka
                     value = records.OffsetValue(
-                        partition.committed_offset, getattr(partition, "committed_leader_epoch", -1), metadata, now_ms
+                        partition.committed_offset,
+                        getattr(partition, "committed_leader_epoch", -1),
+                        metadata,
+                        committed_at if committed_at >= 0 else now_ms,
                     )
                     entries.append(
                         (

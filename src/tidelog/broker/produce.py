@@ -10,6 +10,9 @@ moment - so the event loop never blocks on the disk.
 In a cluster, acks=all also waits until every in-sync replica has the batch (the high watermark passed it), up to
 the request's timeout; the replica manager (replica_manager.py) refuses it before the append when the ISR is
 smaller than min.insync.replicas. acks=1 is answered after the leader's append, as Kafka does.
+
+Produce v0-v2 (clients older than Kafka 0.11) carry magic 0/1 message sets: each is up-converted to one v2 batch
+before the append, as Kafka 3.x does (codec/legacy_write.py), and answered in the old response shape.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from tidelog.atomic_files import write_atomically
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, LeaderCheck, Response
+from tidelog.codec.legacy_write import upconvert
 from tidelog.codec.record_batch import read_header
 from tidelog.errors import (
     ErrorCode,
@@ -166,6 +170,9 @@ class ProducerIdAllocator:
             return producer_id
 
 
+LAST_LEGACY_PRODUCE_VERSION = 2  # v0-v2 carry magic 0/1 message sets; v3 brought the v2 record batch
+
+
 class ProduceApis:
     """Produce and InitProducerId: appends through the engine's data calls, fsyncs grouped by `flusher`, waiting
     fetches woken through `notifier`."""
@@ -192,7 +199,7 @@ class ProduceApis:
 
     def handlers(self) -> HandlerTable:
         return {
-            ApiKey.PRODUCE: ApiHandler(3, 11, self.handle_produce),
+            ApiKey.PRODUCE: ApiHandler(0, 11, self.handle_produce),
             ApiKey.INIT_PRODUCER_ID: ApiHandler(0, 5, self.handle_init_producer_id),
         }
 
@@ -224,6 +231,7 @@ class ProduceApis:
                         body.transactional_id,
                         answer,
                         acks,
+                        legacy=request.api_version <= LAST_LEGACY_PRODUCE_VERSION,
                     )
                 except TidelogError as exc:
                     answer["error_code"] = exc.kafka_error_code
@@ -283,12 +291,17 @@ class ProduceApis:
         transactional_id: str | None,
         answer: dict[str, Any],
         acks: int,
+        *,
+        legacy: bool,
     ) -> tuple[Partition, int]:
-        """Append one partition's batch; the log and the end offset of the batch (its last offset + 1)."""
+        """Append one partition's batch; the log and the end offset of the batch (its last offset + 1). A `legacy`
+        request (v0-v2) carries a magic 0/1 message set, appended as one v2 batch (codec/legacy_write.py)."""
         if topic in INTERNAL_TOPICS:
             raise InvalidTopicError(f"clients may not produce to the internal topic {topic}")
         if not records:
             raise InvalidRecordError("produce request carries no record batch")
+        if legacy:
+            records = upconvert(records)
         header = read_header(records)
         if header.is_transactional or transactional_id is not None:
             raise InvalidTxnStateError("transactions are not supported by this broker yet")

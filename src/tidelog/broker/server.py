@@ -6,7 +6,10 @@ parts. The server answers ApiVersions itself, from the table it was given.
 Each connection reads frames one at a time and answers them in order (as Kafka does, a connection's
 next request waits for the current response; clients pipeline across connections). A frame that is
 too large, too small or does not decode closes that connection and is logged; a handler failure
-closes that connection too. Nothing a client sends stops the broker or touches stored data.
+closes that connection too. A request of an API or version outside the table (which ApiVersions advertises;
+docs/compatibility.md sets it beside Kafka 3.9's) is answered as Kafka answers it: ApiVersions with v0,
+UNSUPPORTED_VERSION and the table; any other closes its connection (after the responses owed), logged once per
+(client id, API, version). Nothing a client sends stops the broker or touches stored data.
 Shutdown (broker.py drives it): stop accepting, then - once the broker has woken what waits inside handlers - let
 in-flight requests finish for up to shutdown.timeout.ms and close the connections.
 Zero-copy: a Fetch response's record bytes are file slices; on plain TCP each slice of at least SENDFILE_MIN_BYTES
@@ -37,7 +40,7 @@ from tidelog.broker.sasl import PRE_AUTHENTICATION_APIS, open_session
 from tidelog.broker.zk_layout import Endpoint
 from tidelog.errors import FrameError, MalformedRequestError, UnsupportedVersionError
 from tidelog.protocol.framing import SIZE, check_frame_size
-from tidelog.protocol.messages import ApiKey, Request, decode_request, encode_response
+from tidelog.protocol.messages import ApiKey, Request, decode_request, encode_response, peek_client_id
 from tidelog.storage.api import FileSlice
 
 log = logging.getLogger("tidelog.broker")
@@ -49,17 +52,22 @@ MAX_PIPELINED_RESPONSES = 128
 SENDFILE_MIN_BYTES = 64 * 1024  # slices below this go by pread + write (see the module header for the figures)
 TLS_WRITE_CHUNK_BYTES = 1024 * 1024  # over TLS (no sendfile) slices are pread and written in chunks of this size
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+API_VERSIONS_MAX_VERSION = 4
 
 
 class KafkaServer:
     def __init__(self, config: BrokerConfig, handlers: HandlerTable, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        self.handlers: HandlerTable = {ApiKey.API_VERSIONS: ApiHandler(0, 4, self._api_versions), **handlers}
+        self.handlers: HandlerTable = {
+            ApiKey.API_VERSIONS: ApiHandler(0, API_VERSIONS_MAX_VERSION, self._api_versions),
+            **handlers,
+        }
         self.supported = {key: (h.min_version, h.max_version) for key, h in self.handlers.items()}
         self.stopping = False
         self._servers: list[tuple[Listener, asyncio.Server, int]] = []
         self._connections: set[Connection] = set()
+        self._refused: set[tuple[str | None, int, int]] = set()  # (client id, API key, version) already logged
 
     @property
     def connection_count(self) -> int:
@@ -143,7 +151,7 @@ class KafkaServer:
             pass
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away
-        except (FrameError, MalformedRequestError, UnsupportedVersionError) as exc:
+        except (FrameError, MalformedRequestError) as exc:
             log.warning("closing connection from %s: %s", connection.peer, exc)
         except Exception:
             log.exception("closing connection from %s after an unexpected error", connection.peer)
@@ -209,7 +217,8 @@ class KafkaServer:
         except UnsupportedVersionError as exc:
             if exc.api_key == ApiKey.API_VERSIONS:  # answered with v0 and the versions we do speak
                 return encode_response(ApiKey.API_VERSIONS, 0, exc.correlation_id, self._versions_body(35))
-            raise
+            self._refuse_version(exc, payload, connection)
+            return None
         if not connection.authenticated and request.api_key not in PRE_AUTHENTICATION_APIS:
             log.warning(
                 "closing connection from %s: %s request before SASL authentication",
@@ -223,6 +232,27 @@ class KafkaServer:
         if isinstance(body, Deferred):
             return asyncio.create_task(self._finish(request, body, started))
         return self._encode(request, body, started)
+
+    def _refuse_version(self, exc: UnsupportedVersionError, payload: bytes, connection: Connection) -> None:
+        """A request of an API or version outside the table ends its connection, as Kafka's SocketServer does (its
+        request header cannot be parsed into a request: InvalidRequestException, the channel closed); ApiVersions
+        told the client the truth beforehand. Logged once per (client id, API, version) per broker run: a client
+        that reconnects and asks again is the same news."""
+        client_id = peek_client_id(payload)
+        if (seen := (client_id, exc.api_key, exc.api_version)) not in self._refused:
+            self._refused.add(seen)
+            name = _api_name(exc.api_key) if exc.api_key in ApiKey._value2member_map_ else f"API key {exc.api_key}"
+            versions = self.supported.get(exc.api_key)
+            log.warning(
+                "closing connections of client id %r (first from %s): %s v%d is not served (%s); "
+                "logged once per client id, API and version",
+                client_id,
+                connection.peer,
+                name,
+                exc.api_version,
+                f"versions {versions[0]}-{versions[1]}" if versions else "unknown API",
+            )
+        connection.closing = True
 
     async def _finish(self, request: Request, deferred: Deferred, started: float) -> bytes | RawResponse | None:
         return self._encode(request, await deferred.body, started)

@@ -87,8 +87,8 @@ class TopicApis:
     def handlers(self) -> HandlerTable:
         return {
             ApiKey.METADATA: ApiHandler(0, 12, self.handle_metadata),
-            ApiKey.CREATE_TOPICS: ApiHandler(2, 7, self.handle_create_topics),
-            ApiKey.DELETE_TOPICS: ApiHandler(1, 6, self.handle_delete_topics),
+            ApiKey.CREATE_TOPICS: ApiHandler(0, 7, self.handle_create_topics),
+            ApiKey.DELETE_TOPICS: ApiHandler(0, 6, self.handle_delete_topics),
             ApiKey.CREATE_PARTITIONS: ApiHandler(0, 3, self.handle_create_partitions),
             ApiKey.DELETE_RECORDS: ApiHandler(0, 2, self.handle_delete_records),
         }

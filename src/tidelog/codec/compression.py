@@ -139,6 +139,19 @@ def _fix_broken_lz4_header_checksum(data: bytes | memoryview) -> bytes:
     return bytes(raw)
 
 
+def break_lz4_header_checksum(data: bytes) -> bytes:
+    """An LZ4 frame with the header checksum Kafka 0.8-0.9 wrote and magic 0 readers expect (over magic+descriptor):
+    what a magic 0 message set (Fetch v0-v1) carries, as Kafka writes it."""
+    raw = bytearray(data)
+    if len(raw) < 7 or raw[:4] != _LZ4_FRAME_MAGIC:
+        return bytes(raw)
+    descriptor_end = 6 + (8 if raw[4] & 0x08 else 0)
+    if len(raw) <= descriptor_end:
+        return bytes(raw)
+    raw[descriptor_end] = (xxh32_short(bytes(raw[:descriptor_end])) >> 8) & 0xFF
+    return bytes(raw)
+
+
 _PRIME32_1, _PRIME32_2, _PRIME32_3 = 2654435761, 2246822519, 3266489917
 _PRIME32_4, _PRIME32_5 = 668265263, 374761393
 _MASK32 = 0xFFFFFFFF

@@ -20,7 +20,7 @@ from typing import Any
 from kio.serial import entity_reader, entity_writer
 
 from tidelog.errors import TidelogError
-from tidelog.protocol.controlled_shutdown import request_schema, response_schema
+from tidelog.protocol.legacy_schemas import request_schema, response_schema
 from tidelog.protocol.messages import build
 
 _SIZE = struct.Struct(">i")

@@ -1,9 +1,9 @@
-"""Fetch responses (v4-v12) encoded by hand, so record data can follow as file slices sent with sendfile.
+"""Fetch responses (v0-v12) encoded by hand, so record data can follow as file slices sent with sendfile.
 
-    throttle_time_ms i32 | error_code i16 (v7+) | session_id i32 (v7+) | responses:
+    throttle_time_ms i32 (v1+) | error_code i16 (v7+) | session_id i32 (v7+) | responses:
       topic string | partitions:
-        partition_index i32 | error_code i16 | high_watermark i64 | last_stable_offset i64
-        | log_start_offset i64 (v5+) | aborted_transactions nullable [producer_id i64, first_offset i64]
+        partition_index i32 | error_code i16 | high_watermark i64 | last_stable_offset i64 (v4+)
+        | log_start_offset i64 (v5+) | aborted_transactions nullable [producer_id i64, first_offset i64] (v4+)
         | preferred_read_replica i32 (v11+) | records nullable bytes
         | tagged fields (v12+)
       | tagged fields (v12+)
@@ -26,7 +26,7 @@ from tidelog.storage.api import FileSlice, MemorySlice
 FLEXIBLE_FROM = 12
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-_PARTITION_FIXED = struct.Struct(">ihqq")  # index, error code, high watermark, last stable offset
+_PARTITION_FIXED = struct.Struct(">ihq")  # index, error code, high watermark
 _I64 = struct.Struct(">q")
 
 
@@ -63,7 +63,8 @@ def encode_fetch_response(
     flexible = version >= FLEXIBLE_FROM
     out = bytearray(b"\x00\x00\x00\x00")
     out += header
-    out += _I32.pack(0)  # throttle_time_ms
+    if version >= 1:
+        out += _I32.pack(0)  # throttle_time_ms
     if version >= 7:
         out += _I16.pack(error_code) + _I32.pack(session_id)
     out += _array_length(len(topics), flexible)
@@ -73,15 +74,13 @@ def encode_fetch_response(
         out += _string(topic.name, flexible)
         out += _array_length(len(topic.partitions), flexible)
         for partition in topic.partitions:
-            out += _PARTITION_FIXED.pack(
-                partition.partition_index,
-                partition.error_code,
-                partition.high_watermark,
-                partition.last_stable_offset,
-            )
+            out += _PARTITION_FIXED.pack(partition.partition_index, partition.error_code, partition.high_watermark)
+            if version >= 4:
+                out += _I64.pack(partition.last_stable_offset)
             if version >= 5:
                 out += _I64.pack(partition.log_start_offset)
-            out += _array_length(0, flexible)  # aborted_transactions: none (no transactions yet)
+            if version >= 4:
+                out += _array_length(0, flexible)  # aborted_transactions: none (no transactions yet)
             if version >= 11:
                 out += _I32.pack(-1)  # preferred_read_replica
             size = partition.records_size

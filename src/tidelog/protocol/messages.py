@@ -29,7 +29,7 @@ from kio.serial import entity_reader, entity_writer
 
 from tidelog.errors import MalformedRequestError, UnsupportedVersionError
 from tidelog.protocol.bounds import check_sizes_and_strip_unknown_tags
-from tidelog.protocol.controlled_shutdown import request_schema, response_schema
+from tidelog.protocol.legacy_schemas import added_field_names, request_schema, response_schema
 
 _API_KEY_VERSION = struct.Struct(">hh")
 MAX_SCHEMA_VERSION = 20  # above the highest version of any message kio generates
@@ -88,6 +88,18 @@ def peek_api(payload: bytes) -> tuple[int, int, int]:
     api_key, api_version = _API_KEY_VERSION.unpack_from(payload, 0)
     (correlation_id,) = struct.unpack_from(">i", payload, 4)
     return api_key, api_version, correlation_id
+
+
+def peek_client_id(payload: bytes) -> str | None:
+    """The client id of a request header (v1 and v2 both carry it right after the correlation id, as a nullable
+    int16-length string), or None where it is absent or unreadable: enough to name a client whose API version
+    cannot be decoded."""
+    if len(payload) < 10:
+        return None
+    (length,) = struct.unpack_from(">h", payload, 8)
+    if length < 0 or len(payload) < 10 + length:
+        return None
+    return payload[10 : 10 + length].decode("utf-8", errors="replace")
 
 
 def decode_request(payload: bytes, supported: Mapping[int, tuple[int, int]]) -> Request:
@@ -242,8 +254,9 @@ def build(cls: type, data: Mapping[str, Any]) -> Any:
 def _names_in_any_version(cls: type) -> frozenset[str]:
     """The field names of entity `cls` in every version of its message: kio generates one module per version
     (`kio.schema.<api>.v<N>.<request|response>`), each with a class of the same qualified name."""
+    cls = getattr(cls, "__kio_base__", cls)  # a version older than kio's (legacy_schemas.py): its kio family
     parts = cls.__module__.split(".")
-    names = {spec.name for spec in _fields(cls)}
+    names = {spec.name for spec in _fields(cls)} | added_field_names(cls.__module__, cls.__name__)
     if len(parts) == 5 and parts[3].startswith("v") and parts[3][1:].isdigit():
         for version in range(MAX_SCHEMA_VERSION + 1):
             try:

@@ -1,0 +1,23 @@
+"""docs/compatibility.md is generated from the broker's handler table: it must be what the generator renders now."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tidelog.tools import api_versions
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
+
+
+def test_compatibility_md_is_current() -> None:
+    actual = DOC.read_text(encoding="utf-8") if DOC.exists() else ""
+    assert actual == api_versions.render(), (
+        "docs/compatibility.md is not what src/tidelog/tools/api_versions.py renders from the handler table: "
+        "run `make docs-compat` and commit the result"
+    )
+
+
+def test_no_served_range_reaches_beyond_kafka_3_9() -> None:
+    for key, (low, high) in api_versions.served().items():
+        kafka_low, kafka_high = api_versions.KAFKA_3_9[key]
+        assert kafka_low <= low <= high <= kafka_high, key
