@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from tidelog.broker.authorizer import AclApis
+from tidelog.broker.config_admin import ConfigApis
 from tidelog.broker.fetch import FetchApis
 from tidelog.broker.groups import GroupCoordinator
 from tidelog.broker.leadership import LeadershipApis
@@ -31,6 +32,7 @@ AREAS: tuple[type, ...] = (
     FetchApis,
     ProduceApis,
     TopicApis,
+    ConfigApis,
     GroupCoordinator,
     SaslApis,
     AclApis,
@@ -72,6 +74,8 @@ KAFKA_3_9: dict[int, tuple[int, int]] = {
     ApiKey.CREATE_ACLS: (0, 3),
     ApiKey.DELETE_ACLS: (0, 3),
     ApiKey.DESCRIBE_CONFIGS: (0, 4),
+    ApiKey.ALTER_CONFIGS: (0, 2),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.DELETE_GROUPS: (0, 2),
