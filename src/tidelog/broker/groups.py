@@ -9,6 +9,12 @@ A group moves Empty -> PreparingRebalance -> CompletingRebalance -> Stable and b
 - Heartbeats keep members alive; one silent for longer than its session timeout is removed and the
   others rebalance. LeaveGroup removes at once.
 - Since JoinGroup v4 a new member first gets MEMBER_ID_REQUIRED with an id to rejoin with.
+- Static members (KIP-345, `group.instance.id`): a known instance joining without a member id takes its member over
+  under a new member id, and the old id is fenced (FENCED_INSTANCE_ID on every group API). In a Stable group that
+  costs no rebalance. A static member that misses a rebalance stays until its session ends. LeaveGroup v3+ removes
+  a batch of members, by member id or by instance id alone, with an error per member.
+- FindCoordinator for a transactional id answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED until tidelog has a
+  transaction coordinator (clients stop on it at once).
 Committed offsets and each generation are written to `__consumer_offsets` (offset_store.py) and
 reloaded on start, members included, so a restarted broker keeps its groups.
 
