@@ -1,6 +1,7 @@
 """Static group membership (KIP-345), the group listing filters and the transaction coordinator answer, against a
 real `tidelog serve`.
 
+- kafka-python: a restarted static instance gets its partitions back without a rebalance; a second one fences it;
 - confluent-kafka: a second consumer with the same `group.instance.id` takes the partitions over and the first one
   is fenced (a fatal FENCED_INSTANCE_ID); a static member restarted within its session gets its partitions back
   without a rebalance (the other member's callbacks never fire); `init_transactions()` fails at once;
@@ -590,3 +591,97 @@ def test_confluent_static_member_restart_within_the_session_keeps_the_assignment
     finally:
         restarted.stop()
         b.stop()
+
+
+# --- kafka-python static members ------------------------------------------------------------------------------------
+
+
+def test_kafka_python_static_member_restart_and_fencing(sbroker) -> None:
+    """kafka-python has static membership: a restarted instance gets its partitions back without the other member
+    rebalancing; a second process with the instance id of a live one fences it (its commit raises
+    FencedInstanceIdError; kafka-python's heartbeat thread just stops on the fencing)."""
+    group = topic = "static-kp"
+    create_topic(sbroker.bootstrap, topic, 4)
+    a, b = KpMember(sbroker.bootstrap, group, topic, "kp-a"), KpMember(sbroker.bootstrap, group, topic, "kp-b")
+    restarted = KpMember(sbroker.bootstrap, group, topic, "kp-a")
+    newest = KpMember(sbroker.bootstrap, group, topic, "kp-a")
+    a.start()
+    b.start()
+    try:
+        wait_for(lambda: len(a.owned) == len(b.owned) == 2, "a 2 + 2 split")
+        time.sleep(0.5)  # settled
+        kept, calls = a.owned, b.callbacks
+        a.stop()  # a static member sends no LeaveGroup
+        restarted.start()
+        wait_for(lambda: restarted.owned == kept, "the restarted instance's partitions")
+        time.sleep(1.0)  # a rebalance would show in b's callbacks by now
+        assert b.callbacks == calls, "the other member was rebalanced"
+
+        newest.start()  # a second process with the same instance id
+        wait_for(lambda: newest.owned == kept, "the newest instance to take the partitions")
+        restarted.stop()  # commits what it holds on the way out: refused
+        assert type(restarted.commit_error).__name__ == "FencedInstanceIdError", restarted.commit_error
+        assert b.callbacks == calls
+    finally:
+        for member in (a, b, restarted, newest):
+            member.halt.set()
+        for member in (a, b, restarted, newest):
+            if member.is_alive():
+                member.join(TIMEOUT_S)
+
+
+class KpMember(threading.Thread):
+    """A kafka-python consumer with a `group.instance.id` polling in a thread of its own (a JoinGroup waits in
+    poll() for the others); when stopped it commits offset 0 of its partitions, then closes."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, instance: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.group, self.topic, self.instance = bootstrap, group, topic, instance
+        self.owned: frozenset[int] = frozenset()
+        self.callbacks = 0  # on_partitions_revoked / on_partitions_assigned calls
+        self.commit_error: Exception | None = None
+        self.halt = threading.Event()
+        self.crash: BaseException | None = None
+
+    def run(self) -> None:
+        from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        member = self
+
+        class Counting(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked: Any) -> None:
+                member.callbacks += 1
+
+            def on_partitions_assigned(self, assigned: Any) -> None:
+                member.callbacks += 1
+
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                group_id=self.group,
+                group_instance_id=self.instance,
+                client_id=self.instance,
+                enable_auto_commit=False,
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=200,
+            )
+            consumer.subscribe([self.topic], listener=Counting())
+            try:
+                while not self.halt.is_set():
+                    consumer.poll(timeout_ms=50)
+                    self.owned = frozenset(tp.partition for tp in consumer.assignment())
+                offsets = {TopicPartition(self.topic, p): OffsetAndMetadata(0, "", -1) for p in self.owned}
+                try:
+                    consumer.commit(offsets)
+                except Exception as exc:
+                    self.commit_error = exc
+            finally:
+                consumer.close()
+        except BaseException as exc:
+            self.crash = exc
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(TIMEOUT_S)
+        assert not self.is_alive() and self.crash is None, self.crash
