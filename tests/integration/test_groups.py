@@ -2,6 +2,7 @@
 
 - confluent-kafka groups under rebalancing (members join and leave one by one while a producer keeps producing,
   eager `range` and incremental `cooperative-sticky`): every record processed, none twice, partitions spread evenly;
+  with `cooperative-sticky` the on_revoke callbacks take away only the partitions that move, the others keep theirs;
 - a member killed with SIGKILL is dropped after its session timeout and its partitions move to the survivor;
 - kafka-python and aiokafka groups, and a group mixing kafka-python and confluent-kafka members;
 - the admin APIs (list, describe, list/alter/delete offsets, delete groups, remove members) and topic deletion;
@@ -268,6 +269,7 @@ class CkMember(threading.Thread):
         self.failed_commits: list[tuple[str, int, int, str]] = []  # errors other than the retriable ones
         self.errors: list[str] = []
         self.assigns = 0  # on_assign callbacks: one per rebalance that hands this member partitions
+        self.revocations: list[frozenset[tuple[str, int]]] = []  # what each on_revoke/on_lost took away
         self.halt = threading.Event()
         self.crash: BaseException | None = None
 
@@ -308,6 +310,7 @@ class CkMember(threading.Thread):
 
             def on_revoke(consumer: Consumer, revoked: list[TopicPartition]) -> None:
                 gone = {(tp.topic, tp.partition) for tp in revoked}
+                self.revocations.append(frozenset(gone))
                 self._commit_pending(consumer, gone)
                 for key in gone & set(self.pending):
                     self.lost_commits.append((*key, self.pending.pop(key)))
@@ -392,6 +395,13 @@ def test_members_join_and_leave_under_load_no_loss_no_duplicates(gbroker, strate
         await_spread(members, [2, 2, 2], "m2 joins")
         for m in members:
             wait_for(lambda m=m: len(m.processed) > 10, f"{m.name} to process records")
+        revoked = [frozenset[tuple[str, int]]().union(*m.revocations) for m in members]
+        if strategy == "cooperative-sticky":  # incremental: only the partitions that moved were revoked, once each
+            assert [sum(len(r) for r in m.revocations) for m in members] == [4, 1, 0], [m.revocations for m in members]
+            assert not any(r & m.assignment for r, m in zip(revoked, members, strict=True)), "a kept one was revoked"
+        else:  # eager: every rebalance revokes everything a member owns (6, then 3; and 3)
+            assert [sum(len(r) for r in m.revocations) for m in members] == [9, 3, 0], [m.revocations for m in members]
+        revocations_before_leaves = [len(m.revocations) for m in members]
 
         description = describe_group(admin(gbroker.bootstrap), group)
         assert description.state == ConsumerGroupState.STABLE
@@ -402,9 +412,13 @@ def test_members_join_and_leave_under_load_no_loss_no_duplicates(gbroker, strate
 
         members[2].leave()
         await_spread(members[:2], [3, 3], "m2 leaves")
+        if strategy == "cooperative-sticky":  # the survivors only gained partitions: nothing was revoked from them
+            assert [len(m.revocations) for m in members[:2]] == revocations_before_leaves[:2]
         time.sleep(0.5)  # let both survivors work a little on their new partitions
         members[1].leave()
         await_spread(members[:1], [6], "m1 leaves")
+        if strategy == "cooperative-sticky":
+            assert len(members[0].revocations) == revocations_before_leaves[0], members[0].revocations
         delivered = producer.finish()
         last = {p: max(o for q, o in delivered if q == p) for p in range(partitions)}
         wait_for(

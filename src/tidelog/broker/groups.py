@@ -9,6 +9,12 @@ A group moves Empty -> PreparingRebalance -> CompletingRebalance -> Stable and b
 - Heartbeats keep members alive; one silent for longer than its session timeout is removed and the
   others rebalance. LeaveGroup removes at once.
 - Since JoinGroup v4 a new member first gets MEMBER_ID_REQUIRED with an id to rejoin with.
+- Static members (KIP-345, `group.instance.id`): a known instance joining without a member id takes its member over
+  under a new member id, and the old id is fenced (FENCED_INSTANCE_ID on every group API). In a Stable group that
+  costs no rebalance. A static member that misses a rebalance stays until its session ends. LeaveGroup v3+ removes
+  a batch of members, by member id or by instance id alone, with an error per member.
+- FindCoordinator for a transactional id answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED until tidelog has a
+  transaction coordinator (clients stop on it at once).
 Committed offsets and each generation are written to `__consumer_offsets` (offset_store.py) and
 reloaded on start, members included, so a restarted broker keeps its groups.
 
@@ -62,11 +68,16 @@ OFFSET_METADATA_TOO_LARGE = ErrorCode.OFFSET_METADATA_TOO_LARGE
 NON_EMPTY_GROUP = ErrorCode.NON_EMPTY_GROUP
 GROUP_ID_NOT_FOUND = ErrorCode.GROUP_ID_NOT_FOUND
 MEMBER_ID_REQUIRED = ErrorCode.MEMBER_ID_REQUIRED
+FENCED_INSTANCE_ID = ErrorCode.FENCED_INSTANCE_ID
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+INVALID_REQUEST = ErrorCode.INVALID_REQUEST
 GROUP_SUBSCRIBED_TO_TOPIC = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
 UNKNOWN_SERVER_ERROR = ErrorCode.UNKNOWN_SERVER_ERROR
 GROUP_AUTHORIZATION_FAILED = ErrorCode.GROUP_AUTHORIZATION_FAILED
 TOPIC_AUTHORIZATION_FAILED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 OFFSET_METADATA_MAX_BYTES = 4096
+NO_NODE: dict[str, Any] = {"node_id": -1, "host": "", "port": -1}  # FindCoordinator's answer without a coordinator
+TOLD_CLIENTS_MAX = 10_000  # client ids remembered for logging the missing transaction coordinator once each
 EXPIRY_CHECK_SECONDS = 0.25
 
 
@@ -121,6 +132,21 @@ class Group:
     def all_members_joined(self) -> bool:
         return all(m.join_future is not None for m in self.members.values())
 
+    def static_member(self, instance_id: str | None) -> Member | None:
+        """The member holding `group.instance.id` `instance_id` (KIP-345), if any."""
+        if instance_id is None:
+            return None
+        return next((m for m in self.members.values() if m.group_instance_id == instance_id), None)
+
+    def rename_member(self, member: Member, new_id: str) -> None:
+        """The member goes on under `new_id` (a static member's restart); the leadership follows it."""
+        old_id = member.member_id
+        del self.members[old_id]
+        member.member_id = new_id
+        self.members[new_id] = member
+        if self.leader == old_id:
+            self.leader = new_id
+
     def supported_protocols(self) -> set[str]:
         common: set[str] | None = None
         for member in self.members.values():
@@ -150,6 +176,7 @@ class GroupCoordinator:
         self.groups: dict[str, Group] = {}
         self._expiry_task: asyncio.Task[None] | None = None
         self._offsets_task: asyncio.Task[None] | None = None
+        self._told_no_transactions: set[str | None] = set()
 
     def handlers(self) -> HandlerTable:
         return {
@@ -161,7 +188,7 @@ class GroupCoordinator:
             ApiKey.OFFSET_COMMIT: ApiHandler(0, 9, self.handle_offset_commit),
             ApiKey.OFFSET_FETCH: ApiHandler(0, 9, self.handle_offset_fetch),
             ApiKey.DESCRIBE_GROUPS: ApiHandler(0, 5, self.handle_describe_groups),
-            ApiKey.LIST_GROUPS: ApiHandler(0, 4, self.handle_list_groups),
+            ApiKey.LIST_GROUPS: ApiHandler(0, 5, self.handle_list_groups),
             ApiKey.DELETE_GROUPS: ApiHandler(0, 2, self.handle_delete_groups),
             ApiKey.OFFSET_DELETE: ApiHandler(0, 0, self.handle_offset_delete),
         }
@@ -264,50 +291,44 @@ class GroupCoordinator:
 
     async def handle_find_coordinator(self, request: Request, connection: Connection) -> Response:
         body = request.body
-        node = {"node_id": self.config.node_id, "host": connection.advertised_host, "port": connection.advertised_port}
         key_type = getattr(body, "key_type", 0)
-        error = NONE if key_type == 0 else COORDINATOR_NOT_AVAILABLE  # no transaction coordinator yet
-        message = None if error == NONE else "transactions are not supported by this broker"
-        if self.placement is not None and key_type == 0:
-            placement = self.placement
-
-            def located(key: str) -> dict[str, Any]:
-                found = placement.coordinator_for(key, connection)
-                return {**found, "error_message": None if found["error_code"] == NONE else "no coordinator yet"}
-
-            if request.api_version >= 4:
-                coordinators = [
-                    {"key": key, **self._find_denied()}
-                    if not self._may(connection, Operation.DESCRIBE, key)
-                    else {"key": key, **located(key)}
-                    for key in body.coordinator_keys
-                ]
-                return {"throttle_time": 0, "coordinators": coordinators}
-            if not self._may(connection, Operation.DESCRIBE, body.key):
-                return {"throttle_time": 0, **self._find_denied()}
-            return {"throttle_time": 0, **located(body.key)}
-        denied = {
-            "node_id": -1,
-            "host": "",
-            "port": -1,
-            "error_code": GROUP_AUTHORIZATION_FAILED,
-            "error_message": None,
-        }
+        keys = list(body.coordinator_keys) if request.api_version >= 4 else [body.key]
+        answers = [self._find_one(key, key_type, connection, request.client_id) for key in keys]
         if request.api_version >= 4:
-            coordinators = [
-                {"key": key, **denied}
-                if key_type == 0 and not self._may(connection, Operation.DESCRIBE, key)
-                else {"key": key, **node, "error_code": error, "error_message": message}
-                for key in body.coordinator_keys
-            ]
-            return {"throttle_time": 0, "coordinators": coordinators}
-        if key_type == 0 and not self._may(connection, Operation.DESCRIBE, body.key):
-            return {"throttle_time": 0, **denied}
-        return {"throttle_time": 0, "error_code": error, "error_message": message, **node}
+            return {"throttle_time": 0, "coordinators": [{"key": k, **a} for k, a in zip(keys, answers, strict=True)]}
+        return {"throttle_time": 0, **answers[0]}
 
-    @staticmethod
-    def _find_denied() -> dict[str, Any]:
-        return {"node_id": -1, "host": "", "port": -1, "error_code": GROUP_AUTHORIZATION_FAILED, "error_message": None}
+    def _find_one(self, key: str, key_type: int, connection: Connection, client_id: str | None) -> dict[str, Any]:
+        if key_type == 1:
+            return self._no_transaction_coordinator(key, client_id)
+        if key_type != 0:  # Kafka 3.9's InvalidRequestException
+            return {**NO_NODE, "error_code": INVALID_REQUEST, "error_message": f"unknown key type {key_type}"}
+        if not self._may(connection, Operation.DESCRIBE, key):
+            return {**NO_NODE, "error_code": GROUP_AUTHORIZATION_FAILED, "error_message": None}
+        if self.placement is not None:
+            found = self.placement.coordinator_for(key, connection)
+            return {**found, "error_message": None if found["error_code"] == NONE else "no coordinator yet"}
+        node = {"node_id": self.config.node_id, "host": connection.advertised_host, "port": connection.advertised_port}
+        return {**node, "error_code": NONE, "error_message": None}
+
+    def _no_transaction_coordinator(self, transactional_id: str, client_id: str | None) -> dict[str, Any]:
+        """FindCoordinator for a transactional id (key type TRANSACTION), until tidelog has a transaction
+        coordinator: TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the error Kafka gives a client that may not use a
+        transactional id. librdkafka's `init_transactions()` and KafkaJS stop on it at once as a fatal error (they
+        would retry COORDINATOR_NOT_AVAILABLE until their timeout); the message says why. Logged once per client
+        id."""
+        if client_id not in self._told_no_transactions:
+            if len(self._told_no_transactions) >= TOLD_CLIENTS_MAX:
+                self._told_no_transactions.clear()
+            self._told_no_transactions.add(client_id)
+            log.warning(
+                "client %s looked for the transaction coordinator of transactional id %r: transactions are not "
+                "supported by this broker, answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+                client_id,
+                transactional_id,
+            )
+        message = "transactions are not supported by this broker (tidelog has no transaction coordinator yet)"
+        return {**NO_NODE, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "error_message": message}
 
     # --- JoinGroup --------------------------------------------------------------------------------------------
 
@@ -338,14 +359,19 @@ class GroupCoordinator:
 
         member_id = body.member_id
         if not member_id:
-            member_id = (
-                self._existing_static_member(group, instance_id) or f"{request.client_id or 'member'}-{uuid.uuid4()}"
-            )
+            member_id = f"{instance_id or request.client_id or 'member'}-{uuid.uuid4()}"  # Kafka's generateMemberId
+            known = group.static_member(instance_id)
+            if known is not None:
+                return await self._replace_static_member(
+                    group, known, member_id, protocols, session_ms, rebalance_ms, request.api_version >= 9
+                )
             if instance_id is None and request.api_version >= 4:
                 group.pending_member_ids[member_id] = time.monotonic()
                 return self._join_error(MEMBER_ID_REQUIRED, member_id)
-        elif member_id not in group.members and member_id not in group.pending_member_ids:
-            return self._join_error(UNKNOWN_MEMBER_ID, member_id)
+        elif member_id not in group.pending_member_ids and (
+            error := self._member_error(group, member_id, instance_id, "join-group")
+        ):
+            return self._join_error(error, member_id)
         group.pending_member_ids.pop(member_id, None)
 
         member = group.members.get(member_id)
@@ -379,20 +405,85 @@ class GroupCoordinator:
             group.state is GroupState.STABLE and unchanged_follower
         ):
             return self._join_response(group, member)  # nothing to rebalance: the current generation stands
+        return await self._join_rebalance(group, member, f"member {member_id} joined")
+
+    async def _join_rebalance(self, group: Group, member: Member, reason: str) -> dict[str, Any]:
+        """The member waits in the join phase of a rebalance (started now unless one is under way)."""
         if member.join_future is not None and not member.join_future.done():
-            member.join_future.set_result(self._join_error(UNKNOWN_MEMBER_ID, member_id))  # superseded
+            member.join_future.set_result(self._join_error(UNKNOWN_MEMBER_ID, member.member_id))  # superseded
         if self.is_stopping():  # nobody would complete the rebalance
-            return self._join_error(NOT_COORDINATOR, member_id)
+            return self._join_error(NOT_COORDINATOR, member.member_id)
         future = member.join_future = asyncio.get_running_loop().create_future()
         if group.state is not GroupState.PREPARING_REBALANCE:
-            self._prepare_rebalance(group, f"member {member_id} joined")
+            self._prepare_rebalance(group, reason)
         self._maybe_complete_join(group)
         return await future
 
-    def _existing_static_member(self, group: Group, instance_id: str | None) -> str | None:
+    async def _replace_static_member(
+        self,
+        group: Group,
+        member: Member,
+        new_id: str,
+        protocols: list[tuple[str, bytes]],
+        session_ms: int,
+        rebalance_ms: int,
+        may_skip_assignment: bool,
+    ) -> dict[str, Any]:
+        """KIP-345: a known `group.instance.id` joins without a member id (the instance restarted, or a second
+        process uses the same id). It takes the member over under a new member id; the old id is fenced (its
+        waiting JoinGroup/SyncGroup and every later request answer FENCED_INSTANCE_ID). In a Stable group whose
+        protocol stays, there is no rebalance: the member keeps its assignment and the current generation; a
+        returning leader is told so (JoinGroup v9 `skip_assignment`), before v9 it is named a follower (the old
+        leader id is returned) so that it does not compute an assignment nobody would receive."""
+        old_id, old_leader = member.member_id, group.leader
+        old_settings = (member.protocols, member.session_timeout_ms, member.rebalance_timeout_ms)
+        member.fail_waiters(FENCED_INSTANCE_ID)
+        group.rename_member(member, new_id)
+        member.protocols, member.session_timeout_ms, member.rebalance_timeout_ms = protocols, session_ms, rebalance_ms
+        member.last_heartbeat = time.monotonic()
+        log.info(
+            "group %s: static member %s joins as %s (state %s); member %s is fenced",
+            group.group_id,
+            member.group_instance_id,
+            new_id,
+            group.state.value,
+            old_id,
+        )
+        if group.state is not GroupState.STABLE or self._select_protocol(group) != group.protocol:
+            reason = f"static member {member.group_instance_id} rejoined as {new_id}"
+            return await self._join_rebalance(group, member, reason)
+        try:
+            await self._persist_group(group)
+        except Exception as exc:  # the new member id is not durable: back to the old one, the client retries
+            log.warning("group %s: persisting static member %s failed: %s", group.group_id, new_id, exc)
+            if group.members.get(new_id) is member:
+                group.rename_member(member, old_id)
+                member.protocols, member.session_timeout_ms, member.rebalance_timeout_ms = old_settings
+            return self._join_error(getattr(exc, "kafka_error_code", UNKNOWN_SERVER_ERROR), "")
+        if not may_skip_assignment:
+            return self._join_response(group, member, leader=old_leader)
+        return {**self._join_response(group, member), "skip_assignment": group.leader == new_id}
+
+    def _member_error(self, group: Group, member_id: str, instance_id: str | None, operation: str) -> ErrorCode:
+        """Kafka's validateCurrentMember: a request naming a `group.instance.id` must come from the member id that
+        holds it (FENCED_INSTANCE_ID when another does, UNKNOWN_MEMBER_ID when none does); one without must name a
+        member of the group."""
         if instance_id is None:
-            return None
-        return next((m.member_id for m in group.members.values() if m.group_instance_id == instance_id), None)
+            return NONE if member_id in group.members else UNKNOWN_MEMBER_ID
+        holder = group.static_member(instance_id)
+        if holder is None:
+            return UNKNOWN_MEMBER_ID
+        if holder.member_id != member_id:
+            log.info(
+                "group %s: %s by member %s of static instance %s is fenced (the instance is member %s now)",
+                group.group_id,
+                operation,
+                member_id,
+                instance_id,
+                holder.member_id,
+            )
+            return FENCED_INSTANCE_ID
+        return NONE
 
     @staticmethod
     def _join_error(error_code: int, member_id: str) -> dict[str, Any]:
@@ -407,9 +498,12 @@ class GroupCoordinator:
             "members": [],
         }
 
-    def _join_response(self, group: Group, member: Member) -> dict[str, Any]:
+    def _join_response(self, group: Group, member: Member, leader: str | None = None) -> dict[str, Any]:
+        """The current generation; the member list goes to the leader (`leader`: the leader id to name, if not the
+        group's)."""
+        leader = group.leader if leader is None else leader
         members = []
-        if member.member_id == group.leader:
+        if member.member_id == leader:
             members = [
                 {
                     "member_id": m.member_id,
@@ -424,7 +518,7 @@ class GroupCoordinator:
             "generation_id": group.generation,
             "protocol_type": group.protocol_type,
             "protocol_name": group.protocol,
-            "leader": group.leader or "",
+            "leader": leader or "",
             "skip_assignment": False,
             "member_id": member.member_id,
             "members": members,
@@ -467,16 +561,24 @@ class GroupCoordinator:
         if group.join_timer is not None:
             group.join_timer.cancel()
             group.join_timer = None
-        for member_id in [m.member_id for m in group.members.values() if m.join_future is None]:
-            log.info("group %s: member %s did not rejoin in time; removing it", group.group_id, member_id)
-            group.members.pop(member_id).fail_waiters(UNKNOWN_MEMBER_ID)
+        absent = [m for m in group.members.values() if m.join_future is None]
+        for member in absent:
+            if member.group_instance_id is None:  # a static member stays until its session ends (KIP-345)
+                log.info("group %s: member %s did not rejoin in time; removing it", group.group_id, member.member_id)
+                group.members.pop(member.member_id).fail_waiters(UNKNOWN_MEMBER_ID)
+        joined = [m.member_id for m in group.members.values() if m.join_future is not None]
+        if group.members and not joined:  # only absent static members: wait for them or for their sessions' end
+            log.info("group %s: no member rejoined; the rebalance waits for the static members", group.group_id)
+            delay = max(m.rebalance_timeout_ms for m in group.members.values()) / 1000
+            group.join_timer = asyncio.get_running_loop().call_later(delay, self._join_deadline, group)
+            return
         group.generation += 1
         if not group.members:
             self._become_empty(group)
             return
         group.protocol = self._select_protocol(group)
-        if group.leader not in group.members:
-            group.leader = next(iter(group.members))
+        if group.leader not in joined:
+            group.leader = joined[0]
         group.state = GroupState.COMPLETING_REBALANCE
         now = time.monotonic()
         for member in group.members.values():
@@ -512,9 +614,12 @@ class GroupCoordinator:
         if elsewhere := self._not_here(body.group_id):
             return self._sync_response(elsewhere)
         group = self.groups.get(body.group_id)
-        member = group.members.get(body.member_id) if group is not None else None
-        if group is None or member is None:
+        instance_id = getattr(body, "group_instance_id", None)
+        if group is None:
             return self._sync_response(UNKNOWN_MEMBER_ID)
+        if error := self._member_error(group, body.member_id, instance_id, "sync-group"):
+            return self._sync_response(error)
+        member = group.members[body.member_id]
         if body.generation_id != group.generation:
             return self._sync_response(ILLEGAL_GENERATION)
         protocol_type = getattr(body, "protocol_type", None)
@@ -525,9 +630,9 @@ class GroupCoordinator:
             return self._sync_response(INCONSISTENT_GROUP_PROTOCOL)
         if group.state is GroupState.PREPARING_REBALANCE:
             return self._sync_response(REBALANCE_IN_PROGRESS)
+        member.last_heartbeat = time.monotonic()
         if group.state is GroupState.STABLE:
             return self._sync_response(NONE, group, member.assignment)
-        member.last_heartbeat = time.monotonic()
         if self.is_stopping():  # the group's waiters were answered already; this one would wait for nothing
             return self._sync_response(NOT_COORDINATOR)
         member.sync_future = asyncio.get_running_loop().create_future()
@@ -560,17 +665,17 @@ class GroupCoordinator:
     async def handle_heartbeat(self, request: Request, connection: Connection) -> Response:
         body = request.body
         group = self.groups.get(body.group_id)
-        member = group.members.get(body.member_id) if group is not None else None
+        instance_id = getattr(body, "group_instance_id", None)
         if not self._may(connection, Operation.READ, body.group_id):
             error = GROUP_AUTHORIZATION_FAILED
         elif elsewhere := self._not_here(body.group_id):
             error = elsewhere
-        elif group is None or member is None:
-            error = UNKNOWN_MEMBER_ID
+        elif group is None or (error := self._member_error(group, body.member_id, instance_id, "heartbeat")):
+            error = UNKNOWN_MEMBER_ID if group is None else error
         elif body.generation_id != group.generation:
             error = ILLEGAL_GENERATION
         else:
-            member.last_heartbeat = time.monotonic()
+            group.members[body.member_id].last_heartbeat = time.monotonic()
             error = REBALANCE_IN_PROGRESS if group.state is GroupState.PREPARING_REBALANCE else NONE
         return {"throttle_time": 0, "error_code": error}
 
@@ -587,19 +692,31 @@ class GroupCoordinator:
             leaving = [(m.member_id, m.group_instance_id) for m in body.members]
         results = []
         for member_id, instance_id in leaving:
-            if not member_id and instance_id is not None and group is not None:
-                member_id = self._existing_static_member(group, instance_id) or ""
-            if group is None or member_id not in group.members:
-                results.append(
-                    {"member_id": member_id, "group_instance_id": instance_id, "error_code": UNKNOWN_MEMBER_ID}
-                )
-                continue
-            self._remove_member(group, member_id, "left the group")
-            results.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": NONE})
+            error = self._leave(group, member_id, instance_id)
+            results.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": error})
         top_error = NONE
         if request.api_version < 3 and results and results[0]["error_code"] != NONE:
             top_error = results[0]["error_code"]
         return {"throttle_time": 0, "error_code": top_error, "members": results}
+
+    def _leave(self, group: Group | None, member_id: str, instance_id: str | None) -> ErrorCode:
+        """One member of a LeaveGroup: by member id (a static one's must hold its instance id, else
+        FENCED_INSTANCE_ID), or, with no member id, by `group.instance.id` alone (KIP-345's removal by an admin)."""
+        if group is None:
+            return UNKNOWN_MEMBER_ID
+        if not member_id:
+            static = group.static_member(instance_id)
+            if static is None:
+                return UNKNOWN_MEMBER_ID
+            self._remove_member(group, static.member_id, f"(static instance {instance_id}) was removed by LeaveGroup")
+            return NONE
+        if member_id in group.pending_member_ids:
+            del group.pending_member_ids[member_id]
+            return NONE
+        if error := self._member_error(group, member_id, instance_id, "leave-group"):
+            return error
+        self._remove_member(group, member_id, "left the group")
+        return NONE
 
     def _remove_member(self, group: Group, member_id: str, reason: str) -> None:
         member = group.members.pop(member_id)
@@ -720,6 +837,7 @@ class GroupCoordinator:
         body = request.body
         generation = body.generation_id_or_member_epoch
         group = self.groups.get(body.group_id)
+        instance_id = getattr(body, "group_instance_id", None)
         error = NONE
         if not body.group_id:
             error = INVALID_GROUP_ID
@@ -727,11 +845,12 @@ class GroupCoordinator:
             error = GROUP_AUTHORIZATION_FAILED
         elif elsewhere := self._not_here(body.group_id):
             error = elsewhere
-        elif generation < 0:
-            if group is not None and group.members:
-                error = UNKNOWN_MEMBER_ID if body.member_id not in group.members else ILLEGAL_GENERATION
-        elif group is None or body.member_id not in group.members:
-            error = UNKNOWN_MEMBER_ID
+        elif generation < 0 and (group is None or not group.members):
+            pass  # a group that only stores offsets (the admin client, manual assignment)
+        elif generation < 0 and not body.member_id and instance_id is None:
+            error = UNKNOWN_MEMBER_ID  # a group with members: only they commit
+        elif group is None or (error := self._member_error(group, body.member_id, instance_id, "offset-commit")):
+            error = UNKNOWN_MEMBER_ID if group is None else error
         elif generation != group.generation:
             error = ILLEGAL_GENERATION
         elif group.state is GroupState.COMPLETING_REBALANCE:
@@ -963,6 +1082,9 @@ class GroupCoordinator:
 
     async def handle_list_groups(self, request: Request, connection: Connection) -> Response:
         wanted = {s.lower() for s in getattr(request.body, "states_filter", ()) or ()}
+        types = {t.lower() for t in getattr(request.body, "types_filter", ()) or ()}
+        if types and "classic" not in types:  # every group here is a classic one (KIP-848's are not served)
+            return {"throttle_time": 0, "error_code": NONE, "groups": []}
         names = set(self.groups) | set(self.store.groups)
         if not self.authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.CLUSTER, log_denied=False):
             names = {n for n in names if self._may(connection, Operation.DESCRIBE, n, log_denied=False)}
@@ -972,7 +1094,12 @@ class GroupCoordinator:
             if wanted and group.state.value.lower() not in wanted:
                 continue
             listed.append(
-                {"group_id": group_id, "protocol_type": group.protocol_type or "", "group_state": group.state.value}
+                {
+                    "group_id": group_id,
+                    "protocol_type": group.protocol_type or "",
+                    "group_state": group.state.value,
+                    "group_type": "classic",
+                }
             )
         return {"throttle_time": 0, "error_code": NONE, "groups": listed}
 
