@@ -9,10 +9,10 @@ import struct
 import threading
 from typing import Any
 
-import kafka_wire
 from cluster_checks import registered, wait_for
 from kazoo.client import KazooClient
 
+import kafka_wire
 from tidelog.protocol.messages import ApiKey
 from zookeeper_process import ClusterBroker
 

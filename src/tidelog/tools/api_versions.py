@@ -90,7 +90,6 @@ SHORT_BECAUSE: dict[int, str] = {
     ApiKey.FETCH: "v13-v17 name topics by id (KIP-516); not served yet",
     ApiKey.LIST_OFFSETS: "v9 asks for the last tiered offset (KIP-1005); no tiered storage",
     ApiKey.CONTROLLED_SHUTDOWN: "v0 has a request header without a client id; brokers of 2.2 and later send v1+",
-    ApiKey.LIST_GROUPS: "v5 filters by group type (KIP-848); not served yet",
     ApiKey.SASL_HANDSHAKE: "v0 is followed by raw SASL tokens outside Kafka requests; not offered",
 }
 
