@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.cluster_metadata import ClusterView
 from tidelog.broker.controller import ElectionType, TopicPartition
+from tidelog.broker.controller_requests import PartitionResults, ask_controller, wait_until_visible
 from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, Response
 from tidelog.errors import ErrorCode, NotControllerError, TidelogError
-from tidelog.protocol.client import BrokerConnection, BrokerConnectionError
 from tidelog.protocol.controlled_shutdown import MAX_VERSION as CONTROLLED_SHUTDOWN_MAX_VERSION
 from tidelog.protocol.messages import ApiKey, Request, millis
 
@@ -46,9 +46,8 @@ log = logging.getLogger("tidelog.cluster")
 
 ELECT_LEADERS_VERSION = 2  # what a forwarded ElectLeaders is sent as
 FORWARDED_CLIENT_ID = "tidelog-forwarded-elect-leaders"  # a request forwarded once is never forwarded again
-REQUEST_TIMEOUT_S = 30.0  # a ControlledShutdown or a forwarded ElectLeaders (Kafka's request.timeout.ms)
 
-ElectionResults = dict[TopicPartition, tuple[int, str | None]]
+ElectionResults = PartitionResults
 
 
 class LeadershipApis:
@@ -109,7 +108,7 @@ class LeadershipApis:
                 if controller_id == broker_id and self.controller.active:
                     remaining = await self.move_leadership_away(broker_id, self.membership.broker_epoch)
                 else:
-                    remaining = await self._ask_controller(controller_id)
+                    remaining = await self._ask_controller()
             except (TidelogError, OSError) as exc:
                 log.warning("controlled shutdown attempt %d of %d failed: %s", attempt, attempts, exc)
             else:
@@ -128,23 +127,12 @@ class LeadershipApis:
         log.warning("controlled shutdown did not complete after %d attempt(s): stopping anyway", attempts)
         return False
 
-    async def _ask_controller(self, controller_id: int) -> list[TopicPartition]:
-        connection = self._connection_to(controller_id)
+    async def _ask_controller(self) -> list[TopicPartition]:
         body = {"broker_id": self.config.node_id, "broker_epoch": self.membership.broker_epoch}
-        try:
-            answer = await connection.request(
-                ApiKey.CONTROLLED_SHUTDOWN, CONTROLLED_SHUTDOWN_MAX_VERSION, body, REQUEST_TIMEOUT_S
-            )
-        finally:
-            await connection.close()
-        if answer.error_code != ErrorCode.NONE:
-            raise NotControllerError(
-                f"broker {controller_id} answered ControlledShutdown with error {int(answer.error_code)}"
-            )
+        answer = await ask_controller(
+            self.config, self.membership, ApiKey.CONTROLLED_SHUTDOWN, CONTROLLED_SHUTDOWN_MAX_VERSION, body
+        )
         return [(p.topic_name, int(p.partition_index)) for p in answer.remaining_partitions]
-
-    def _connection_to(self, broker_id: int) -> BrokerConnection:
-        return controller_connection(self.config, self.membership, broker_id)
 
     # --- ElectLeaders -----------------------------------------------------------------------------------------
 
@@ -190,9 +178,6 @@ class LeadershipApis:
     async def _forward(
         self, requested: list[TopicPartition] | None, election_type: ElectionType, timeout_ms: int
     ) -> ElectionResults:
-        controller_id = self.membership.controller_id
-        connection = self._connection_to(controller_id)
-        connection.client_id = FORWARDED_CLIENT_ID
         topics: dict[str, list[int]] = {}
         for topic, partition in requested or []:
             topics.setdefault(topic, []).append(partition)
@@ -203,14 +188,9 @@ class LeadershipApis:
             else [{"topic": t, "partitions": ps} for t, ps in sorted(topics.items())],
             "timeout": timeout_ms,
         }
-        try:
-            answer = await connection.request(ApiKey.ELECT_LEADERS, ELECT_LEADERS_VERSION, body, REQUEST_TIMEOUT_S)
-        except BrokerConnectionError as exc:
-            raise NotControllerError(f"the controller (broker {controller_id}) cannot be reached: {exc}") from exc
-        finally:
-            await connection.close()
-        if answer.error_code != ErrorCode.NONE:
-            raise NotControllerError(f"the controller (broker {controller_id}) answered {int(answer.error_code)}")
+        answer = await ask_controller(
+            self.config, self.membership, ApiKey.ELECT_LEADERS, ELECT_LEADERS_VERSION, body, FORWARDED_CLIENT_ID
+        )
         return {
             (topic.topic, int(result.partition_id)): (int(result.error_code), result.error_message)
             for topic in answer.replica_election_results
@@ -219,7 +199,6 @@ class LeadershipApis:
 
     async def _wait_until_visible(self, results: ElectionResults, election_type: ElectionType, timeout_ms: int) -> None:
         """Wait until every partition elected shows its new leader here; past the timeout, REQUEST_TIMED_OUT."""
-        elected = [tp for tp, (code, _message) in results.items() if code == ErrorCode.NONE]
 
         def visible(view: ClusterView, key: TopicPartition) -> bool:
             partition = view.partition(*key)
@@ -229,23 +208,7 @@ class LeadershipApis:
                 return partition.leader == partition.replicas[0]
             return partition.leader in self.membership.live_brokers
 
-        if not elected or timeout_ms <= 0:
-            return
-        if not await self.cache.wait_for(lambda view: all(visible(view, k) for k in elected), timeout_ms / 1000):
-            for key in elected:
-                if not visible(self.cache.view, key):
-                    results[key] = (ErrorCode.REQUEST_TIMED_OUT, "the election was not visible within the timeout")
-
-
-def controller_connection(config: BrokerConfig, membership: ClusterMembership, broker_id: int) -> BrokerConnection:
-    """A connection (not yet open) to the inter-broker listener of `broker_id`, the controller; NotControllerError
-    when it has no such listener registered."""
-    registration = membership.live_brokers.get(broker_id)
-    listener = config.inter_broker_listener.name
-    endpoint = registration.endpoint(listener) if registration is not None else None
-    if endpoint is None:
-        raise NotControllerError(f"no controller to ask: broker {broker_id} has no registered {listener} listener")
-    return BrokerConnection(endpoint.host, endpoint.port, f"tidelog-broker-{config.node_id}")
+        await wait_until_visible(self.cache, results, visible, timeout_ms, "election")
 
 
 def _election_response(error_code: int, results: Mapping[TopicPartition, tuple[int, str | None]]) -> dict[str, Any]:

@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING, Any
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.cluster_metadata import ClusterView
 from tidelog.broker.controller import TopicPartition
+from tidelog.broker.controller_requests import PartitionResults, ask_controller, wait_until_visible
 from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, Response
-from tidelog.broker.leadership import REQUEST_TIMEOUT_S, controller_connection
 from tidelog.errors import ErrorCode, NotControllerError, TidelogError
-from tidelog.protocol.client import BrokerConnectionError
 from tidelog.protocol.messages import ApiKey, Request, millis
 
 if TYPE_CHECKING:
@@ -46,7 +45,7 @@ VERSION = 0  # both APIs have only v0
 FORWARDED_CLIENT_ID = "tidelog-forwarded-reassignment"  # a request forwarded once is never forwarded again
 
 Targets = dict[TopicPartition, tuple[int, ...] | None]  # None: cancel
-Results = dict[TopicPartition, tuple[int, str | None]]
+Results = PartitionResults
 
 
 class ReassignmentApis:
@@ -111,23 +110,13 @@ class ReassignmentApis:
         return await self._forward(targets, timeout_ms)
 
     async def _forward(self, targets: Targets, timeout_ms: int) -> Results:
-        controller_id = self.membership.controller_id
-        connection = controller_connection(self.config, self.membership, controller_id)
-        connection.client_id = FORWARDED_CLIENT_ID
         topics: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition), replicas in sorted(targets.items()):
             topics.setdefault(topic, []).append({"partition_index": partition, "replicas": replicas})
         body = {"timeout": timeout_ms, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
-        try:
-            answer = await connection.request(ApiKey.ALTER_PARTITION_REASSIGNMENTS, VERSION, body, REQUEST_TIMEOUT_S)
-        except BrokerConnectionError as exc:
-            raise NotControllerError(f"the controller (broker {controller_id}) cannot be reached: {exc}") from exc
-        finally:
-            await connection.close()
-        if answer.error_code != ErrorCode.NONE:
-            raise NotControllerError(
-                f"the controller (broker {controller_id}) answered {int(answer.error_code)}: {answer.error_message}"
-            )
+        answer = await ask_controller(
+            self.config, self.membership, ApiKey.ALTER_PARTITION_REASSIGNMENTS, VERSION, body, FORWARDED_CLIENT_ID
+        )
         return {
             (topic.name, int(result.partition_index)): (int(result.error_code), result.error_message)
             for topic in answer.responses
@@ -136,7 +125,6 @@ class ReassignmentApis:
 
     async def _wait_until_visible(self, targets: Targets, results: Results, timeout_ms: int) -> None:
         """Wait until every partition started (or cancelled) shows it here; past the timeout, REQUEST_TIMED_OUT."""
-        started = [tp for tp, (code, _message) in results.items() if code == ErrorCode.NONE]
 
         def visible(view: ClusterView, key: TopicPartition) -> bool:
             partition = view.partition(*key)
@@ -145,12 +133,7 @@ class ReassignmentApis:
             target = targets.get(key)
             return not partition.adding if target is None else partition.target_replicas == target
 
-        if not started or timeout_ms <= 0:
-            return
-        if not await self.cache.wait_for(lambda view: all(visible(view, k) for k in started), timeout_ms / 1000):
-            for key in started:
-                if not visible(self.cache.view, key):
-                    results[key] = (ErrorCode.REQUEST_TIMED_OUT, "the reassignment was not visible within the timeout")
+        await wait_until_visible(self.cache, results, visible, timeout_ms, "reassignment")
 
     # --- ListPartitionReassignments ---------------------------------------------------------------------------
 
