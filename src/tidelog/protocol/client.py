@@ -17,11 +17,8 @@ import io
 import struct
 from typing import Any
 
-from kio.serial import entity_reader, entity_writer
-
 from tidelog.errors import TidelogError
-from tidelog.protocol.legacy_schemas import request_schema, response_schema
-from tidelog.protocol.messages import build
+from tidelog.protocol.messages import build, reader, request_class, response_class, writer
 
 _SIZE = struct.Struct(">i")
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024  # a size above this is a stream out of step, not a response
@@ -63,7 +60,7 @@ class BrokerConnection:
         assert self._reader is not None and self._writer is not None
         self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
         correlation_id = self._correlation_id
-        request_cls = request_schema(api_key, version)
+        request_cls = request_class(api_key, version)
         header_cls = request_cls.__header_schema__
         buffer = io.BytesIO()
         buffer.write(b"\x00\x00\x00\x00")
@@ -73,8 +70,8 @@ class BrokerConnection:
             "correlation_id": correlation_id,
             "client_id": self.client_id,
         }
-        entity_writer(header_cls)(buffer, build(header_cls, header))
-        entity_writer(request_cls)(buffer, build(request_cls, body))
+        writer(header_cls)(buffer, build(header_cls, header))
+        writer(request_cls)(buffer, build(request_cls, body))
         data = buffer.getbuffer()
         _SIZE.pack_into(data, 0, len(data) - 4)
         try:
@@ -86,15 +83,15 @@ class BrokerConnection:
                 raise
             reason = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
             raise BrokerConnectionError(f"request to {self.address} failed: {reason}") from exc
-        response_cls = response_schema(api_key, version)
+        response_cls = response_class(api_key, version)
         try:
-            response_header, offset = entity_reader(response_cls.__header_schema__)(payload, 0)
+            response_header, offset = reader(response_cls.__header_schema__)(payload, 0)
             if response_header.correlation_id != correlation_id:
                 raise BrokerConnectionError(
                     f"{self.address} answered correlation id {response_header.correlation_id}, "
                     f"expected {correlation_id}"
                 )
-            response, _ = entity_reader(response_cls)(payload, offset)
+            response, _ = reader(response_cls)(payload, offset)
         except BrokerConnectionError:
             await self.close()
             raise

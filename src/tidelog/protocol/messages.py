@@ -110,12 +110,12 @@ def decode_request(payload: bytes, supported: Mapping[int, tuple[int, int]]) -> 
         raise UnsupportedVersionError(
             f"API key {api_key} version {api_version} is not supported", api_key, api_version, correlation_id
         )
-    request_cls = _request_class(api_key, api_version)
+    request_cls = request_class(api_key, api_version)
     # before kio's reader allocates anything, and without the tagged fields kio would refuse
     payload = check_sizes_and_strip_unknown_tags(payload, (request_cls.__header_schema__, request_cls))
     try:
-        header, header_size = _reader(request_cls.__header_schema__)(payload, 0)
-        body, body_size = _reader(request_cls)(payload, header_size)
+        header, header_size = reader(request_cls.__header_schema__)(payload, 0)
+        body, body_size = reader(request_cls)(payload, header_size)
     except Exception as exc:  # kio raises assorted errors (ValueError, UnicodeDecodeError, ...)
         raise MalformedRequestError(
             f"cannot decode {ApiKey(api_key).name if api_key in ApiKey._value2member_map_ else api_key} "
@@ -132,12 +132,12 @@ def decode_request(payload: bytes, supported: Mapping[int, tuple[int, int]]) -> 
 
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any]) -> bytes:
     """The framed response: size | header (v0, or v1 with tagged fields) | body."""
-    response_cls = _response_class(api_key, api_version)
+    response_cls = response_class(api_key, api_version)
     header_cls = response_cls.__header_schema__
     buffer = io.BytesIO()
     buffer.write(b"\x00\x00\x00\x00")
-    _writer(header_cls)(buffer, build(header_cls, {"correlation_id": correlation_id}))
-    _writer(response_cls)(buffer, build(response_cls, body))
+    writer(header_cls)(buffer, build(header_cls, {"correlation_id": correlation_id}))
+    writer(response_cls)(buffer, build(response_cls, body))
     data = buffer.getbuffer()
     struct.pack_into(">i", data, 0, len(data) - 4)
     return bytes(data)
@@ -145,9 +145,9 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: M
 
 def response_header(api_key: int, api_version: int, correlation_id: int) -> bytes:
     """Just the response header bytes (for responses whose body is encoded by hand)."""
-    header_cls = _response_class(api_key, api_version).__header_schema__
+    header_cls = response_class(api_key, api_version).__header_schema__
     buffer = io.BytesIO()
-    _writer(header_cls)(buffer, build(header_cls, {"correlation_id": correlation_id}))
+    writer(header_cls)(buffer, build(header_cls, {"correlation_id": correlation_id}))
     return buffer.getvalue()
 
 
@@ -171,22 +171,24 @@ def _null_array(entity: object, path: str = "") -> str | None:
 
 
 @cache
-def _request_class(api_key: int, api_version: int) -> Any:
+def request_class(api_key: int, api_version: int) -> Any:
+    """The request class of `api_key` at `api_version` (kio's, or legacy_schemas.py's for older versions); cached,
+    like the readers and writers below: kio builds them by walking the dataclass fields, far too slow per request."""
     return request_schema(api_key, api_version)
 
 
 @cache
-def _response_class(api_key: int, api_version: int) -> Any:
+def response_class(api_key: int, api_version: int) -> Any:
     return response_schema(api_key, api_version)
 
 
 @cache
-def _reader(cls: type) -> Callable[[bytes, int], tuple[Any, int]]:
+def reader(cls: type) -> Callable[[bytes, int], tuple[Any, int]]:
     return entity_reader(cls)
 
 
 @cache
-def _writer(cls: type) -> Callable[[Any, Any], None]:
+def writer(cls: type) -> Callable[[Any, Any], None]:
     return entity_writer(cls)
 
 
