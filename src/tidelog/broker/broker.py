@@ -8,6 +8,9 @@ builds the one handler table, and starts and stops the parts in order. No part h
     flusher (produce.py)             group commit of fsyncs for acks=all produces and offset commits
     fetch, produce, topics, configs, groups, sasl, acls    the handlers of one area each
     dynamic (dynamic_config.py)      dynamic broker configs: stored, watched in a cluster, applied to the engine
+    quotas (quotas.py)               client quotas enforced: produce, fetch and the server's request-time records
+    quota_store (quota_store.py)     where quotas are kept: a file, or the znodes and their change notifications
+    quota_apis (quota_admin.py)      DescribeClientQuotas, AlterClientQuotas
     offset_store (offset_store.py)   __consumer_offsets, which the group coordinator writes and replays
     server (server.py)               listeners, framing, routing through the table, sending
 
@@ -60,6 +63,9 @@ from tidelog.broker.leadership import LeadershipApis
 from tidelog.broker.metrics import Metrics
 from tidelog.broker.offset_store import OffsetStore
 from tidelog.broker.produce import FileProducerIdBlocks, Flusher, ProduceApis, ProducerIdAllocator
+from tidelog.broker.quota_admin import QuotaApis
+from tidelog.broker.quota_store import FileQuotaStore, ZooKeeperQuotaStore
+from tidelog.broker.quotas import ClientQuotaManager
 from tidelog.broker.reassignment import ReassignmentApis
 from tidelog.broker.replica_fetcher import ReplicaFetchers
 from tidelog.broker.replica_manager import ReplicaManager
@@ -90,6 +96,8 @@ class Broker:
         self.metrics = Metrics()
         self.authorizer = Authorizer(config.security, log_dir)
         self.flusher = Flusher()
+        self.quotas = ClientQuotaManager(config.quotas)
+        self.quota_store = FileQuotaStore(log_dir) if self.cluster is None else ZooKeeperQuotaStore(self.cluster.client)
         self.metadata: MetadataCache | None = None
         self.controller: Controller | None = None
         cluster_topics: ClusterTopics | None = None
@@ -105,7 +113,9 @@ class Broker:
             )
             cluster_topics = ClusterTopics(self.cluster, self.metadata, config)
             check_leader = self.metadata.check_leader
-        self.fetch = FetchApis(self.engine, self.authorizer, self.metrics, self.is_stopping, check_leader)
+        self.fetch = FetchApis(
+            self.engine, self.authorizer, self.metrics, self.is_stopping, check_leader, quotas=self.quotas
+        )
         self.replicas: ReplicaManager | None = None
         self.fetchers: ReplicaFetchers | None = None
         if self.cluster is not None and self.metadata is not None:
@@ -141,6 +151,7 @@ class Broker:
             ),
             check_leader,
             self.replicas,
+            self.quotas,
         )
         self.offset_store = OffsetStore(
             self.engine,
@@ -182,6 +193,7 @@ class Broker:
         self.configs = ConfigApis(self.engine, config, self.authorizer, self.admin, self.dynamic, cluster_topics)
         self.sasl = SaslApis(config.security, config.listeners, log_dir)
         self.acls = AclApis(self.authorizer)
+        self.quota_apis = QuotaApis(self.quotas, self.quota_store, self.authorizer, self.admin)
         self.leadership: LeadershipApis | None = None
         self.reassignment: ReassignmentApis | None = None
         if self.cluster is not None and self.metadata is not None and self.controller is not None:
@@ -194,14 +206,23 @@ class Broker:
                 self.controller,
                 replicates=cluster_topics is not None and cluster_topics.replicates,
             )
-        self.server = KafkaServer(config, self._handler_table(), self.metrics)
+        self.server = KafkaServer(config, self._handler_table(), self.metrics, self.quotas)
         self.metrics.expect_apis(self.server.handlers)
         self.metrics.watch(self.engine.partitions, lambda: len(self.groups.groups), lambda: self.connection_count)
 
     def _handler_table(self) -> HandlerTable:
         """Every API the broker serves (ApiVersions aside, which the server answers from this table)."""
         table: HandlerTable = {}
-        areas: list[Any] = [self.fetch, self.produce, self.topics, self.configs, self.groups, self.sasl, self.acls]
+        areas: list[Any] = [
+            self.fetch,
+            self.produce,
+            self.topics,
+            self.configs,
+            self.groups,
+            self.sasl,
+            self.acls,
+            self.quota_apis,
+        ]
         if self.leadership is not None:
             areas.append(self.leadership)
         if self.reassignment is not None:
@@ -226,6 +247,10 @@ class Broker:
 
     async def start(self) -> None:
         self.dynamic.load()  # the stored dynamic broker configs, applied before anything is served
+        if isinstance(self.quota_store, ZooKeeperQuotaStore):  # the client quotas, followed in a cluster
+            self.quota_store.follow(self.quotas.set_entity, self.quotas.replace_all)
+        else:
+            self.quotas.replace_all(self.quota_store.load())
         if self.cluster is None:
             self.offset_store.open()  # in a cluster, the partitions this broker leads are loaded as it comes to
         self.groups.start()

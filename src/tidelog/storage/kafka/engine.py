@@ -65,6 +65,8 @@ KNOWN_LOG_DIR_FILES = {
     "tidelog-users.json",  # SCRAM credentials and ACLs, which the broker keeps in the first log dir
     "tidelog-acls.json",  # (broker/security_store.py)
     "tidelog-producer-id-block",  # the broker's reservation of producer ids (broker/produce.py)
+    "tidelog-dynamic-configs.json",  # dynamic broker configs (broker/dynamic_config.py)
+    "tidelog-client-quotas.json",  # client quotas (broker/quota_store.py)
 }
 KEY_INDEX_INTERVAL_MS = 1000  # how often the key indexes follow the logs (tidelog.index.keys=true)
 FOREIGN_PARTITION_DIRS = {"__cluster_metadata-0"}  # KRaft's metadata log: not a topic of ours
