@@ -11,6 +11,7 @@ builds the one handler table, and starts and stops the parts in order. No part h
     quotas (quotas.py)               client quotas enforced: produce, fetch and the server's request-time records
     quota_store (quota_store.py)     where quotas are kept: a file, or the znodes and their change notifications
     quota_apis (quota_admin.py)      DescribeClientQuotas, AlterClientQuotas
+    scram_credentials (scram_admin.py)  Describe/AlterUserScramCredentials over the users file `tidelog users` edits
     offset_store (offset_store.py)   __consumer_offsets, which the group coordinator writes and replays
     server (server.py)               listeners, framing, routing through the table, sending
 
@@ -70,6 +71,7 @@ from tidelog.broker.reassignment import ReassignmentApis
 from tidelog.broker.replica_fetcher import ReplicaFetchers
 from tidelog.broker.replica_manager import ReplicaManager
 from tidelog.broker.sasl import SaslApis
+from tidelog.broker.scram_admin import ScramCredentialApis
 from tidelog.broker.server import KafkaServer
 from tidelog.broker.topics import TopicApis
 from tidelog.storage import open_engine
@@ -194,6 +196,7 @@ class Broker:
         self.sasl = SaslApis(config.security, config.listeners, log_dir)
         self.acls = AclApis(self.authorizer)
         self.quota_apis = QuotaApis(self.quotas, self.quota_store, self.authorizer, self.admin)
+        self.scram_credentials = ScramCredentialApis(self.sasl.users, self.authorizer, self.admin)
         self.leadership: LeadershipApis | None = None
         self.reassignment: ReassignmentApis | None = None
         if self.cluster is not None and self.metadata is not None and self.controller is not None:
@@ -222,6 +225,7 @@ class Broker:
             self.sasl,
             self.acls,
             self.quota_apis,
+            self.scram_credentials,
         ]
         if self.leadership is not None:
             areas.append(self.leadership)
