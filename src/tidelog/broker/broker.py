@@ -12,6 +12,8 @@ builds the one handler table, and starts and stops the parts in order. No part h
     quota_store (quota_store.py)     where quotas are kept: a file, or the znodes and their change notifications
     quota_apis (quota_admin.py)      DescribeClientQuotas, AlterClientQuotas
     scram_credentials (scram_admin.py)  Describe/AlterUserScramCredentials over the users file `tidelog users` edits
+    log_dirs, producer_states, describe_cluster   DescribeLogDirs (log_dirs.py), DescribeProducers
+                                     (producer_admin.py), DescribeCluster (cluster_describe.py, Metadata's brokers)
     offset_store (offset_store.py)   __consumer_offsets, which the group coordinator writes and replays
     server (server.py)               listeners, framing, routing through the table, sending
 
@@ -48,6 +50,7 @@ from typing import Any
 
 from tidelog.broker.admin import AdminExecutor
 from tidelog.broker.authorizer import AclApis, Authorizer
+from tidelog.broker.cluster_describe import DescribeClusterApis
 from tidelog.broker.cluster_groups import ClusterGroups
 from tidelog.broker.cluster_membership import ClusterMembership
 from tidelog.broker.cluster_metadata import MetadataCache
@@ -61,9 +64,11 @@ from tidelog.broker.fetch import FetchApis
 from tidelog.broker.groups import GroupCoordinator
 from tidelog.broker.handler import HandlerTable
 from tidelog.broker.leadership import LeadershipApis
+from tidelog.broker.log_dirs import LogDirApis
 from tidelog.broker.metrics import Metrics
 from tidelog.broker.offset_store import OffsetStore
 from tidelog.broker.produce import FileProducerIdBlocks, Flusher, ProduceApis, ProducerIdAllocator
+from tidelog.broker.producer_admin import ProducerApis
 from tidelog.broker.quota_admin import QuotaApis
 from tidelog.broker.quota_store import FileQuotaStore, ZooKeeperQuotaStore
 from tidelog.broker.quotas import ClientQuotaManager
@@ -197,6 +202,9 @@ class Broker:
         self.acls = AclApis(self.authorizer)
         self.quota_apis = QuotaApis(self.quotas, self.quota_store, self.authorizer, self.admin)
         self.scram_credentials = ScramCredentialApis(self.sasl.users, self.authorizer, self.admin)
+        self.log_dirs = LogDirApis(self.engine, self.authorizer)
+        self.producer_states = ProducerApis(self.engine, self.authorizer, check_leader)
+        self.describe_cluster = DescribeClusterApis(self.engine, self.topics, self.authorizer)
         self.leadership: LeadershipApis | None = None
         self.reassignment: ReassignmentApis | None = None
         if self.cluster is not None and self.metadata is not None and self.controller is not None:
@@ -226,6 +234,9 @@ class Broker:
             self.acls,
             self.quota_apis,
             self.scram_credentials,
+            self.log_dirs,
+            self.producer_states,
+            self.describe_cluster,
         ]
         if self.leadership is not None:
             areas.append(self.leadership)

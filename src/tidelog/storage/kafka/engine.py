@@ -574,6 +574,10 @@ class KafkaEngine(StorageEngine):
     def partitions(self) -> dict[tuple[str, int], PartitionLog]:
         return dict(self.logs)
 
+    def log_dir_of(self, topic: str, partition: int) -> Path:
+        self.partition_log(topic, partition)  # UnknownTopicOrPartitionError
+        return self._log_dir_of.get((topic, partition), self.log_dirs[0])
+
     def flush(self, topic: str | None = None, partition: int | None = None) -> None:
         if topic is not None and partition is not None:
             self.partition_log(topic, partition).flush()
