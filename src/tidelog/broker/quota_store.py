@@ -139,7 +139,7 @@ class ZooKeeperQuotaStore:
 
     def __init__(self, client: KazooClient) -> None:
         self.client = client
-        self._last_change = -1  # the sequence number of the last notification applied
+        self._last_change: int | None = None  # the sequence number of the last notification seen (None: not started)
         self._lock = threading.Lock()
 
     def load(self) -> EntityConfigs:
@@ -205,8 +205,8 @@ class ZooKeeperQuotaStore:
         def changed(children: list[str]) -> None:
             sequences = sorted(_sequence(child) for child in children if _sequence(child) >= 0)
             with self._lock:
-                if self._last_change < 0:  # the first call: everything as it is now
-                    self._last_change = sequences[-1] if sequences else 0
+                if self._last_change is None:  # the first call: everything as it is now
+                    self._last_change = sequences[-1] if sequences else -1
                     replace_all(self.load())
                     return
                 fresh = [s for s in sequences if s > self._last_change]
