@@ -49,6 +49,7 @@ def test_quotas_altered_through_one_broker_reach_the_other(
         "version": 1,
         "config": {"producer_byte_rate": "1024"},
     }
+    assert json.loads(zk_client.get("/config/users/alice")[0]) == {"version": 1, "config": {}}  # no quota of its own
     assert json.loads(zk_client.get("/config/clients/app%20one")[0])["config"] == {"request_percentage": "25.5"}
     changes = [json.loads(zk_client.get(f"/config/changes/{c}")[0]) for c in zk_client.get_children("/config/changes")]
     assert {"version": 2, "entity_path": "users/alice/clients/<default>"} in changes

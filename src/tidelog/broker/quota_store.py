@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
 from tidelog.atomic_files import write_atomically
 from tidelog.broker import zk_layout as zk
 from tidelog.broker.quotas import CLIENT_ID, LONG_KEYS, USER, Entity
@@ -156,13 +158,13 @@ class ZooKeeperQuotaStore:
     def _entity_paths(self) -> list[str]:
         client = self.client
         paths = []
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(NoNodeError):
             for user in client.get_children("/config/users"):
                 paths.append(f"users/{user}")
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(NoNodeError):
                     clients = client.get_children(f"/config/users/{user}/clients")
                     paths.extend(f"users/{user}/clients/{c}" for c in clients)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(NoNodeError):
             paths.extend(f"clients/{c}" for c in client.get_children("/config/clients"))
         return paths
 
@@ -170,7 +172,7 @@ class ZooKeeperQuotaStore:
         znode = f"/config/{path}"
         try:
             data, _stat = self.client.get(znode)
-        except Exception:  # gone (a NoNodeError) or unreadable: no quotas there
+        except NoNodeError:  # removed: no quotas there
             return {}
         try:
             return parse_values(znode, zk.decode_config(znode, data))
@@ -184,8 +186,12 @@ class ZooKeeperQuotaStore:
         path = entity_path(quota_entity)
         znode = f"/config/{path}"
         client = self.client
-        if "/clients/" in path:
-            client.ensure_path(znode.rpartition("/")[0])
+        if "/clients/" in path:  # the user's znode holds a config (an empty one), as Kafka's readers expect
+            user_znode = znode.split("/clients/")[0]
+            if not client.exists(user_znode):
+                with contextlib.suppress(NodeExistsError):
+                    client.create(user_znode, zk.encode_topic_config({}))
+            client.ensure_path(f"{user_znode}/clients")
         data = zk.encode_topic_config({k: value_text(k, v) for k, v in configs.items()})
         transaction = client.transaction()
         if client.exists(znode):
@@ -203,6 +209,12 @@ class ZooKeeperQuotaStore:
         """Load everything, then apply each quota entity a new change notification names (kazoo's threads)."""
 
         def changed(children: list[str]) -> None:
+            try:
+                follow_changes(children)
+            except Exception:  # kazoo would drop the watch: log it and keep following
+                log.exception("client quotas: a config change could not be applied")
+
+        def follow_changes(children: list[str]) -> None:
             sequences = sorted(_sequence(child) for child in children if _sequence(child) >= 0)
             with self._lock:
                 if self._last_change is None:  # the first call: everything as it is now
@@ -225,7 +237,7 @@ class ZooKeeperQuotaStore:
         except zk.MalformedZnodeError as exc:
             log.warning("ignoring %s", exc)
             return
-        except Exception:  # removed meanwhile (Kafka purges old notifications)
+        except NoNodeError:  # removed meanwhile (Kafka purges old notifications)
             return
         quota_entity = entity_of_path(path)
         if quota_entity is not None:
