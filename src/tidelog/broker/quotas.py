@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 USER = "user"
 CLIENT_ID = "client-id"
-ENTITY_TYPES = (CLIENT_ID, USER)  # the protocol's order: sorted by type
 
 Entity = tuple[tuple[str, str | None], ...]
 
