@@ -8,6 +8,12 @@ builds the one handler table, and starts and stops the parts in order. No part h
     flusher (produce.py)             group commit of fsyncs for acks=all produces and offset commits
     fetch, produce, topics, configs, groups, sasl, acls    the handlers of one area each
     dynamic (dynamic_config.py)      dynamic broker configs: stored, watched in a cluster, applied to the engine
+    quotas (quotas.py)               client quotas enforced: produce, fetch and the server's request-time records
+    quota_store (quota_store.py)     where quotas are kept: a file, or the znodes and their change notifications
+    quota_apis (quota_admin.py)      DescribeClientQuotas, AlterClientQuotas
+    scram_credentials (scram_admin.py)  Describe/AlterUserScramCredentials over the users file `tidelog users` edits
+    log_dirs, producer_states, describe_cluster   DescribeLogDirs (log_dirs.py), DescribeProducers
+                                     (producer_admin.py), DescribeCluster (cluster_describe.py, Metadata's brokers)
     offset_store (offset_store.py)   __consumer_offsets, which the group coordinator writes and replays
     server (server.py)               listeners, framing, routing through the table, sending
 
@@ -44,6 +50,7 @@ from typing import Any
 
 from tidelog.broker.admin import AdminExecutor
 from tidelog.broker.authorizer import AclApis, Authorizer
+from tidelog.broker.cluster_describe import DescribeClusterApis
 from tidelog.broker.cluster_groups import ClusterGroups
 from tidelog.broker.cluster_membership import ClusterMembership
 from tidelog.broker.cluster_metadata import MetadataCache
@@ -57,13 +64,19 @@ from tidelog.broker.fetch import FetchApis
 from tidelog.broker.groups import GroupCoordinator
 from tidelog.broker.handler import HandlerTable
 from tidelog.broker.leadership import LeadershipApis
+from tidelog.broker.log_dirs import LogDirApis
 from tidelog.broker.metrics import Metrics
 from tidelog.broker.offset_store import OffsetStore
 from tidelog.broker.produce import FileProducerIdBlocks, Flusher, ProduceApis, ProducerIdAllocator
+from tidelog.broker.producer_admin import ProducerApis
+from tidelog.broker.quota_admin import QuotaApis
+from tidelog.broker.quota_store import FileQuotaStore, ZooKeeperQuotaStore
+from tidelog.broker.quotas import ClientQuotaManager
 from tidelog.broker.reassignment import ReassignmentApis
 from tidelog.broker.replica_fetcher import ReplicaFetchers
 from tidelog.broker.replica_manager import ReplicaManager
 from tidelog.broker.sasl import SaslApis
+from tidelog.broker.scram_admin import ScramCredentialApis
 from tidelog.broker.server import KafkaServer
 from tidelog.broker.topics import TopicApis
 from tidelog.storage import open_engine
@@ -90,6 +103,8 @@ class Broker:
         self.metrics = Metrics()
         self.authorizer = Authorizer(config.security, log_dir)
         self.flusher = Flusher()
+        self.quotas = ClientQuotaManager(config.quotas)
+        self.quota_store = FileQuotaStore(log_dir) if self.cluster is None else ZooKeeperQuotaStore(self.cluster.client)
         self.metadata: MetadataCache | None = None
         self.controller: Controller | None = None
         cluster_topics: ClusterTopics | None = None
@@ -112,6 +127,7 @@ class Broker:
             self.is_stopping,
             check_leader,
             log_defaults=config.engine.log_defaults,
+            quotas=self.quotas,
         )
         self.replicas: ReplicaManager | None = None
         self.fetchers: ReplicaFetchers | None = None
@@ -148,6 +164,7 @@ class Broker:
             ),
             check_leader,
             self.replicas,
+            self.quotas,
         )
         self.offset_store = OffsetStore(
             self.engine,
@@ -189,6 +206,11 @@ class Broker:
         self.configs = ConfigApis(self.engine, config, self.authorizer, self.admin, self.dynamic, cluster_topics)
         self.sasl = SaslApis(config.security, config.listeners, log_dir)
         self.acls = AclApis(self.authorizer)
+        self.quota_apis = QuotaApis(self.quotas, self.quota_store, self.authorizer, self.admin)
+        self.scram_credentials = ScramCredentialApis(self.sasl.users, self.authorizer, self.admin)
+        self.log_dirs = LogDirApis(self.engine, self.authorizer)
+        self.producer_states = ProducerApis(self.engine, self.authorizer, check_leader)
+        self.describe_cluster = DescribeClusterApis(self.engine, self.topics, self.authorizer)
         self.leadership: LeadershipApis | None = None
         self.reassignment: ReassignmentApis | None = None
         if self.cluster is not None and self.metadata is not None and self.controller is not None:
@@ -201,14 +223,27 @@ class Broker:
                 self.controller,
                 replicates=cluster_topics is not None and cluster_topics.replicates,
             )
-        self.server = KafkaServer(config, self._handler_table(), self.metrics)
+        self.server = KafkaServer(config, self._handler_table(), self.metrics, self.quotas)
         self.metrics.expect_apis(self.server.handlers)
         self.metrics.watch(self.engine.partitions, lambda: len(self.groups.groups), lambda: self.connection_count)
 
     def _handler_table(self) -> HandlerTable:
         """Every API the broker serves (ApiVersions aside, which the server answers from this table)."""
         table: HandlerTable = {}
-        areas: list[Any] = [self.fetch, self.produce, self.topics, self.configs, self.groups, self.sasl, self.acls]
+        areas: list[Any] = [
+            self.fetch,
+            self.produce,
+            self.topics,
+            self.configs,
+            self.groups,
+            self.sasl,
+            self.acls,
+            self.quota_apis,
+            self.scram_credentials,
+            self.log_dirs,
+            self.producer_states,
+            self.describe_cluster,
+        ]
         if self.leadership is not None:
             areas.append(self.leadership)
         if self.reassignment is not None:
@@ -233,6 +268,10 @@ class Broker:
 
     async def start(self) -> None:
         self.dynamic.load()  # the stored dynamic broker configs, applied before anything is served
+        if isinstance(self.quota_store, ZooKeeperQuotaStore):  # the client quotas, followed in a cluster
+            self.quota_store.follow(self.quotas.set_entity, self.quotas.replace_all)
+        else:
+            self.quotas.replace_all(self.quota_store.load())
         if self.cluster is None:
             self.offset_store.open()  # in a cluster, the partitions this broker leads are loaded as it comes to
         self.groups.start()

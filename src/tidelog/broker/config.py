@@ -199,6 +199,22 @@ SERVER_KEYS: dict[str, Key] = {
             minimum=1,
             doc="How long the broker waits to connect to ZooKeeper at start; unset: zookeeper.session.timeout.ms.",
         ),
+        Key(
+            "quota.window.num",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="11",
+            doc="Client quotas: the number of samples a client's rate is measured over (docs/quotas.md).",
+        ),
+        Key(
+            "quota.window.size.seconds",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="1",
+            doc="Client quotas: the time span of each sample.",
+        ),
         Key("broker.rack", parse_str, doc="The broker's rack, for rack-aware replica placement."),
         Key(
             "default.replication.factor",
@@ -571,6 +587,21 @@ class ReplicationConfig:
 
 
 @dataclass(frozen=True)
+class QuotaConfig:
+    """How client quotas are measured (quotas.py): `quota.window.num` samples of `quota.window.size.seconds`."""
+
+    quota_window_num: int = 11
+    quota_window_size_seconds: int = 1
+
+    @classmethod
+    def from_server_keys(cls, server: Mapping[str, Any]) -> QuotaConfig:
+        defaults = cls()
+        return cls(
+            **{name: server.get(name.replace("_", "."), getattr(defaults, name)) for name in cls.__dataclass_fields__}
+        )
+
+
+@dataclass(frozen=True)
 class LeadershipConfig:
     """Where the leadership of partitions goes when a broker stops and comes back (Kafka's names)."""
 
@@ -615,6 +646,7 @@ class BrokerConfig:
     offsets_topic_replication_factor: int = 3
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     leadership: LeadershipConfig = field(default_factory=LeadershipConfig)
+    quotas: QuotaConfig = field(default_factory=QuotaConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # The keys as the file and --override gave them (DescribeConfigs' STATIC_BROKER_CONFIG; the base that dynamic
@@ -708,6 +740,7 @@ class BrokerConfig:
             ),
             replication=ReplicationConfig.from_server_keys(server),
             leadership=LeadershipConfig.from_server_keys(server),
+            quotas=QuotaConfig.from_server_keys(server),
             engine=EngineConfig.from_mapping(select(settings, storage), log_dir=defaults.engine.log_dirs[0]),
             security=security,
             static_settings={name: _setting_text(raw) for name, raw in settings.items()},

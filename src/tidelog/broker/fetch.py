@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, LeaderCheck, RawResponse, Response
+from tidelog.broker.quotas import QuotaKind
 from tidelog.codec.legacy_write import downconvert
 from tidelog.config import LogConfig
 from tidelog.errors import ErrorCode, TidelogError
@@ -43,6 +44,7 @@ from tidelog.storage.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, StorageEng
 if TYPE_CHECKING:
     from tidelog.broker.authorizer import Authorizer
     from tidelog.broker.metrics import Metrics
+    from tidelog.broker.quotas import ClientQuotaManager
 
 INT_MAX = (1 << 31) - 1
 DEFAULT_LOG_CONFIG = LogConfig()
@@ -120,8 +122,10 @@ class FetchApis:
         check_leader: LeaderCheck | None = None,
         record_follower_fetch: FollowerFetchRecorder | None = None,
         log_defaults: LogConfig = DEFAULT_LOG_CONFIG,
+        quotas: ClientQuotaManager | None = None,
     ) -> None:
         self.engine = engine
+        self.quotas = quotas  # consumer_byte_rate: a throttled fetch answers no data, its connection muted
         self.log_defaults = log_defaults  # the broker's topic defaults (message.downconversion.enable)
         self.check_leader = check_leader  # a cluster's: only the leader serves a partition
         self.record_follower_fetch = record_follower_fetch  # a cluster's: followers' progress to the replica manager
@@ -156,12 +160,22 @@ class FetchApis:
         replica_id = getattr(body, "replica_id", -1)
         if replica_id >= 0 and self.record_follower_fetch is None:
             replica_id = -1  # a single broker has no followers: read as any consumer does
+        quotas = self.quotas if replica_id < 0 else None
+        if quotas is not None:  # never more than the quota's windows allow at once
+            max_bytes = min(max_bytes, quotas.max_fetch_bytes(connection.principal, request.client_id) or max_bytes)
         while True:
             topics, total, failed = self._read(body, max_bytes, denied, replica_id)
             remaining = deadline - loop.time()
             if total >= min_bytes or failed or not keys or remaining <= 0 or self.is_stopping():
                 break  # (nothing to wait for without partitions: answered at once, as Kafka does)
             await self.notifier.wait(keys, remaining, follower=replica_id >= 0)
+        throttle_ms = 0
+        if quotas is not None:
+            throttle_ms = quotas.record(QuotaKind.FETCH, connection.principal, request.client_id, total)
+            if throttle_ms:  # answered without data (taken back out of the rate), fetched again later
+                quotas.unrecord(QuotaKind.FETCH, connection.principal, request.client_id, total)
+                connection.throttle(throttle_ms)
+                topics = []
         for topic in topics:
             sent = sum(p.records_size for p in topic.partitions)
             if sent:
@@ -169,7 +183,7 @@ class FetchApis:
         if request.api_version <= LAST_LEGACY_FETCH_VERSION:
             self._down_convert(topics, magic=0 if request.api_version <= 1 else 1)
         header = response_header(ApiKey.FETCH, request.api_version, request.correlation_id)
-        parts, size = encode_fetch_response(request.api_version, header, topics)
+        parts, size = encode_fetch_response(request.api_version, header, topics, throttle_time_ms=throttle_ms)
         return RawResponse(parts, size)
 
     def _down_convert(self, topics: list[TopicData], magic: int) -> None:

@@ -10,12 +10,14 @@ routes each decoded request through it. A handler answers with:
   reads its next request meanwhile and still answers in order;
 - None: no response (acks=0).
 
-`Connection` is the per-client state handlers read: the listener, the principal, SASL progress.
+`Connection` is the per-client state handlers read: the listener, the principal, SASL progress; a handler that
+throttles a client (quotas.py) mutes its connection through `throttle`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -60,10 +62,16 @@ class Connection:
     authenticated: bool = True  # False on a SASL listener until SaslAuthenticate succeeds
     sasl: SaslSession | None = None
     closing: bool = False  # answer what is pending, then close (failed authentication)
+    muted_until: float = 0.0  # time.monotonic() before which the server reads nothing more (a quota's throttle)
 
     @property
     def busy(self) -> bool:
         return self.in_flight > 0
+
+    def throttle(self, throttle_ms: int) -> None:
+        """Mute the connection for `throttle_ms` from now (KIP-219: the response goes out, the next request waits)."""
+        if throttle_ms > 0:
+            self.muted_until = max(self.muted_until, time.monotonic() + throttle_ms / 1000)
 
 
 Handler = Callable[[Request, Connection], Awaitable[Response]]

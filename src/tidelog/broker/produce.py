@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from tidelog.atomic_files import write_atomically
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, LeaderCheck, Response
+from tidelog.broker.quotas import QuotaKind
 from tidelog.codec.legacy_write import upconvert
 from tidelog.codec.record_batch import read_header
 from tidelog.errors import (
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from tidelog.broker.authorizer import Authorizer
     from tidelog.broker.fetch import AppendNotifier
     from tidelog.broker.metrics import Metrics
+    from tidelog.broker.quotas import ClientQuotaManager
     from tidelog.broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("tidelog.broker")
@@ -187,8 +189,10 @@ class ProduceApis:
         producer_ids: ProducerIdAllocator,
         check_leader: LeaderCheck | None = None,
         replication: ReplicaManager | None = None,
+        quotas: ClientQuotaManager | None = None,
     ) -> None:
         self.engine = engine
+        self.quotas = quotas  # producer_byte_rate: throttle time in the answer, the connection muted
         self.check_leader = check_leader  # a cluster's: NOT_LEADER_OR_FOLLOWER for a partition led elsewhere
         self.replication = replication  # a cluster's: acks=all waits for the ISR
         self.authorizer = authorizer
@@ -247,9 +251,14 @@ class ProduceApis:
                 elif durable:
                     self.flusher.flush_later(partition_log, partial(self.notifier.notify, key))
             responses.append({"name": topic_data.name, "partition_responses": partition_responses})
+        throttle_ms = 0
+        if self.quotas is not None:
+            produced = sum(len(p.records or b"") for t in body.topic_data for p in t.partition_data)
+            throttle_ms = self.quotas.record(QuotaKind.PRODUCE, connection.principal, request.client_id, produced)
+            connection.throttle(throttle_ms)
         if acks == 0:
             return None
-        body = {"responses": responses, "throttle_time": 0}
+        body = {"responses": responses, "throttle_time": throttle_ms}
         if not pending:
             return body
         return Deferred(self._when_complete(body, pending, millis(request.body.timeout) / 1000))

@@ -100,9 +100,17 @@ def make_credential(
         raise ValueError("the password is empty")
     scram = mechanism(mechanism_name)
     salt = secrets.token_bytes(SALT_BYTES) if salt is None else salt
-    salted = scram.salted_password(password, salt, iterations)
-    client_key = scram.hmac(salted, b"Client Key")
-    return ScramCredential(salt, scram.hash(client_key), scram.hmac(salted, b"Server Key"), iterations)
+    return credential_from_salted(mechanism_name, salt, scram.salted_password(password, salt, iterations), iterations)
+
+
+def credential_from_salted(
+    mechanism_name: str, salt: bytes, salted_password: bytes, iterations: int
+) -> ScramCredential:
+    """The stored form from a SaltedPassword the client computed (AlterUserScramCredentials sends that, never the
+    password; Kafka's ScramFormatter.generateCredential)."""
+    scram = mechanism(mechanism_name)
+    client_key = scram.hmac(salted_password, b"Client Key")
+    return ScramCredential(salt, scram.hash(client_key), scram.hmac(salted_password, b"Server Key"), iterations)
 
 
 def verify_password(mechanism_name: str, credential: ScramCredential, password: str) -> bool:

@@ -192,6 +192,20 @@ class UserStore:
 
         self.file.modify(change)
 
+    def alter(self, upserts: dict[str, dict[str, ScramCredential]], deletions: dict[str, list[str]]) -> None:
+        """Set and remove credentials of several users in one write (AlterUserScramCredentials)."""
+
+        def change(users: Users) -> tuple[Users, None]:
+            updated = {name: dict(creds) for name, creds in users.items()}
+            for user, mechanisms in deletions.items():
+                for mechanism_name in mechanisms:
+                    updated.get(user, {}).pop(mechanism_name, None)
+            for user, credentials in upserts.items():
+                updated.setdefault(user, {}).update(credentials)
+            return {name: creds for name, creds in updated.items() if creds}, None
+
+        self.file.modify(change)
+
     def remove(self, user: str, mechanisms: list[str] | None = None) -> list[str]:
         """Remove the user's credentials for `mechanisms` (all if None); returns the mechanisms removed."""
 

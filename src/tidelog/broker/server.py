@@ -20,6 +20,10 @@ loopback, one connection). So small fetches (a consumer at the tail) skip the ro
 Security: SSL and SASL_SSL listeners wrap connections in TLS; each connection carries its principal, set by
 sasl.py (SASL listeners start unauthenticated and may only authenticate) or from the client certificate, and
 handlers check it with their authorizer (authorizer.py).
+Quotas (quotas.py): the time each handler spends before it answers is recorded against the client's
+`request_percentage` (ApiVersions, SASL and inter-broker requests are exempt, as in Kafka); when a request quota or
+a handler's byte-rate quota throttles the client, the response carries the throttle time and the connection is
+muted: its next request is not read before the throttle time has passed.
 """
 
 from __future__ import annotations
@@ -36,11 +40,12 @@ from tidelog.broker import tls
 from tidelog.broker.config import BrokerConfig, Listener
 from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, RawResponse, Response
 from tidelog.broker.metrics import Metrics
+from tidelog.broker.quotas import NANOS_TO_PERCENT, ClientQuotaManager, QuotaKind
 from tidelog.broker.sasl import PRE_AUTHENTICATION_APIS, open_session
 from tidelog.broker.zk_layout import Endpoint
 from tidelog.errors import FrameError, MalformedRequestError, UnsupportedVersionError
 from tidelog.protocol.framing import SIZE, check_frame_size
-from tidelog.protocol.messages import ApiKey, Request, decode_request, encode_response, peek_client_id
+from tidelog.protocol.messages import ApiKey, Request, decode_request, encode_response, millis, peek_client_id
 from tidelog.storage.api import FileSlice
 
 log = logging.getLogger("tidelog.broker")
@@ -53,12 +58,28 @@ SENDFILE_MIN_BYTES = 64 * 1024  # slices below this go by pread + write (see the
 TLS_WRITE_CHUNK_BYTES = 1024 * 1024  # over TLS (no sendfile) slices are pread and written in chunks of this size
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 API_VERSIONS_MAX_VERSION = 4
+# Requests no request quota applies to (Kafka exempts these and the inter-broker ones; a follower's Fetch too).
+QUOTA_EXEMPT_APIS = frozenset(
+    {
+        ApiKey.API_VERSIONS,
+        ApiKey.SASL_HANDSHAKE,
+        ApiKey.SASL_AUTHENTICATE,
+        ApiKey.CONTROLLED_SHUTDOWN,
+    }
+)
 
 
 class KafkaServer:
-    def __init__(self, config: BrokerConfig, handlers: HandlerTable, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        handlers: HandlerTable,
+        metrics: Metrics,
+        quotas: ClientQuotaManager | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics
+        self.quotas = quotas
         self.handlers: HandlerTable = {
             ApiKey.API_VERSIONS: ApiHandler(0, API_VERSIONS_MAX_VERSION, self._api_versions),
             **handlers,
@@ -172,6 +193,10 @@ class KafkaServer:
         sender.add_done_callback(functools.partial(_close_if_sending_failed, writer, connection))
         try:
             while not self.stopping and not sender.done():
+                muted_s = connection.muted_until - time.monotonic()
+                if muted_s > 0:  # a quota throttled this client: its next request waits
+                    await asyncio.sleep(muted_s)
+                    continue
                 try:
                     (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
                 except asyncio.IncompleteReadError as exc:
@@ -229,9 +254,10 @@ class KafkaServer:
             return None
         started = time.perf_counter()
         body = await self.handlers[request.api_key].handle(request, connection)
+        throttle_ms = self._request_quota(request, connection, time.perf_counter() - started)
         if isinstance(body, Deferred):
-            return asyncio.create_task(self._finish(request, body, started))
-        return self._encode(request, body, started)
+            return asyncio.create_task(self._finish(request, body, started, throttle_ms))
+        return self._encode(request, body, started, throttle_ms)
 
     def _refuse_version(self, exc: UnsupportedVersionError, payload: bytes, connection: Connection) -> None:
         """A request of an API or version outside the table ends its connection, as Kafka's SocketServer does (its
@@ -254,15 +280,32 @@ class KafkaServer:
             )
         connection.closing = True
 
-    async def _finish(self, request: Request, deferred: Deferred, started: float) -> bytes | RawResponse | None:
-        return self._encode(request, await deferred.body, started)
+    def _request_quota(self, request: Request, connection: Connection, handler_s: float) -> int:
+        """Record the handler's time against the client's request quota; mute the connection when throttled."""
+        if (
+            self.quotas is None
+            or request.api_key in QUOTA_EXEMPT_APIS
+            or (request.api_key == ApiKey.FETCH and getattr(request.body, "replica_id", -1) >= 0)
+        ):
+            return 0
+        percent = handler_s * 1e9 * NANOS_TO_PERCENT
+        throttle_ms = self.quotas.record(QuotaKind.REQUEST, connection.principal, request.client_id, percent)
+        connection.throttle(throttle_ms)
+        return throttle_ms
 
-    def _encode(self, request: Request, body: Response, started: float) -> bytes | RawResponse | None:
+    async def _finish(
+        self, request: Request, deferred: Deferred, started: float, throttle_ms: int
+    ) -> bytes | RawResponse | None:
+        return self._encode(request, await deferred.body, started, throttle_ms)
+
+    def _encode(self, request: Request, body: Response, started: float, throttle_ms: int) -> bytes | RawResponse | None:
         response: bytes | RawResponse | None
         if body is None or isinstance(body, RawResponse):
             response = body
         else:
             assert not isinstance(body, Deferred)
+            if throttle_ms > millis(body.get("throttle_time", throttle_ms)):  # only where the response has one
+                body["throttle_time"] = throttle_ms
             response = encode_response(request.api_key, request.api_version, request.correlation_id, body)
         self.metrics.latency_of(request.api_key).observe(time.perf_counter() - started)
         return response

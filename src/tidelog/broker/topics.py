@@ -144,15 +144,20 @@ class TopicApis:
             cluster_operations = authorizer.authorized_operations(connection, ResourceType.CLUSTER, CLUSTER_NAME)
         return {
             "throttle_time": 0,
-            "brokers": self._brokers(connection),
+            "brokers": self.brokers(connection),
             "cluster_id": engine.cluster_id,
-            "controller_id": node_id if self.cluster is None else self.cluster.membership.controller_id,
+            "controller_id": self.controller_id(),
             "topics": topics,
             "cluster_authorized_operations": cluster_operations,
         }
 
-    def _brokers(self, connection: Connection) -> list[dict[str, Any]]:
-        """The live brokers, each at its address for the listener this client connected to."""
+    def controller_id(self) -> int:
+        """This broker on its own; the elected controller in a cluster (-1 while there is none)."""
+        return self.config.node_id if self.cluster is None else self.cluster.membership.controller_id
+
+    def brokers(self, connection: Connection) -> list[dict[str, Any]]:
+        """The live brokers, each at its address for the listener this client connected to (Metadata's and
+        DescribeCluster's list)."""
         me = {
             "node_id": self.config.node_id,
             "host": connection.advertised_host,

@@ -23,11 +23,15 @@ An operator who knows a Kafka cluster in ZooKeeper mode finds the same tree with
                                         configs
     /config/brokers/<default>
                             persistent  the same, the cluster's default for every broker
+    /config/users/<user>, /config/users/<user>/clients/<client-id>, /config/clients/<client-id>
+                            persistent  {"version":1,"config":{"producer_byte_rate":"1024"}}, client quotas (names
+                                        URL-encoded as Kafka's Sanitizer does, `<default>` for a default entity)
     /config/changes/config_change_<seq>
                             persistent sequential  {"version":2,"entity_path":"topics/<t>"} (or "brokers/<id>",
-                                        "brokers/<default>"): a config change notification, as Kafka's AdminZkClient
-                                        writes one beside each config change (tidelog's brokers watch the config
-                                        znodes themselves)
+                                        "brokers/<default>", "users/<u>", "users/<u>/clients/<c>", "clients/<c>"): a
+                                        config change notification, as Kafka's AdminZkClient writes one beside each
+                                        config change (tidelog's brokers watch topic and broker config znodes
+                                        themselves, and these notifications for client quotas)
     /admin/delete_topics/<t>
                             persistent  no data: the topic is marked for deletion; the controller removes the
                                         topic's znodes and then this one (DeleteTopicsTopicZNode)
@@ -65,6 +69,8 @@ PERSISTENT_PATHS = (
     "/config/topics",
     "/config/changes",
     "/config/brokers",
+    "/config/users",
+    "/config/clients",
     "/admin/delete_topics",
     "/isr_change_notification",
     "/latest_producer_id_block",
@@ -73,6 +79,7 @@ PERSISTENT_PATHS = (
 TOPICS_PATH = "/brokers/topics"
 CONFIG_TOPICS_PATH = "/config/topics"
 CONFIG_BROKERS_PATH = "/config/brokers"
+CONFIG_CHANGES_PATH = "/config/changes"
 CONFIG_CHANGE_PREFIX = "/config/changes/config_change_"
 DEFAULT_BROKER_ENTITY = "<default>"  # the cluster's default broker configs (ConfigEntityName.DEFAULT)
 CONFIG_CHANGE_VERSION = 2
@@ -237,6 +244,15 @@ def broker_config_path(entity: str) -> str:
 def encode_config_change(entity_path: str) -> bytes:
     """A `/config/changes/config_change_` notification for `topics/<t>` or `brokers/<id>`."""
     return _encode({"version": CONFIG_CHANGE_VERSION, "entity_path": entity_path})
+
+
+def decode_config_change(path: str, data: bytes | None) -> str:
+    """The entity path a `/config/changes/config_change_<seq>` notification names."""
+    value = _decode_object(path, data or b"")
+    entity_path = value.get("entity_path")
+    if not isinstance(entity_path, str):
+        raise MalformedZnodeError(f"znode {path}: entity_path is not a string: {entity_path!r}")
+    return entity_path
 
 
 def delete_topic_path(topic: str) -> str:

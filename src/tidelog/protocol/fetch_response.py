@@ -57,14 +57,20 @@ Part = bytes | FileSlice
 
 
 def encode_fetch_response(
-    version: int, header: bytes, topics: Sequence[TopicData], *, error_code: int = 0, session_id: int = 0
+    version: int,
+    header: bytes,
+    topics: Sequence[TopicData],
+    *,
+    error_code: int = 0,
+    session_id: int = 0,
+    throttle_time_ms: int = 0,
 ) -> tuple[list[Part], int]:
     """(parts, total size) of the framed response; header is the already-encoded response header."""
     flexible = version >= FLEXIBLE_FROM
     out = bytearray(b"\x00\x00\x00\x00")
     out += header
     if version >= 1:
-        out += _I32.pack(0)  # throttle_time_ms
+        out += _I32.pack(throttle_time_ms)
     if version >= 7:
         out += _I16.pack(error_code) + _I32.pack(session_id)
     out += _array_length(len(topics), flexible)

@@ -34,6 +34,7 @@ response header v0, like the kio version they are derived from.
     DescribeConfigs (32)       0         v1            - include_synonyms               + is_default bool after
                                                                                         read_only, - config_source,
                                                                                         - synonyms
+    DescribeLogDirs (35)       0         v1            as v1                            as v1
 
 A request field an old version lacks reads as Kafka's default for it (a class attribute, not a field: kio's reader
 and writer see only fields), so handlers read one shape; a field only old versions have is read with `getattr`.
@@ -263,6 +264,7 @@ _TABLE: dict[int, dict[tuple[str, int], type]] = {
             ),
         },
     ),
+    35: _versions("describe_log_dirs", 1, range(1), lambda v: {}),
 }
 
 

@@ -123,6 +123,18 @@ class AppendResult(NamedTuple):
     size_in_bytes: int
 
 
+class ProducerSummary(NamedTuple):
+    """An idempotent producer a partition's producer state holds (DescribeProducers; no transactions yet, so the
+    coordinator epoch and the open transaction's first offset are -1)."""
+
+    producer_id: int
+    epoch: int
+    last_sequence: int
+    last_timestamp: int
+    coordinator_epoch: int = -1
+    current_txn_start_offset: int = -1
+
+
 class TimestampAndOffset(NamedTuple):
     timestamp: int
     offset: int
@@ -224,6 +236,10 @@ class Partition(ABC):
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None: ...
 
     @abstractmethod
+    def active_producers(self) -> list[ProducerSummary]:
+        """The producers the partition's idempotence state holds (not expired yet); a data call."""
+
+    @abstractmethod
     def delete_records(self, before_offset: int) -> int: ...
 
     @abstractmethod
@@ -299,6 +315,10 @@ class StorageEngine(ABC):
     @abstractmethod
     def partitions(self) -> Mapping[tuple[str, int], Partition]:
         """Every partition of every topic."""
+
+    def log_dir_of(self, topic: str, partition: int) -> Path:
+        """The log dir that holds the partition (an engine with one store directory: that one)."""
+        return self.log_dirs[0]
 
     # The data calls address one partition; they are bounded (no call scans a whole log) and safe to make on an
     # event loop. Topic calls (create, delete, create_partitions, alter_topic_configs) touch many files and take the

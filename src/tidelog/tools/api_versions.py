@@ -17,13 +17,18 @@ import sys
 from pathlib import Path
 
 from tidelog.broker.authorizer import AclApis
+from tidelog.broker.cluster_describe import DescribeClusterApis
 from tidelog.broker.config_admin import ConfigApis
 from tidelog.broker.fetch import FetchApis
 from tidelog.broker.groups import GroupCoordinator
 from tidelog.broker.leadership import LeadershipApis
+from tidelog.broker.log_dirs import LogDirApis
 from tidelog.broker.produce import ProduceApis
+from tidelog.broker.producer_admin import ProducerApis
+from tidelog.broker.quota_admin import QuotaApis
 from tidelog.broker.reassignment import ReassignmentApis
 from tidelog.broker.sasl import SaslApis
+from tidelog.broker.scram_admin import ScramCredentialApis
 from tidelog.broker.server import API_VERSIONS_MAX_VERSION
 from tidelog.broker.topics import TopicApis
 from tidelog.protocol.messages import ApiKey
@@ -33,6 +38,11 @@ AREAS: tuple[type, ...] = (
     ProduceApis,
     TopicApis,
     ConfigApis,
+    QuotaApis,
+    ScramCredentialApis,
+    LogDirApis,
+    ProducerApis,
+    DescribeClusterApis,
     GroupCoordinator,
     SaslApis,
     AclApis,
@@ -76,6 +86,13 @@ KAFKA_3_9: dict[int, tuple[int, int]] = {
     ApiKey.DESCRIBE_CONFIGS: (0, 4),
     ApiKey.ALTER_CONFIGS: (0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    ApiKey.DESCRIBE_LOG_DIRS: (0, 4),
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: (0, 1),
+    ApiKey.ALTER_CLIENT_QUOTAS: (0, 1),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
+    ApiKey.DESCRIBE_CLUSTER: (0, 1),
+    ApiKey.DESCRIBE_PRODUCERS: (0, 0),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.DELETE_GROUPS: (0, 2),

@@ -30,6 +30,7 @@ from crc32c import crc32c
 
 from tidelog.codec.record_batch import NO_SEQUENCE, BatchHeader
 from tidelog.errors import CorruptCheckpointError, InvalidProducerEpochError, OutOfOrderSequenceError
+from tidelog.storage.api import ProducerSummary
 
 log = logging.getLogger("tidelog.storage")
 
@@ -77,6 +78,20 @@ class ProducerStateManager:
         self.directory = directory
         self.producers: dict[int, ProducerEntry] = {}
         self.unsynced: dict[int, Path] = {}  # snapshots written without fsync (take_snapshot(sync=False)), by offset
+
+    def summaries(self) -> list[ProducerSummary]:
+        """Every producer held, by id (the caller holds its partition's lock)."""
+        return [
+            ProducerSummary(
+                entry.producer_id,
+                entry.epoch,
+                entry.last_sequence,
+                entry.last_timestamp,
+                entry.coordinator_epoch,
+                entry.current_txn_first_offset,
+            )
+            for _pid, entry in sorted(self.producers.items())
+        ]
 
     # --- the append path ------------------------------------------------------------------------------------------
 

@@ -65,6 +65,8 @@ KNOWN_LOG_DIR_FILES = {
     "tidelog-users.json",  # SCRAM credentials and ACLs, which the broker keeps in the first log dir
     "tidelog-acls.json",  # (broker/security_store.py)
     "tidelog-producer-id-block",  # the broker's reservation of producer ids (broker/produce.py)
+    "tidelog-dynamic-configs.json",  # dynamic broker configs (broker/dynamic_config.py)
+    "tidelog-client-quotas.json",  # client quotas (broker/quota_store.py)
 }
 KEY_INDEX_INTERVAL_MS = 1000  # how often the key indexes follow the logs (tidelog.index.keys=true)
 FOREIGN_PARTITION_DIRS = {"__cluster_metadata-0"}  # KRaft's metadata log: not a topic of ours
@@ -571,6 +573,10 @@ class KafkaEngine(StorageEngine):
 
     def partitions(self) -> dict[tuple[str, int], PartitionLog]:
         return dict(self.logs)
+
+    def log_dir_of(self, topic: str, partition: int) -> Path:
+        self.partition_log(topic, partition)  # UnknownTopicOrPartitionError
+        return self._log_dir_of.get((topic, partition), self.log_dirs[0])
 
     def flush(self, topic: str | None = None, partition: int | None = None) -> None:
         if topic is not None and partition is not None:

@@ -63,6 +63,7 @@ from tidelog.storage.api import (
     FileSlice,
     FileSlices,
     Partition,
+    ProducerSummary,
     TimestampAndOffset,
 )
 from tidelog.storage.common.scheduler import Scheduler
@@ -599,6 +600,10 @@ class PartitionLog(Partition):
                 self._hw_clip = _Clip(high_watermark, segment, location.position)
                 return self._hw_clip
         return None
+
+    def active_producers(self) -> list[ProducerSummary]:
+        with self._lock:
+            return self.producer_state.summaries()
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
         with self._lock:

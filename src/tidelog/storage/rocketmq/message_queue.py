@@ -66,6 +66,7 @@ from tidelog.storage.api import (
     FileSlices,
     MemorySlice,
     Partition,
+    ProducerSummary,
     TimestampAndOffset,
 )
 from tidelog.storage.common.producer_state import ProducerStateManager
@@ -495,6 +496,10 @@ class MessageQueue(Partition):
     @property
     def latest_epoch(self) -> int:
         return -1
+
+    def active_producers(self) -> list[ProducerSummary]:
+        with self._lock:
+            return self.producer_state.summaries()
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
         """ListOffsets, with Kafka's meaning whatever order the record (born) timestamps come in: the earliest
