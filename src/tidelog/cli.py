@@ -7,6 +7,7 @@ tidelog produce --bootstrap-server H:P --topic T [--property parse.key=true ...]
 tidelog consume --bootstrap-server H:P --topic T [--group G] [--from-beginning] [--property print.key=true ...]
 tidelog reassign --bootstrap-server H:P (--execute|--verify|--cancel) --reassignment-json-file F
 tidelog reassign --bootstrap-server H:P --generate --topics-to-move-json-file F --broker-list 1,2,3
+tidelog consumer-groups --bootstrap-server H:P --list|--describe|--reset-offsets|--delete|--delete-offsets ...
 tidelog dump-commitlog --store DIR [--print-body]
 tidelog dump-consumequeue --store DIR --topic T --queue Q
 tidelog query-message --store DIR (--topic T --key K [--begin MS] [--end MS] [--max N] | --msg-id ID)
@@ -246,6 +247,51 @@ def _reassign(args: argparse.Namespace) -> int:
     return reassign(options)
 
 
+def _client_config(path: str | None) -> dict[str, str]:
+    """--command-config: a properties file of client configs."""
+    from tidelog.config import load_properties
+    from tidelog.errors import ConfigError, ToolError
+
+    try:
+        return load_properties(path) if path else {}
+    except (ConfigError, OSError) as exc:
+        raise ToolError(f"--command-config: {exc}", 2) from None
+
+
+def _consumer_groups(args: argparse.Namespace) -> int:
+    from tidelog.tools.consumer_groups import ConsumerGroupsOptions, consumer_groups
+
+    scenarios = {
+        "to-earliest": args.to_earliest or None,
+        "to-latest": args.to_latest or None,
+        "to-offset": args.to_offset,
+        "to-datetime": args.to_datetime,
+        "shift-by": args.shift_by,
+    }
+    given = [(name, value) for name, value in scenarios.items() if value is not None]
+    if len(given) > 1:
+        from tidelog.errors import ToolError
+
+        raise ToolError(f"give one of --{', --'.join(name for name, _ in given)}", 2)
+    scenario, value = given[0] if given else (None, None)
+    options = ConsumerGroupsOptions(
+        bootstrap_server=args.bootstrap_server,
+        action=args.action,
+        groups=tuple(args.group),
+        all_groups=args.all_groups,
+        topics=tuple(args.topic),
+        all_topics=args.all_topics,
+        state=args.state,
+        members=args.members,
+        scenario=scenario,
+        scenario_value=value if isinstance(value, str) else None,
+        execute=args.execute,
+        timeout_ms=args.timeout,
+        client_config=_client_config(args.command_config),
+    )
+    return consumer_groups(options)
+
+
 def _users(args: argparse.Namespace) -> int:
     from tidelog.tools import security_tools
 
@@ -441,6 +487,51 @@ def _add_reassign_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     reassign.set_defaults(handler=_console_tool(_reassign))
 
 
+def _add_consumer_groups_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    groups = commands.add_parser(
+        "consumer-groups",
+        help="list, describe, reset and delete consumer groups, as kafka-consumer-groups.sh does",
+        description="List, describe (offsets and lag, members, state), reset the offsets of, and delete consumer "
+        "groups on any Kafka-protocol broker (kafka-consumer-groups.sh; docs/tools.md).",
+    )
+    groups.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,...]", help="the brokers to contact")
+    groups.add_argument("--command-config", metavar="FILE", help="a properties file of client configs (librdkafka)")
+    groups.add_argument("--timeout", type=int, default=5000, metavar="MS", help="request timeout (default 5000)")
+    actions = groups.add_mutually_exclusive_group(required=True)
+    for action, text in [
+        ("list", "list the consumer groups"),
+        ("describe", "describe --group(s): offsets and lag (default), --members or --state"),
+        ("reset-offsets", "plan (--dry-run, the default) or --execute a reset of committed offsets"),
+        ("delete", "delete --group(s)"),
+        ("delete-offsets", "delete the --group's committed offsets of --topic(s)"),
+    ]:
+        actions.add_argument(f"--{action}", dest="action", action="store_const", const=action, help=text)
+    groups.add_argument("--group", action="append", default=[], help="a consumer group (repeatable)")
+    groups.add_argument("--all-groups", action="store_true", help="every consumer group")
+    groups.add_argument("--topic", action="append", default=[], metavar="T[:P,...]", help="a topic (repeatable)")
+    groups.add_argument("--all-topics", action="store_true", help="with --reset-offsets: every committed partition")
+    groups.add_argument(
+        "--state",
+        nargs="?",
+        const="",
+        metavar="STATES",
+        help="with --list: show states (only these, comma-separated, when given); with --describe: the state view",
+    )
+    groups.add_argument("--members", action="store_true", help="with --describe: the members view")
+    scenario = groups.add_mutually_exclusive_group()
+    scenario.add_argument("--to-earliest", action="store_true", help="reset to the log start offset")
+    scenario.add_argument("--to-latest", action="store_true", help="reset to the log end offset")
+    scenario.add_argument("--to-offset", metavar="N", help="reset to offset N")
+    scenario.add_argument(
+        "--to-datetime", metavar="ISO", help="reset to the first offset at or after YYYY-MM-DDTHH:mm:SS.sss[zone]"
+    )
+    scenario.add_argument("--shift-by", metavar="N", help="move the committed offsets by N (may be negative)")
+    run = groups.add_mutually_exclusive_group()
+    run.add_argument("--dry-run", action="store_true", help="only print the reset plan (the default)")
+    run.add_argument("--execute", action="store_true", help="commit the reset plan")
+    groups.set_defaults(handler=_console_tool(_consumer_groups))
+
+
 def _add_produce_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     produce = commands.add_parser(
         "produce",
@@ -572,6 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_topics_parser(commands)
     _add_reassign_parser(commands)
+    _add_consumer_groups_parser(commands)
     _add_produce_parser(commands)
     _add_consume_parser(commands)
     _add_users_parser(commands)
