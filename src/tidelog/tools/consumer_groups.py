@@ -397,6 +397,8 @@ def consumer_groups(options: ConsumerGroupsOptions) -> int:
     if options.action == "list":
         return _list(groups, options)
     names = list(options.groups) or groups.group_ids()
+    if not names:  # --all-groups of a cluster without groups
+        return 0
     if options.action == "describe":
         return _describe(groups, names, options)
     if options.action == "reset-offsets":
