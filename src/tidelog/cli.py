@@ -8,6 +8,7 @@ tidelog consume --bootstrap-server H:P --topic T [--group G] [--from-beginning] 
 tidelog reassign --bootstrap-server H:P (--execute|--verify|--cancel) --reassignment-json-file F
 tidelog reassign --bootstrap-server H:P --generate --topics-to-move-json-file F --broker-list 1,2,3
 tidelog consumer-groups --bootstrap-server H:P --list|--describe|--reset-offsets|--delete|--delete-offsets ...
+tidelog configs --bootstrap-server H:P --describe|--alter --entity-type T [--entity-name N | --entity-default] ...
 tidelog dump-commitlog --store DIR [--print-body]
 tidelog dump-consumequeue --store DIR --topic T --queue Q
 tidelog query-message --store DIR (--topic T --key K [--begin MS] [--end MS] [--max N] | --msg-id ID)
@@ -292,6 +293,21 @@ def _consumer_groups(args: argparse.Namespace) -> int:
     return consumer_groups(options)
 
 
+def _configs(args: argparse.Namespace) -> int:
+    from tidelog.tools.configs import ConfigsOptions, configs, parse_delete_config
+
+    options = ConfigsOptions(
+        bootstrap_server=args.bootstrap_server,
+        action=args.action,
+        entity_types=tuple(args.entity_type),
+        entity_names=tuple(args.entity_names),
+        describe_all=args.all,
+        add_config=args.add_config,
+        delete_config=parse_delete_config(args.delete_config),
+    )
+    return configs(options)
+
+
 def _users(args: argparse.Namespace) -> int:
     from tidelog.tools import security_tools
 
@@ -532,6 +548,42 @@ def _add_consumer_groups_parser(commands: argparse._SubParsersAction[_Parser]) -
     groups.set_defaults(handler=_console_tool(_consumer_groups))
 
 
+def _add_configs_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    configs = commands.add_parser(
+        "configs",
+        help="describe and alter topic, broker, user and client configs, as kafka-configs.sh does",
+        description="Describe and alter topic and broker configs, client quotas and SCRAM credentials on any "
+        "Kafka-protocol broker (kafka-configs.sh; docs/tools.md). Users and clients take the quotas "
+        "producer_byte_rate, consumer_byte_rate, request_percentage and controller_mutation_rate; users also "
+        "SCRAM-SHA-256=[iterations=8192,password=...] and SCRAM-SHA-512=[...].",
+    )
+    configs.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,...]", help="the brokers to contact")
+    actions = configs.add_mutually_exclusive_group(required=True)
+    actions.add_argument("--describe", dest="action", action="store_const", const="describe", help="list configs")
+    actions.add_argument("--alter", dest="action", action="store_const", const="alter", help="change configs")
+    configs.add_argument(
+        "--entity-type",
+        action="append",
+        default=[],
+        choices=["topics", "brokers", "users", "clients"],
+        help="the kind of entity (users and clients may be given together)",
+    )
+    configs.add_argument(
+        "--entity-name", action="append", dest="entity_names", default=[], help="topic, broker id, user or client id"
+    )
+    configs.add_argument(
+        "--entity-default",
+        action="append_const",
+        const="",
+        dest="entity_names",
+        help="the default entity (brokers, users, clients) in place of a name",
+    )
+    configs.add_argument("--all", action="store_true", help="with --describe: every config, not only dynamic ones")
+    configs.add_argument("--add-config", metavar="K=V,K2=[A,B]", help="configs to set")
+    configs.add_argument("--delete-config", action="append", default=[], metavar="K,K2", help="configs to remove")
+    configs.set_defaults(handler=_console_tool(_configs))
+
+
 def _add_produce_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     produce = commands.add_parser(
         "produce",
@@ -664,6 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topics_parser(commands)
     _add_reassign_parser(commands)
     _add_consumer_groups_parser(commands)
+    _add_configs_parser(commands)
     _add_produce_parser(commands)
     _add_consume_parser(commands)
     _add_users_parser(commands)
