@@ -9,6 +9,8 @@ tidelog reassign --bootstrap-server H:P (--execute|--verify|--cancel) --reassign
 tidelog reassign --bootstrap-server H:P --generate --topics-to-move-json-file F --broker-list 1,2,3
 tidelog consumer-groups --bootstrap-server H:P --list|--describe|--reset-offsets|--delete|--delete-offsets ...
 tidelog configs --bootstrap-server H:P --describe|--alter --entity-type T [--entity-name N | --entity-default] ...
+tidelog perf produce --topic T --num-records N --record-size S --throughput R --bootstrap-server H:P
+tidelog perf consume --bootstrap-server H:P --topic T --messages N [--group G] [--timeout MS]
 tidelog dump-commitlog --store DIR [--print-body]
 tidelog dump-consumequeue --store DIR --topic T --queue Q
 tidelog query-message --store DIR (--topic T --key K [--begin MS] [--end MS] [--max N] | --msg-id ID)
@@ -308,6 +310,35 @@ def _configs(args: argparse.Namespace) -> int:
     return configs(options)
 
 
+def _perf(args: argparse.Namespace) -> int:
+    from tidelog.tools import perf
+
+    if args.perf_command == "produce":
+        return perf.produce_perf(
+            perf.ProducePerfOptions(
+                topic=args.topic,
+                num_records=args.num_records,
+                record_size=args.record_size,
+                throughput=args.throughput,
+                producer_props=perf.parse_props(args.producer_props, "--producer-props"),
+                bootstrap_server=args.bootstrap_server,
+                reporting_interval_ms=args.reporting_interval,
+            )
+        )
+    return perf.consume_perf(
+        perf.ConsumePerfOptions(
+            bootstrap_server=args.bootstrap_server,
+            topic=args.topic,
+            messages=args.messages,
+            group=args.group,
+            timeout_ms=args.timeout,
+            from_latest=args.from_latest,
+            hide_header=args.hide_header,
+            consumer_props=perf.parse_props(args.consumer_props, "--consumer-props"),
+        )
+    )
+
+
 def _users(args: argparse.Namespace) -> int:
     from tidelog.tools import security_tools
 
@@ -584,6 +615,38 @@ def _add_configs_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     configs.set_defaults(handler=_console_tool(_configs))
 
 
+def _add_perf_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    perf = commands.add_parser(
+        "perf",
+        help="producer and consumer throughput and latency, as kafka-producer/consumer-perf-test.sh do",
+        description="Measure a producer (records/s, MB/s, latency percentiles) or a consumer (MB/s, records/s, "
+        "rebalance and fetch time) against any Kafka-protocol broker, with a progress display (docs/tools.md).",
+    )
+    kinds = perf.add_subparsers(dest="perf_command", required=True)
+    produce = kinds.add_parser("produce", help="kafka-producer-perf-test.sh")
+    produce.add_argument("--bootstrap-server", metavar="HOST:PORT[,...]", help="the brokers (or bootstrap.servers)")
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--num-records", type=int, required=True, help="how many records to send")
+    produce.add_argument("--record-size", type=int, required=True, help="bytes per record")
+    produce.add_argument("--throughput", type=float, required=True, help="records/s at most; -1 for no limit")
+    produce.add_argument(
+        "--producer-props", nargs="+", default=[], metavar="KEY=VALUE", help="librdkafka producer configs"
+    )
+    produce.add_argument("--reporting-interval", type=int, default=5000, metavar="MS", help="default 5000")
+    consume = kinds.add_parser("consume", help="kafka-consumer-perf-test.sh")
+    consume.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,...]", help="the brokers")
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--messages", type=int, required=True, help="how many records to read")
+    consume.add_argument("--group", help="the consumer group (default perf-consumer-<random>)")
+    consume.add_argument("--timeout", type=int, default=10_000, metavar="MS", help="give up after MS without a record")
+    consume.add_argument("--from-latest", action="store_true", help="start at the log end, not the log start")
+    consume.add_argument("--hide-header", action="store_true", help="print the figures without the header line")
+    consume.add_argument(
+        "--consumer-props", nargs="+", default=[], metavar="KEY=VALUE", help="librdkafka consumer configs"
+    )
+    perf.set_defaults(handler=_console_tool(_perf))
+
+
 def _add_produce_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     produce = commands.add_parser(
         "produce",
@@ -717,6 +780,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reassign_parser(commands)
     _add_consumer_groups_parser(commands)
     _add_configs_parser(commands)
+    _add_perf_parser(commands)
     _add_produce_parser(commands)
     _add_consume_parser(commands)
     _add_users_parser(commands)
