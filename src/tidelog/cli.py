@@ -7,6 +7,10 @@ tidelog produce --bootstrap-server H:P --topic T [--property parse.key=true ...]
 tidelog consume --bootstrap-server H:P --topic T [--group G] [--from-beginning] [--property print.key=true ...]
 tidelog reassign --bootstrap-server H:P (--execute|--verify|--cancel) --reassignment-json-file F
 tidelog reassign --bootstrap-server H:P --generate --topics-to-move-json-file F --broker-list 1,2,3
+tidelog consumer-groups --bootstrap-server H:P --list|--describe|--reset-offsets|--delete|--delete-offsets ...
+tidelog configs --bootstrap-server H:P --describe|--alter --entity-type T [--entity-name N | --entity-default] ...
+tidelog perf produce --topic T --num-records N --record-size S --throughput R --bootstrap-server H:P
+tidelog perf consume --bootstrap-server H:P --topic T --messages N [--group G] [--timeout MS]
 tidelog dump-commitlog --store DIR [--print-body]
 tidelog dump-consumequeue --store DIR --topic T --queue Q
 tidelog query-message --store DIR (--topic T --key K [--begin MS] [--end MS] [--max N] | --msg-id ID)
@@ -246,6 +250,95 @@ def _reassign(args: argparse.Namespace) -> int:
     return reassign(options)
 
 
+def _client_config(path: str | None) -> dict[str, str]:
+    """--command-config: a properties file of client configs."""
+    from tidelog.config import load_properties
+    from tidelog.errors import ConfigError, ToolError
+
+    try:
+        return load_properties(path) if path else {}
+    except (ConfigError, OSError) as exc:
+        raise ToolError(f"--command-config: {exc}", 2) from None
+
+
+def _consumer_groups(args: argparse.Namespace) -> int:
+    from tidelog.tools.consumer_groups import ConsumerGroupsOptions, consumer_groups
+
+    scenarios = {
+        "to-earliest": args.to_earliest or None,
+        "to-latest": args.to_latest or None,
+        "to-offset": args.to_offset,
+        "to-datetime": args.to_datetime,
+        "shift-by": args.shift_by,
+    }
+    given = [(name, value) for name, value in scenarios.items() if value is not None]
+    if len(given) > 1:
+        from tidelog.errors import ToolError
+
+        raise ToolError(f"give one of --{', --'.join(name for name, _ in given)}", 2)
+    scenario, value = given[0] if given else (None, None)
+    options = ConsumerGroupsOptions(
+        bootstrap_server=args.bootstrap_server,
+        action=args.action,
+        groups=tuple(args.group),
+        all_groups=args.all_groups,
+        topics=tuple(args.topic),
+        all_topics=args.all_topics,
+        state=args.state,
+        members=args.members,
+        scenario=scenario,
+        scenario_value=value if isinstance(value, str) else None,
+        execute=args.execute,
+        timeout_ms=args.timeout,
+        client_config=_client_config(args.command_config),
+    )
+    return consumer_groups(options)
+
+
+def _configs(args: argparse.Namespace) -> int:
+    from tidelog.tools.configs import ConfigsOptions, configs, parse_delete_config
+
+    options = ConfigsOptions(
+        bootstrap_server=args.bootstrap_server,
+        action=args.action,
+        entity_types=tuple(args.entity_type),
+        entity_names=tuple(args.entity_names),
+        describe_all=args.all,
+        add_config=args.add_config,
+        delete_config=parse_delete_config(args.delete_config),
+    )
+    return configs(options)
+
+
+def _perf(args: argparse.Namespace) -> int:
+    from tidelog.tools import perf
+
+    if args.perf_command == "produce":
+        return perf.produce_perf(
+            perf.ProducePerfOptions(
+                topic=args.topic,
+                num_records=args.num_records,
+                record_size=args.record_size,
+                throughput=args.throughput,
+                producer_props=perf.parse_props(args.producer_props, "--producer-props"),
+                bootstrap_server=args.bootstrap_server,
+                reporting_interval_ms=args.reporting_interval,
+            )
+        )
+    return perf.consume_perf(
+        perf.ConsumePerfOptions(
+            bootstrap_server=args.bootstrap_server,
+            topic=args.topic,
+            messages=args.messages,
+            group=args.group,
+            timeout_ms=args.timeout,
+            from_latest=args.from_latest,
+            hide_header=args.hide_header,
+            consumer_props=perf.parse_props(args.consumer_props, "--consumer-props"),
+        )
+    )
+
+
 def _users(args: argparse.Namespace) -> int:
     from tidelog.tools import security_tools
 
@@ -441,6 +534,119 @@ def _add_reassign_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     reassign.set_defaults(handler=_console_tool(_reassign))
 
 
+def _add_consumer_groups_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    groups = commands.add_parser(
+        "consumer-groups",
+        help="list, describe, reset and delete consumer groups, as kafka-consumer-groups.sh does",
+        description="List, describe (offsets and lag, members, state), reset the offsets of, and delete consumer "
+        "groups on any Kafka-protocol broker (kafka-consumer-groups.sh; docs/tools.md).",
+    )
+    groups.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,...]", help="the brokers to contact")
+    groups.add_argument("--command-config", metavar="FILE", help="a properties file of client configs (librdkafka)")
+    groups.add_argument("--timeout", type=int, default=5000, metavar="MS", help="request timeout (default 5000)")
+    actions = groups.add_mutually_exclusive_group(required=True)
+    for action, text in [
+        ("list", "list the consumer groups"),
+        ("describe", "describe --group(s): offsets and lag (default), --members or --state"),
+        ("reset-offsets", "plan (--dry-run, the default) or --execute a reset of committed offsets"),
+        ("delete", "delete --group(s)"),
+        ("delete-offsets", "delete the --group's committed offsets of --topic(s)"),
+    ]:
+        actions.add_argument(f"--{action}", dest="action", action="store_const", const=action, help=text)
+    groups.add_argument("--group", action="append", default=[], help="a consumer group (repeatable)")
+    groups.add_argument("--all-groups", action="store_true", help="every consumer group")
+    groups.add_argument("--topic", action="append", default=[], metavar="T[:P,...]", help="a topic (repeatable)")
+    groups.add_argument("--all-topics", action="store_true", help="with --reset-offsets: every committed partition")
+    groups.add_argument(
+        "--state",
+        nargs="?",
+        const="",
+        metavar="STATES",
+        help="with --list: show states (only these, comma-separated, when given); with --describe: the state view",
+    )
+    groups.add_argument("--members", action="store_true", help="with --describe: the members view")
+    scenario = groups.add_mutually_exclusive_group()
+    scenario.add_argument("--to-earliest", action="store_true", help="reset to the log start offset")
+    scenario.add_argument("--to-latest", action="store_true", help="reset to the log end offset")
+    scenario.add_argument("--to-offset", metavar="N", help="reset to offset N")
+    scenario.add_argument(
+        "--to-datetime", metavar="ISO", help="reset to the first offset at or after YYYY-MM-DDTHH:mm:SS.sss[zone]"
+    )
+    scenario.add_argument("--shift-by", metavar="N", help="move the committed offsets by N (may be negative)")
+    run = groups.add_mutually_exclusive_group()
+    run.add_argument("--dry-run", action="store_true", help="only print the reset plan (the default)")
+    run.add_argument("--execute", action="store_true", help="commit the reset plan")
+    groups.set_defaults(handler=_console_tool(_consumer_groups))
+
+
+def _add_configs_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    configs = commands.add_parser(
+        "configs",
+        help="describe and alter topic, broker, user and client configs, as kafka-configs.sh does",
+        description="Describe and alter topic and broker configs, client quotas and SCRAM credentials on any "
+        "Kafka-protocol broker (kafka-configs.sh; docs/tools.md). Users and clients take the quotas "
+        "producer_byte_rate, consumer_byte_rate, request_percentage and controller_mutation_rate; users also "
+        "SCRAM-SHA-256=[iterations=8192,password=...] and SCRAM-SHA-512=[...].",
+    )
+    configs.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,...]", help="the brokers to contact")
+    actions = configs.add_mutually_exclusive_group(required=True)
+    actions.add_argument("--describe", dest="action", action="store_const", const="describe", help="list configs")
+    actions.add_argument("--alter", dest="action", action="store_const", const="alter", help="change configs")
+    configs.add_argument(
+        "--entity-type",
+        action="append",
+        default=[],
+        choices=["topics", "brokers", "users", "clients"],
+        help="the kind of entity (users and clients may be given together)",
+    )
+    configs.add_argument(
+        "--entity-name", action="append", dest="entity_names", default=[], help="topic, broker id, user or client id"
+    )
+    configs.add_argument(
+        "--entity-default",
+        action="append_const",
+        const="",
+        dest="entity_names",
+        help="the default entity (brokers, users, clients) in place of a name",
+    )
+    configs.add_argument("--all", action="store_true", help="with --describe: every config, not only dynamic ones")
+    configs.add_argument("--add-config", metavar="K=V,K2=[A,B]", help="configs to set")
+    configs.add_argument("--delete-config", action="append", default=[], metavar="K,K2", help="configs to remove")
+    configs.set_defaults(handler=_console_tool(_configs))
+
+
+def _add_perf_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    perf = commands.add_parser(
+        "perf",
+        help="producer and consumer throughput and latency, as kafka-producer/consumer-perf-test.sh do",
+        description="Measure a producer (records/s, MB/s, latency percentiles) or a consumer (MB/s, records/s, "
+        "rebalance and fetch time) against any Kafka-protocol broker, with a progress display (docs/tools.md).",
+    )
+    kinds = perf.add_subparsers(dest="perf_command", required=True)
+    produce = kinds.add_parser("produce", help="kafka-producer-perf-test.sh")
+    produce.add_argument("--bootstrap-server", metavar="HOST:PORT[,...]", help="the brokers (or bootstrap.servers)")
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--num-records", type=int, required=True, help="how many records to send")
+    produce.add_argument("--record-size", type=int, required=True, help="bytes per record")
+    produce.add_argument("--throughput", type=float, required=True, help="records/s at most; -1 for no limit")
+    produce.add_argument(
+        "--producer-props", nargs="+", default=[], metavar="KEY=VALUE", help="librdkafka producer configs"
+    )
+    produce.add_argument("--reporting-interval", type=int, default=5000, metavar="MS", help="default 5000")
+    consume = kinds.add_parser("consume", help="kafka-consumer-perf-test.sh")
+    consume.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,...]", help="the brokers")
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--messages", type=int, required=True, help="how many records to read")
+    consume.add_argument("--group", help="the consumer group (default perf-consumer-<random>)")
+    consume.add_argument("--timeout", type=int, default=10_000, metavar="MS", help="give up after MS without a record")
+    consume.add_argument("--from-latest", action="store_true", help="start at the log end, not the log start")
+    consume.add_argument("--hide-header", action="store_true", help="print the figures without the header line")
+    consume.add_argument(
+        "--consumer-props", nargs="+", default=[], metavar="KEY=VALUE", help="librdkafka consumer configs"
+    )
+    perf.set_defaults(handler=_console_tool(_perf))
+
+
 def _add_produce_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     produce = commands.add_parser(
         "produce",
@@ -572,6 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_topics_parser(commands)
     _add_reassign_parser(commands)
+    _add_consumer_groups_parser(commands)
+    _add_configs_parser(commands)
+    _add_perf_parser(commands)
     _add_produce_parser(commands)
     _add_consume_parser(commands)
     _add_users_parser(commands)

@@ -384,7 +384,7 @@ def parse_offset(text: str) -> int:
 # --- clients -----------------------------------------------------------------------------------------------------
 
 
-class _ClientErrors:
+class ClientErrors:
     """librdkafka's error_cb (served by poll()): recent errors explain a failed connection; a fatal one stops."""
 
     def __init__(self) -> None:
@@ -403,7 +403,7 @@ class _ClientErrors:
         return chosen[-1].str() if chosen else None
 
 
-def _base_config(bootstrap_server: str, errors: _ClientErrors, client_id: str) -> dict[str, Any]:
+def base_config(bootstrap_server: str, errors: ClientErrors, client_id: str) -> dict[str, Any]:
     # librdkafka logs every failed connection attempt to stderr; errors reach the user through error_cb and
     # results instead. `log_level` (or `debug`) in the user's properties turns logging back on.
     return {"bootstrap.servers": bootstrap_server, "client.id": client_id, "error_cb": errors, "log_level": 0}
@@ -412,23 +412,23 @@ def _base_config(bootstrap_server: str, errors: _ClientErrors, client_id: str) -
 ClientT = TypeVar("ClientT", AdminClient, Producer, Consumer)
 
 
-def _client(kind: type[ClientT], config: dict[str, Any]) -> ClientT:
+def new_client(kind: type[ClientT], config: dict[str, Any]) -> ClientT:
     try:
         return kind(config)
     except (KafkaException, ValueError, TypeError) as exc:
-        raise ToolError(f"invalid client configuration: {_message(exc)}", USAGE) from None
+        raise ToolError(f"invalid client configuration: {error_message(exc)}", USAGE) from None
 
 
-def _message(exc: BaseException) -> str:
+def error_message(exc: BaseException) -> str:
     error = exc.args[0] if exc.args else None
     return error.str() if isinstance(error, KafkaError) else str(exc)
 
 
-def _metadata(
+def cluster_metadata(
     client: AdminClient | Producer | Consumer,
     bootstrap_server: str,
     timeout_ms: int,
-    errors: _ClientErrors,
+    errors: ClientErrors,
     topic: str | None = None,
 ) -> ClusterMetadata:
     """The cluster's metadata (one topic's, or every topic's), or a ToolError if no broker answers in time."""
@@ -436,7 +436,7 @@ def _metadata(
         return client.list_topics(topic, timeout=timeout_ms / 1000)
     except KafkaException as exc:
         client.poll(0)  # serve error_cb, which knows why: refused, unresolvable, TLS, ...
-        reason = errors.reason() or _message(exc)
+        reason = errors.reason() or error_message(exc)
         raise ToolError(f"cannot reach a broker at {bootstrap_server} within {timeout_ms} ms: {reason}") from None
 
 
@@ -458,7 +458,7 @@ def _check_partition(partition: int | None, partitions: Sequence[int], topic: st
 F = TypeVar("F", bound=Callable[..., int])
 
 
-def _reports_kafka_errors(command: F) -> F:
+def reports_kafka_errors(command: F) -> F:
     """A KafkaException the command did not expect still ends as one line, not a traceback."""
 
     @functools.wraps(command)
@@ -466,7 +466,7 @@ def _reports_kafka_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except KafkaException as exc:
-            raise ToolError(_message(exc)) from None
+            raise ToolError(error_message(exc)) from None
 
     return run  # type: ignore[return-value]
 
@@ -512,20 +512,20 @@ class TopicsOptions:
             raise ToolError("The partitions must be greater than 0", USAGE)
         if self.replication_factor is not None and not 1 <= self.replication_factor <= 32767:
             raise ToolError("The replication factor must be between 1 and 32767 inclusive", USAGE)
-        _check_timeout(self.connect_timeout_ms)
+        check_timeout(self.connect_timeout_ms)
 
 
-def _check_timeout(connect_timeout_ms: int) -> None:
+def check_timeout(connect_timeout_ms: int) -> None:
     if connect_timeout_ms <= 0:
         raise ToolError("--connect-timeout-ms must be positive", USAGE)
 
 
-@_reports_kafka_errors
+@reports_kafka_errors
 def topics(options: TopicsOptions) -> int:
-    errors = _ClientErrors()
-    config = {**_base_config(options.bootstrap_server, errors, "tidelog-topics"), **options.client_config}
-    admin = _client(AdminClient, config)
-    metadata = _metadata(admin, options.bootstrap_server, options.connect_timeout_ms, errors)
+    errors = ClientErrors()
+    config = {**base_config(options.bootstrap_server, errors, "tidelog-topics"), **options.client_config}
+    admin = new_client(AdminClient, config)
+    metadata = cluster_metadata(admin, options.bootstrap_server, options.connect_timeout_ms, errors)
     if options.action == "create":
         _create_topic(admin, options)
     elif options.action == "list":
@@ -616,14 +616,14 @@ def _topic_configs(admin: AdminClient, names: list[str]) -> tuple[dict[str, dict
     try:
         futures = admin.describe_configs(list(resources.values()), request_timeout=REQUEST_TIMEOUT_S)
     except KafkaException as exc:
-        return {}, _message(exc)
+        return {}, error_message(exc)
     configs: dict[str, dict[str, str | None]] = {}
     unavailable = None
     for name, resource in resources.items():
         try:
             entries = futures[resource].result()
         except KafkaException as exc:
-            unavailable = _message(exc)
+            unavailable = error_message(exc)
             continue
         configs[name] = {key: entry.value for key, entry in entries.items() if not entry.is_default}
     return configs, unavailable
@@ -644,14 +644,14 @@ class ProduceOptions:
     connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
 
     def __post_init__(self) -> None:
-        _check_timeout(self.connect_timeout_ms)
+        check_timeout(self.connect_timeout_ms)
 
     def client_config(
-        self, errors: _ClientErrors, on_delivery: Callable[[KafkaError | None, Message], None]
+        self, errors: ClientErrors, on_delivery: Callable[[KafkaError | None, Message], None]
     ) -> dict[str, Any]:
         """--acks and --compression-type win over --producer-property, as kafka-console-producer merges them."""
         config: dict[str, Any] = {
-            **_base_config(self.bootstrap_server, errors, "console-producer"),
+            **base_config(self.bootstrap_server, errors, "console-producer"),
             "partitioner": "murmur2_random",
             **self.producer_config,
             "on_delivery": on_delivery,
@@ -693,12 +693,12 @@ def read_lines(stream: BinaryIO) -> Iterator[str]:
         yield raw.decode("utf-8", "replace").removesuffix("\n").removesuffix("\r")
 
 
-@_reports_kafka_errors
+@reports_kafka_errors
 def produce(options: ProduceOptions) -> int:
-    errors = _ClientErrors()
+    errors = ClientErrors()
     deliveries = _Deliveries(options.topic)
-    producer = _client(Producer, options.client_config(errors, deliveries))
-    metadata = _metadata(producer, options.bootstrap_server, options.connect_timeout_ms, errors, options.topic)
+    producer = new_client(Producer, options.client_config(errors, deliveries))
+    metadata = cluster_metadata(producer, options.bootstrap_server, options.connect_timeout_ms, errors, options.topic)
     _check_partition(options.partition, _existing_partitions(metadata, options.topic), options.topic)
     prompt = sys.stdin.isatty() and sys.stdout.isatty()
     interrupted = False
@@ -742,7 +742,7 @@ def _send(producer: Producer, options: ProduceOptions, record: LineRecord, deliv
         except BufferError:  # the local queue is full: serve delivery reports until there is room
             producer.poll(POLL_INTERVAL_S)
         except KafkaException as exc:  # refused before sending (too large, unknown partition, ...)
-            deliveries.report(record.key, record.value, _message(exc))
+            deliveries.report(record.key, record.value, error_message(exc))
             break
     producer.poll(0)
 
@@ -775,7 +775,7 @@ class ConsumeOptions:
             raise ToolError("--max-messages must not be negative", USAGE)
         if self.timeout_ms is not None and self.timeout_ms < 0:
             raise ToolError("--timeout-ms must not be negative", USAGE)
-        _check_timeout(self.connect_timeout_ms)
+        check_timeout(self.connect_timeout_ms)
         self.group_id()  # the group rules below raise here, before anything connects
 
     def group_id(self) -> str | None:
@@ -790,11 +790,11 @@ class ConsumeOptions:
             raise ToolError("Options group and partition cannot be specified together.", USAGE)
         return named.pop() if named else None
 
-    def client_config(self, errors: _ClientErrors) -> dict[str, Any]:
+    def client_config(self, errors: ClientErrors) -> dict[str, Any]:
         """kafka-console-consumer's consumer properties: a named group auto-commits; a random one never commits;
         --from-beginning means auto.offset.reset=earliest and may not contradict an explicit one."""
         config: dict[str, Any] = {
-            **_base_config(self.bootstrap_server, errors, "console-consumer"),
+            **base_config(self.bootstrap_server, errors, "console-consumer"),
             "allow.auto.create.topics": True,  # the Java consumer's default: the topic may appear as we wait
             **self.consumer_config,
         }
@@ -842,12 +842,14 @@ class _StopSignals:
             signal.signal(signum, handler)
 
 
-@_reports_kafka_errors
+@reports_kafka_errors
 def consume(options: ConsumeOptions) -> int:
-    errors = _ClientErrors()
-    consumer = _client(Consumer, options.client_config(errors))
+    errors = ClientErrors()
+    consumer = new_client(Consumer, options.client_config(errors))
     try:
-        metadata = _metadata(consumer, options.bootstrap_server, options.connect_timeout_ms, errors, options.topic)
+        metadata = cluster_metadata(
+            consumer, options.bootstrap_server, options.connect_timeout_ms, errors, options.topic
+        )
         partitions = _existing_partitions(metadata, options.topic)
         _check_partition(options.partition, partitions, options.topic)
     except ToolError:
@@ -873,7 +875,7 @@ def consume(options: ConsumeOptions) -> int:
 
 
 def _messages(
-    consumer: Consumer, timeout_ms: int | None, errors: _ClientErrors, stop: _StopSignals
+    consumer: Consumer, timeout_ms: int | None, errors: ClientErrors, stop: _StopSignals
 ) -> Iterator[Message]:
     """Records as they arrive, until a stop signal or `timeout_ms` without a record; a fatal error raises."""
     idle_deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000

@@ -34,13 +34,11 @@ from typing import Any
 
 from tidelog.broker.replica_assignment import BrokerPlacement, assign_replicas
 from tidelog.errors import ErrorCode, TidelogError, ToolError
-from tidelog.protocol.client import BrokerConnection, BrokerConnectionError
 from tidelog.protocol.messages import ApiKey
+from tidelog.tools.wire_admin import WireAdmin, error_text
 
 USAGE = 2
-METADATA_VERSION = 12
 REASSIGNMENT_VERSION = 0
-REQUEST_TIMEOUT_S = 30.0
 ALTER_TIMEOUT_MS = 30_000
 CLIENT_ID = "tidelog-reassign"
 ACTIONS = ("generate", "execute", "verify", "cancel")
@@ -150,49 +148,16 @@ def _names(partitions: Sequence[TopicPartition]) -> str:
 # --- the broker --------------------------------------------------------------------------------------------------
 
 
-class _Cluster:
-    """One connection to the first broker of the bootstrap list that answers."""
+class _Cluster(WireAdmin):
+    """One connection to the first broker of the bootstrap list that answers (tools/wire_admin.py)."""
 
     def __init__(self, bootstrap_server: str) -> None:
-        self.bootstrap_server = bootstrap_server
-        self.connection: BrokerConnection | None = None
+        super().__init__(bootstrap_server, CLIENT_ID)
 
-    async def request(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
-        if self.connection is None:
-            self.connection = await self._connect()
-        try:
-            return await self.connection.request(api_key, version, body, REQUEST_TIMEOUT_S)
-        except BrokerConnectionError as exc:
-            raise ToolError(f"the broker at {self.connection.address} failed: {exc}") from None
-
-    async def _connect(self) -> BrokerConnection:
-        failures = []
-        for address in self.bootstrap_server.split(","):
-            host, _, port = address.strip().rpartition(":")
-            if not host or not port.isdigit():
-                raise ToolError(f"--bootstrap-server: {address!r} is not HOST:PORT", USAGE)
-            connection = BrokerConnection(host.strip("[]"), int(port), CLIENT_ID)
-            try:
-                await connection.connect(REQUEST_TIMEOUT_S)
-            except BrokerConnectionError as exc:
-                failures.append(str(exc))
-                continue
-            return connection
-        raise ToolError(f"cannot reach a broker at {self.bootstrap_server}: {'; '.join(failures)}")
-
-    async def close(self) -> None:
-        if self.connection is not None:
-            await self.connection.close()
-
-    async def metadata(self, topics: Sequence[str]) -> tuple[Assignment, dict[int, str | None]]:
+    async def placement(self, topics: Sequence[str]) -> tuple[Assignment, dict[int, str | None]]:
         """The replicas of every partition of `topics` (ToolError for a topic the cluster does not have), and the
         brokers with their racks."""
-        body = {
-            "topics": [{"name": t} for t in topics],
-            "allow_auto_topic_creation": False,
-            "include_topic_authorized_operations": False,
-        }
-        answer = await self.request(ApiKey.METADATA, METADATA_VERSION, body)
+        answer = await self.metadata(list(topics))
         assignment: Assignment = {}
         for topic in answer.topics:
             if topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
@@ -215,9 +180,11 @@ class _Cluster:
         body = {"timeout": timeout_ms, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
         answer = await self.request(ApiKey.ALTER_PARTITION_REASSIGNMENTS, REASSIGNMENT_VERSION, body)
         if answer.error_code != ErrorCode.NONE:
-            raise ToolError(f"the brokers refused the request: {_error(int(answer.error_code), answer.error_message)}")
+            raise ToolError(
+                f"the brokers refused the request: {error_text(int(answer.error_code), answer.error_message)}"
+            )
         return {
-            (topic.name, int(result.partition_index)): _error(int(result.error_code), result.error_message)
+            (topic.name, int(result.partition_index)): error_text(int(result.error_code), result.error_message)
             for topic in answer.responses
             for result in topic.partitions
             if result.error_code != ErrorCode.NONE
@@ -234,7 +201,9 @@ class _Cluster:
         }
         answer = await self.request(ApiKey.LIST_PARTITION_REASSIGNMENTS, REASSIGNMENT_VERSION, body)
         if answer.error_code != ErrorCode.NONE:
-            raise ToolError(f"the brokers refused the request: {_error(int(answer.error_code), answer.error_message)}")
+            raise ToolError(
+                f"the brokers refused the request: {error_text(int(answer.error_code), answer.error_message)}"
+            )
         return {
             (topic.name, int(p.partition_index)): (
                 tuple(int(r) for r in p.replicas),
@@ -244,11 +213,6 @@ class _Cluster:
             for topic in answer.topics
             for p in topic.partitions
         }
-
-
-def _error(code: int, message: str | None) -> str:
-    name = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
-    return f"{name}: {message}" if message else name
 
 
 # --- the actions -------------------------------------------------------------------------------------------------
@@ -280,7 +244,7 @@ async def _run(options: ReassignOptions) -> int:
 
 
 async def _current(cluster: _Cluster, partitions: Sequence[TopicPartition]) -> Assignment:
-    assignment, _brokers = await cluster.metadata(sorted({topic for topic, _ in partitions}))
+    assignment, _brokers = await cluster.placement(sorted({topic for topic, _ in partitions}))
     for topic, partition in partitions:
         if (topic, partition) not in assignment:
             raise ToolError(f"Partition {topic}-{partition} does not exist")
@@ -291,7 +255,7 @@ async def _generate(cluster: _Cluster, options: ReassignOptions) -> int:
     assert options.topics_to_move_json_file is not None and options.broker_list is not None
     topics = parse_topics_to_move(_load_json(options.topics_to_move_json_file, "--topics-to-move-json-file"))
     broker_ids = parse_broker_list(options.broker_list)
-    current, racks = await cluster.metadata(topics)
+    current, racks = await cluster.placement(topics)
     unknown = [b for b in broker_ids if b not in racks]
     if unknown:
         raise ToolError(f"--broker-list names brokers the cluster does not have: {unknown}")
