@@ -327,10 +327,10 @@ class ProduceApis:
         if result.log_append_time_ms >= 0:
             answer["log_append_time"] = result.log_append_time_ms
         if result.size_in_bytes:
-            if self.replication is not None:  # consumers see the records when the high watermark passes them
+            if self.replication is None or partition_log.high_watermark > result.last_offset:
+                self.notifier.notify((topic, partition))  # visible at once
+            else:  # consumers see the records when the followers' fetches move the high watermark past them
                 self.notifier.notify_followers((topic, partition))
-            else:
-                self.notifier.notify((topic, partition))
             bytes_in, messages_in, _ = self.metrics.of_topic(topic)
             bytes_in.inc(result.size_in_bytes)
             messages_in.inc(result.record_count)
