@@ -1,8 +1,9 @@
 """`tidelog consumer-groups`, `tidelog configs` and `tidelog perf` against a real `tidelog serve`.
 
 The tools run in this process (`tidelog.cli.main`, output captured) against one broker for the module, with
-`group.initial.rebalance.delay.ms=0` so that a group forms in milliseconds; each test uses its own topics and groups.
-The client-quota and SCRAM parts of `tidelog configs` are not tested here: this broker does not serve those APIs yet.
+`group.initial.rebalance.delay.ms=0` so that a group forms in milliseconds, `log.retention.hours=168` set statically
+as Kafka's shipped server.properties sets it, and a SASL_PLAINTEXT listener (SCRAM) beside the PLAINTEXT one the
+tools use, where a user the tool created logs in; each test uses its own topics, groups, users and clients.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tidelog.cli import main
@@ -26,13 +34,20 @@ class BrokerProcess(Protocol):  # what these tests use of conftest's BrokerProce
     @property
     def bootstrap(self) -> str: ...
 
+    def bootstrap_for(self, listener: str) -> str: ...
+
 
 Run = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture(scope="module")
 def broker(start_module_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
-    return start_module_broker(group_initial_rebalance_delay_ms=0)
+    return start_module_broker(
+        {"sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512", "connection.failed.authentication.delay.ms": 0},
+        listeners=("PLAINTEXT", "SASL_PLAINTEXT"),
+        group_initial_rebalance_delay_ms=0,
+        log_retention_hours=168,
+    )
 
 
 @pytest.fixture
@@ -272,6 +287,8 @@ def test_topic_and_broker_configs(broker: BrokerProcess, run: Run) -> None:
     assert code == 1 and "INVALID_CONFIG" in err
 
     # a broker's own config, and the cluster's default, each with its source
+    plain = "ops-unconfigured"
+    create_topic(broker, plain, 1)
     code, out, _ = run("configs", "--alter", "--entity-type", "brokers", "--entity-default",
                        "--add-config", "log.retention.ms=9000000")  # fmt: skip
     assert code == 0 and out == "Completed updating default config for brokers in the cluster.\n"
@@ -284,11 +301,18 @@ def test_topic_and_broker_configs(broker: BrokerProcess, run: Run) -> None:
         assert out.splitlines() == [
             "Dynamic configs for broker 1 are:",
             "  log.retention.ms=7200000 sensitive=false synonyms={DYNAMIC_BROKER_CONFIG:log.retention.ms=7200000, "
-            "DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=9000000, DEFAULT_CONFIG:log.retention.hours=168}",
+            "DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=9000000, STATIC_BROKER_CONFIG:log.retention.hours=168, "
+            "DEFAULT_CONFIG:log.retention.hours=168}",
             "Default configs for brokers in the cluster are:",
             "  log.retention.ms=9000000 sensitive=false "
             "synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=9000000}",
         ]
+        # a topic without its own retention.ms takes this broker's log.retention.ms, with its synonyms
+        assert config_line(run, "topics", plain, "retention.ms") == (
+            "  retention.ms=7200000 sensitive=false synonyms={DYNAMIC_BROKER_CONFIG:log.retention.ms=7200000, "
+            "DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=9000000, STATIC_BROKER_CONFIG:log.retention.hours=168, "
+            "DEFAULT_CONFIG:log.retention.hours=168}"
+        )
     finally:
         run(
             "configs",
@@ -305,6 +329,179 @@ def test_topic_and_broker_configs(broker: BrokerProcess, run: Run) -> None:
     assert out == "Dynamic configs for broker 1 are:\n"
     code, _, err = run("configs", "--describe", "--entity-type", "brokers", "--entity-name", "one")
     assert code == 2 and "must be a valid integer broker id" in err
+
+
+def config_line(run: Run, entity_type: str, name: str, key: str) -> str:
+    """The line of `key` in `--describe --all` of one topic or broker."""
+    code, out, err = run("configs", "--describe", "--entity-type", entity_type, "--entity-name", name, "--all")
+    assert code == 0, err
+    (line,) = [line for line in out.splitlines() if line.startswith(f"  {key}=")]
+    return line
+
+
+def test_retention_ms_synonyms_as_kafka_lists_them(broker: BrokerProcess, run: Run) -> None:
+    """Kafka's ConfigHelper.configSynonyms lists a topic key's broker synonyms (log.retention.ms, .minutes, .hours)
+    from the first entry for log.retention.ms itself: with only log.retention.hours set (statically here, as in
+    Kafka's server.properties, and by default) a topic's retention.ms has no synonyms and the source
+    DEFAULT_CONFIG; the hours key lists its own static and default values."""
+    create_topic(broker, "ops-retention", 1)
+    assert config_line(run, "topics", "ops-retention", "retention.ms") == (
+        "  retention.ms=604800000 sensitive=false synonyms={}"
+    )
+    assert config_line(run, "brokers", "1", "log.retention.ms") == "  log.retention.ms=null sensitive=false synonyms={}"
+    assert config_line(run, "brokers", "1", "log.retention.hours") == (
+        "  log.retention.hours=168 sensitive=false "
+        "synonyms={STATIC_BROKER_CONFIG:log.retention.hours=168, DEFAULT_CONFIG:log.retention.hours=168}"
+    )
+
+
+# --- users and clients: quotas and SCRAM credentials --------------------------------------------------------------
+
+
+def quota_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("Quota configs for ")]
+
+
+def test_user_and_client_quotas(run: Run) -> None:
+    def alter(*args: str) -> str:
+        code, out, err = run("configs", "--alter", *args)
+        assert code == 0, err
+        return out
+
+    def describe(*args: str) -> list[str]:
+        code, out, err = run("configs", "--describe", *args)
+        assert code == 0, err
+        return quota_lines(out)
+
+    user, client = (
+        ["--entity-type", "users", "--entity-name", "alice"],
+        ["--entity-type", "clients", "--entity-name", "app"],
+    )
+    default_user = ["--entity-type", "users", "--entity-default"]
+    default_client = ["--entity-type", "clients", "--entity-default"]
+    assert alter(*user, "--add-config", "producer_byte_rate=1024,consumer_byte_rate=2048") == (
+        "Completed updating config for user alice.\n"
+    )
+    try:  # the defaults apply to every client of the module's broker: large, and removed at the end
+        assert alter(*default_user, "--add-config", "producer_byte_rate=20000000") == (
+            "Completed updating default config for users in the cluster.\n"
+        )
+        assert alter(*client, "--add-config", "request_percentage=50") == "Completed updating config for client app.\n"
+        assert alter(*default_client, "--add-config", "consumer_byte_rate=30000000") == (
+            "Completed updating default config for clients in the cluster.\n"
+        )
+        assert alter(*user, *client, "--add-config", "producer_byte_rate=512") == (
+            "Completed updating config for user alice.\n"
+        )
+        assert alter(*default_user, *default_client, "--add-config", "producer_byte_rate=40000000") == (
+            "Completed updating default config for users in the cluster.\n"
+        )
+
+        assert describe("--entity-type", "users") == [
+            "Quota configs for the default user-principal are producer_byte_rate=2.0E7",
+            "Quota configs for user-principal 'alice' are consumer_byte_rate=2048.0, producer_byte_rate=1024.0",
+        ]
+        assert describe(*user) == [
+            "Quota configs for user-principal 'alice' are consumer_byte_rate=2048.0, producer_byte_rate=1024.0"
+        ]
+        assert describe(*default_user) == ["Quota configs for the default user-principal are producer_byte_rate=2.0E7"]
+        assert describe("--entity-type", "clients") == [
+            "Quota configs for client-id 'app' are request_percentage=50.0",
+            "Quota configs for the default client-id are consumer_byte_rate=3.0E7",
+        ]
+        assert describe(*default_client) == ["Quota configs for the default client-id are consumer_byte_rate=3.0E7"]
+        assert describe("--entity-type", "users", "--entity-type", "clients") == [
+            "Quota configs for the default user-principal, the default client-id are producer_byte_rate=4.0E7",
+            "Quota configs for user-principal 'alice', client-id 'app' are producer_byte_rate=512.0",
+        ]
+        assert describe(*user, *client) == [
+            "Quota configs for user-principal 'alice', client-id 'app' are producer_byte_rate=512.0"
+        ]
+        assert describe(*user, "--entity-type", "clients") == [
+            "Quota configs for user-principal 'alice', client-id 'app' are producer_byte_rate=512.0"
+        ]
+
+        # --delete-config removes one key; deleting a key that is not set is refused
+        assert alter(*user, "--delete-config", "consumer_byte_rate") == "Completed updating config for user alice.\n"
+        assert describe(*user) == ["Quota configs for user-principal 'alice' are producer_byte_rate=1024.0"]
+        code, _, err = run("configs", "--alter", *user, "--delete-config", "consumer_byte_rate")
+        assert code == 1 and err == "tidelog configs: error: Invalid config(s): consumer_byte_rate\n"
+        alter(*user, *client, "--delete-config", "producer_byte_rate")
+        assert describe(*user, *client) == []
+        code, _, err = run("configs", "--alter", *client, "--add-config", "SCRAM-SHA-256=[password=x]")
+        assert code == 2 and "Only quota configs can be changed for 'clients'" in err
+        code, _, err = run("configs", "--alter", *user, "--add-config", "producer_byte_rate=fast")
+        assert code == 2 and "Cannot parse quota configuration value for producer_byte_rate: fast" in err
+    finally:
+        for entity in (user, client, default_user, default_client, [*default_user, *default_client]):
+            code, out, _ = run("configs", "--describe", *entity)
+            for line in quota_lines(out):
+                keys = ",".join(item.split("=")[0] for item in line.split(" are ")[1].split(", "))
+                alter(*entity, "--delete-config", keys)
+    assert describe("--entity-type", "users") == [] and describe("--entity-type", "clients") == []
+
+
+def scram_login_errors(broker: BrokerProcess, user: str, password: str) -> list[KafkaError]:
+    """Log in as `user` with SCRAM-SHA-256 on the SASL_PLAINTEXT listener (a librdkafka client): the errors until
+    the cluster's metadata arrives or authentication fails."""
+    errors: list[KafkaError] = []
+    client = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap_for("SASL_PLAINTEXT"),
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanisms": "SCRAM-SHA-256",
+            "sasl.username": user,
+            "sasl.password": password,
+            "error_cb": errors.append,
+        }
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            client.list_topics(timeout=0.5)
+            return errors
+        except KafkaException:
+            client.poll(0.1)  # serves error_cb
+            if any(e.code() == KafkaError._AUTHENTICATION for e in errors):
+                return errors
+    raise AssertionError(f"neither logged in nor refused within {TIMEOUT_S} s: {errors}")
+
+
+def test_scram_credentials(broker: BrokerProcess, run: Run) -> None:
+    bob = ["--entity-type", "users", "--entity-name", "bob"]
+    code, out, err = run("configs", "--alter", *bob, "--add-config", "SCRAM-SHA-256=[iterations=8192,password=secret]")
+    assert code == 0 and out == "Completed updating config for user bob.\n", err
+    code, out, _ = run("configs", "--describe", *bob)
+    assert code == 0 and out == "SCRAM credential configs for user-principal 'bob' are SCRAM-SHA-256=iterations=8192\n"
+    code, out, _ = run("configs", "--describe", "--entity-type", "users")
+    assert "SCRAM credential configs for user-principal 'bob' are SCRAM-SHA-256=iterations=8192\n" in out
+
+    assert scram_login_errors(broker, "bob", "secret") == []  # bob logs in with the tool's salted password
+    wrong = scram_login_errors(broker, "bob", "not-his")
+    assert any(e.code() == KafkaError._AUTHENTICATION for e in wrong), wrong
+
+    code, out, err = run("configs", "--alter", *bob, "--delete-config", "SCRAM-SHA-256")
+    assert code == 0 and out == "Completed updating config for user bob.\n", err
+    refused = scram_login_errors(broker, "bob", "secret")  # a new login fails
+    assert any(e.code() == KafkaError._AUTHENTICATION for e in refused), refused
+
+    # a user without credentials: Kafka's line, the Java exception named as kafka-configs.sh prints it
+    code, out, _ = run("configs", "--describe", *bob)
+    assert code == 0 and out == (
+        "Error retrieving SCRAM credential configs for user-principal 'bob': ExecutionException: "
+        "org.apache.kafka.common.errors.ResourceNotFoundException: "
+        "Attempt to describe a user credential that does not exist: bob\n"
+    )
+    code, _, err = run("configs", "--alter", *bob, "--delete-config", "SCRAM-SHA-256")
+    assert code == 1 and err == (
+        "tidelog configs: error: user bob: RESOURCE_NOT_FOUND: "
+        "Attempt to delete a user credential that does not exist\n"
+    )
+    code, _, err = run("configs", "--alter", *bob, "--add-config", "SCRAM-SHA-256=[iterations=100,password=x]")
+    assert code == 2 and "Iterations 100 is less than the minimum 4096 required for SCRAM-SHA-256" in err
+    code, _, err = run("configs", "--alter", "--entity-type", "users", "--entity-default",
+                       "--add-config", "SCRAM-SHA-256=[password=x]")  # fmt: skip
+    assert code == 2 and "The use of --entity-default is not allowed with User SCRAM Credentials" in err
 
 
 # --- perf --------------------------------------------------------------------------------------------------------

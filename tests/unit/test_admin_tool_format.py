@@ -6,7 +6,13 @@ import pytest
 
 from tidelog.broker.scram import MECHANISMS
 from tidelog.errors import ToolError
-from tidelog.tools.configs import java_double, parse_add_config, quota_entity_text, scram_upsertion
+from tidelog.tools.configs import (
+    java_double,
+    java_exception_text,
+    parse_add_config,
+    quota_entity_text,
+    scram_upsertion,
+)
 from tidelog.tools.consumer_groups import PartitionRow, offsets_table, parse_topic_arg, reset_plan_table
 
 
@@ -47,6 +53,16 @@ def test_scram_upsertion_salts_the_password_as_the_java_client_does() -> None:
 def test_quota_entities_are_named_as_kafka_configs_names_them() -> None:
     assert quota_entity_text([("client-id", "app"), ("user", "alice")]) == "user-principal 'alice', client-id 'app'"
     assert quota_entity_text([("user", None)]) == "the default user-principal"
+
+
+def test_per_user_errors_print_as_the_java_exception() -> None:
+    assert java_exception_text(91, "no such user") == (
+        "ExecutionException: org.apache.kafka.common.errors.ResourceNotFoundException: no such user"
+    )
+    assert (
+        java_exception_text(92, None) == "ExecutionException: org.apache.kafka.common.errors.DuplicateResourceException"
+    )
+    assert java_exception_text(31, "denied") == "CLUSTER_AUTHORIZATION_FAILED: denied"  # no Java name kept: by name
 
 
 def test_tables_have_kafkas_widths() -> None:

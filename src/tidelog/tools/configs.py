@@ -14,7 +14,9 @@ kafka-configs.sh prints every synonym (a dynamic, a static and a default value o
     --describe --entity-type users|clients [--entity-name N | --entity-default]
         `Quota configs for user-principal 'N' are k=v, ...` per entity with quotas (DescribeClientQuotas; values as
         Java prints a double: 1024.0, 2.0E7); for users, not for a default, `SCRAM credential configs for
-        user-principal 'N' are SCRAM-SHA-256=iterations=8192, ...` (DescribeUserScramCredentials).
+        user-principal 'N' are SCRAM-SHA-256=iterations=8192, ...` (DescribeUserScramCredentials), or for a user
+        without any `Error retrieving SCRAM credential configs for user-principal 'N': ExecutionException:
+        org.apache.kafka.common.errors.ResourceNotFoundException: ...`, the Java exception Kafka's tool prints.
         `--entity-type users --entity-name U --entity-type clients --entity-name C` names a user's client.
     --alter --entity-type T (--entity-name N | --entity-default) [--add-config k=v,k2=[a,b]] [--delete-config k,...]
         topics and brokers: IncrementalAlterConfigs (SET and DELETE; a deleted key must be set now: `Invalid
@@ -76,6 +78,12 @@ CONFIG_SOURCES = {  # DescribeConfigs' config_source (Kafka's ConfigEntry.Config
     8: "GROUP_CONFIG",
 }
 SCRAM_IDS = {"SCRAM-SHA-256": 1, "SCRAM-SHA-512": 2}
+# the Java client's exception per error code (Errors), for the codes printed as kafka-configs.sh prints them
+JAVA_EXCEPTIONS: dict[int, str] = {
+    ErrorCode.RESOURCE_NOT_FOUND: "ResourceNotFoundException",
+    ErrorCode.DUPLICATE_RESOURCE: "DuplicateResourceException",
+    ErrorCode.UNKNOWN_SERVER_ERROR: "UnknownServerException",
+}
 QUOTA_ENTITY = {"users": "user", "clients": "client-id"}  # ClientQuotaEntity.USER / CLIENT_ID
 QUOTA_ENTITY_TEXT = {"user": "user-principal", "client-id": "client-id"}
 
@@ -188,6 +196,17 @@ class ConfigLine:
 
 def _java(value: str | None) -> str:
     return "null" if value is None else value
+
+
+def java_exception_text(code: int, message: str | None) -> str:
+    """A per-user error as kafka-configs.sh prints the ExecutionException its future throws:
+    `ExecutionException: org.apache.kafka.common.errors.ResourceNotFoundException: message` (the codes a
+    DescribeUserScramCredentials answer has per user; another code by its name, as `error_text` names it)."""
+    exception = JAVA_EXCEPTIONS.get(code)
+    if exception is None:
+        return error_text(code, message)
+    cause = f"org.apache.kafka.common.errors.{exception}"
+    return f"ExecutionException: {cause}: {message}" if message else f"ExecutionException: {cause}"
 
 
 def quota_entity_text(entity: Sequence[tuple[str, str | None]]) -> str:
@@ -383,7 +402,7 @@ async def _describe_quotas_and_scram(admin: WireAdmin, options: ConfigsOptions) 
     names = {v: k for k, v in SCRAM_IDS.items()}
     for result in sorted(answer.results, key=lambda r: r.user):
         if result.error_code != ErrorCode.NONE:
-            reason = error_text(int(result.error_code), result.error_message)
+            reason = java_exception_text(int(result.error_code), result.error_message)
             print(f"Error retrieving SCRAM credential configs for user-principal '{result.user}': {reason}")
             continue
         infos = ", ".join(
