@@ -92,7 +92,9 @@ def render(results: list[dict[str, str]]) -> str:
     lines.append("")
     if failing:
         lines += ["Not passing in the run this table comes from:", ""]
-        lines += [f"- `{r['test']}`: {r['outcome']}" for r in failing]
+        for result in failing:
+            reason = result.get("reason", "").replace("`", "'")
+            lines.append(f"- `{result['test']}`: {result['outcome']}: `{reason}`")
         lines.append("")
     return "\n".join(lines)
 

@@ -72,8 +72,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if cell is not None and (report.when == "call" or not report.passed):
         outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
         client, feature = cell
+        crash = getattr(report.longrepr, "reprcrash", None)
+        reason = crash.message.splitlines()[0][:200] if crash is not None and not report.passed else ""
         item.config.stash[RESULTS_KEY].append(
-            {"client": client, "feature": feature, "test": item.nodeid, "outcome": outcome}
+            {"client": client, "feature": feature, "test": item.nodeid, "outcome": outcome, "reason": reason}
         )
     if report.failed:
         for broker in LIVE:

@@ -288,6 +288,18 @@ def test_produce_idempotent(js: ClientDriver, reader: str, broker: BrokerProcess
 # --- consumer groups -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.matrix("consumer: read a partition from an offset")
+def test_seek(js: ClientDriver) -> None:
+    create_topic(js, "js-seek")
+    js.call("produce", topic="js-seek", messages=[{"value": f"s{i}"} for i in range(10)])
+    # a member starting at the end (fromBeginning false) sent back to offset 6: without the seek it reads nothing
+    js.call("consumerStart", name="seeker", groupId="js-seek-group", topics=["js-seek"], fromBeginning=False)
+    js.call("consumerSeek", name="seeker", topic="js-seek", partition=0, offset=6)
+    got = js.call("consumerTake", name="seeker", topic="js-seek", count=4)["messages"]
+    js.call("consumerStop", name="seeker")
+    assert [(m["offset"], m["value"]) for m in got] == [(6, "s6"), (7, "s7"), (8, "s8"), (9, "s9")]
+
+
 @pytest.mark.matrix("group: two members join, rebalance, leave")
 def test_group_rebalance(js: ClientDriver) -> None:
     create_topic(js, "js-shared", partitions=4)
@@ -296,15 +308,13 @@ def test_group_rebalance(js: ClientDriver) -> None:
     wait_for(lambda: assignment_size(js.call("consumerState", name="one")) == 4, what="first assignment")
     js.call("consumerStart", name="two", **group)
     try:
-        states = wait_for(
-            lambda: (
-                (s := [js.call("consumerState", name=n) for n in ("one", "two")])
-                and [assignment_size(x) for x in s] == [2, 2]
-                and s
-            ),
-            what="the split between two members",
-        )
-        owned = [set(s["assignment"]["js-shared"]) for s in states]
+
+        def split() -> list[set[int]] | None:
+            states = [js.call("consumerState", name=name) for name in ("one", "two")]
+            sizes = [assignment_size(state) for state in states]
+            return [set(state["assignment"]["js-shared"]) for state in states] if sizes == [2, 2] else None
+
+        owned = wait_for(split, what="the split between two members")
         assert owned[0] | owned[1] == {0, 1, 2, 3} and not owned[0] & owned[1]
         sent = [{"value": f"v{i}", "partition": i % 4} for i in range(40)]
         js.call("produce", topic="js-shared", messages=sent)

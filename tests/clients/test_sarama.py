@@ -304,10 +304,11 @@ def test_group_rebalance(sarama: ClientDriver) -> None:
         wait_for(lambda: len(claims("one")) == 2 and len(claims("two")) == 2, what="the split between two members")
         owned = {"one": set(claims("one")), "two": set(claims("two"))}
         assert owned["one"] | owned["two"] == {0, 1, 2, 3}
-        sarama.call("produce", topic="go-shared", messages=messages("split", 80), compression="none")
+        sent = sarama.call("produce", topic="go-shared", messages=messages("split", 80), compression="none")
         for name, mine in owned.items():
-            got = sarama.call("groupTake", name=name, count=80, timeoutMs=1500)
-            assert got and {m["partition"] for m in got} == mine, name
+            count = sum(r["partition"] in mine for r in sent)
+            got = sarama.call("groupTake", name=name, count=count, timeoutMs=10_000)
+            assert len(got) == count and {m["partition"] for m in got} == mine, name
     finally:
         sarama.call("groupStop", name="two")
     wait_for(lambda: claims("one") == [0, 1, 2, 3], what="the survivor taking all")
