@@ -24,13 +24,21 @@ class ClientError(Exception):
     """A call the client library refused or the broker answered with an error."""
 
     def __init__(self, op: str, error: dict[str, Any]) -> None:
-        super().__init__(f"{op}: {error}")
+        super().__init__(f"{op}: {summary(error)}")
         self.error = error
 
     @property
     def text(self) -> str:
         """Everything the error says, flattened (for asserting on a Kafka error name wherever the client put it)."""
         return json.dumps(self.error)
+
+
+def summary(error: dict[str, Any]) -> str:
+    """`Name [KAFKA_ERROR_TYPE, code N]: message`, with the errors it wraps (per topic, per partition) after it."""
+    kafka = ", ".join(str(x) for x in (error.get("type"), error.get("code")) if x is not None)
+    text = f"{error.get('name')}{f' [{kafka}]' if kafka else ''}: {error.get('message')}"
+    inner = list(error.get("errors") or []) + [p["error"] for p in error.get("partitions") or [] if p["error"]]
+    return text + (f" ({'; '.join(summary(e) for e in inner)})" if inner else "")
 
 
 class ClientDriver:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from broker_process import LIVE, BrokerFactory, BrokerProcess
 
 HERE = Path(__file__).resolve().parent
 RESULTS_KEY = pytest.StashKey[list[dict[str, str]]]()
+LOG_MARKS_KEY = pytest.StashKey[dict[Path, int]]()
+UNSUPPORTED = re.compile(r"API key (\d+) version (\d+) is not supported")
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +66,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             matrix_cell(item)
 
 
+@pytest.fixture(autouse=True)
+def broker_log_marks(request: pytest.FixtureRequest) -> None:
+    """Where each live broker's stderr ends as a test starts, so a failure can name what the broker refused."""
+    request.node.stash[LOG_MARKS_KEY] = {broker.stderr_path: len(broker.stderr_text()) for broker in LIVE}
+
+
+def failure_reason(item: pytest.Item, report: pytest.TestReport) -> str:
+    """The first line of the failure, and the requests the broker refused during the test (from its log)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    reason = crash.message.splitlines()[0][:160] if crash is not None else report.outcome
+    refused: dict[str, None] = {}
+    for path, mark in item.stash.get(LOG_MARKS_KEY, {}).items():
+        text = Path(path).read_text(errors="replace")[mark:]
+        refused.update(dict.fromkeys(f"API key {k} v{v}" for k, v in UNSUPPORTED.findall(text)))
+    return reason + (f" (the broker refused: {', '.join(refused)})" if refused else "")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report = yield
@@ -72,8 +92,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if cell is not None and (report.when == "call" or not report.passed):
         outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
         client, feature = cell
-        crash = getattr(report.longrepr, "reprcrash", None)
-        reason = crash.message.splitlines()[0][:200] if crash is not None and not report.passed else ""
+        reason = "" if report.passed else failure_reason(item, report)
         item.config.stash[RESULTS_KEY].append(
             {"client": client, "feature": feature, "test": item.nodeid, "outcome": outcome, "reason": reason}
         )
