@@ -40,6 +40,7 @@ FEATURES = [
     "producer: lz4",
     "producer: zstd",
     "producer: idempotence",
+    "producer: transactions refused at once (none yet)",
     "consumer: read a partition from an offset",
     "group: two members join, rebalance, leave",
     "consumer: commit, restart, resume from the committed offset",

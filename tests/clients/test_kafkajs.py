@@ -285,6 +285,18 @@ def test_produce_idempotent(js: ClientDriver, reader: str, broker: BrokerProcess
     assert all(b.base_sequence >= 0 for b in batches)
 
 
+@pytest.mark.matrix("producer: transactions refused at once (none yet)")
+def test_transactions_refused_at_once(js: ClientDriver) -> None:
+    """Until tidelog has transactions, FindCoordinator for a transactional id answers an error clients stop on: at
+    its default retry settings KafkaJS gives up at once instead of retrying for about ten seconds."""
+    create_topic(js, "js-transactional")
+    started = time.monotonic()
+    error = js.error_of("transaction", transactionalId="js-tx", topic="js-transactional", messages=[{"value": "v"}])
+    assert time.monotonic() - started < 3.0
+    assert error.error["name"] == "KafkaJSGroupCoordinatorNotFound", error.error
+    assert offsets(js, "js-transactional") == {0: (0, 0)}
+
+
 # --- consumer groups -----------------------------------------------------------------------------------------
 
 

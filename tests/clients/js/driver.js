@@ -7,6 +7,8 @@
 //
 //   admin        {method, args}: admin[method](...args) on one connected admin client
 //   produce      {topic, messages, compression, idempotent, acks}: one producer per request, one send
+//   transaction  {transactionalId, topic, messages}: a transactional producer's send and commit (at KafkaJS's
+//                default retry settings)
 //   consumerStart {name, groupId, topics, fromBeginning, sessionTimeout, rebalanceTimeout}: a group member that
 //                keeps every message it is given and commits after each batch (KafkaJS's autoCommit)
 //   consumerSeek {name, topic, partition, offset}
@@ -101,6 +103,20 @@ async function produce ({ topic, messages, compression = 'none', idempotent = fa
   }
 }
 
+async function transaction ({ transactionalId, topic, messages }) {
+  // a client of KafkaJS's default retry settings: how long it keeps trying is what the broker's answer decides
+  const defaults = new Kafka({ clientId: 'tidelog-kafkajs-tests', brokers: [bootstrap], logCreator: stderrLog })
+  const producer = defaults.producer({ transactionalId, idempotent: true, maxInFlightRequests: 1 })
+  await producer.connect()
+  try {
+    const txn = await producer.transaction()
+    await txn.send({ topic, messages })
+    return await txn.commit()
+  } finally {
+    await producer.disconnect()
+  }
+}
+
 async function consumerStart ({ name, groupId, topics, fromBeginning = true, sessionTimeout, rebalanceTimeout }) {
   const consumer = kafka.consumer({
     groupId,
@@ -177,7 +193,7 @@ async function consumerStop ({ name }) {
   return { left: state.kept.length }
 }
 
-const OPS = { admin: adminCall, produce, consumerStart, consumerTake, consumerState, consumerSeek, consumerStop }
+const OPS = { admin: adminCall, produce, transaction, consumerStart, consumerTake, consumerState, consumerSeek, consumerStop }
 
 function reply (answer) {
   process.stdout.write(JSON.stringify(answer, (key, value) => (typeof value === 'bigint' ? value.toString() : value)) + '\n')
