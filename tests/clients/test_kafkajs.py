@@ -105,7 +105,7 @@ def test_create_topics_with_configs(js: ClientDriver) -> None:
 
 
 @pytest.mark.matrix("admin: describe topics and configs")
-def test_describe_topics_and_configs(js: ClientDriver) -> None:
+def test_describe_topics_and_configs(js: ClientDriver, broker: BrokerProcess) -> None:
     create_topic(js, "js-described", partitions=2, configs={"retention.ms": "7200000"})
     (topic,) = admin(js, "fetchTopicMetadata", {"topics": ["js-described"]})["topics"]
     assert sorted(p["partitionId"] for p in topic["partitions"]) == [0, 1]
@@ -116,7 +116,7 @@ def test_describe_topics_and_configs(js: ClientDriver) -> None:
     assert entries["retention.ms"]["configValue"] == "7200000" and not entries["retention.ms"]["isDefault"]
     assert entries["cleanup.policy"]["configValue"] == "delete" and entries["cleanup.policy"]["isDefault"]
     cluster = admin(js, "describeCluster")
-    assert [b["port"] for b in cluster["brokers"]] == [int(js.argv[-1].rsplit(":", 1)[1])]
+    assert [(b["host"], b["port"]) for b in cluster["brokers"]] == [("127.0.0.1", broker.port)]
 
 
 def alter_configs(js: ClientDriver, topic: str, configs: dict[str, str], validate_only: bool = False) -> Any:

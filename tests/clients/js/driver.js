@@ -29,6 +29,7 @@ const LZ4Codec = require('@2l/kafkajs-lz4')
 const { ZstdCodec } = require('zstd-codec')
 
 const bootstrap = process.argv[2]
+process.env.KAFKAJS_NO_PARTITIONER_WARNING = '1' // the v2 default partitioner (murmur2, Java's) is the one wanted
 
 // KafkaJS has GZIP built in; the other codecs are plugins registered by the application.
 CompressionCodecs[CompressionTypes.Snappy] = SnappyCodec
