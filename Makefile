@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-cluster test check-install system-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall bench-replication fuzz-long soak-long docs-config docs-compat clean
+.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall bench-replication fuzz-long soak-long docs-config docs-compat docs-clients clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,12 +33,26 @@ system-deps:
 	@[ -f /usr/share/java/zookeeper.jar ] || { echo "installing Debian package zookeeper (tests/cluster)"; \
 	  $(call APT_INSTALL,zookeeper); }
 
+# The clients of tests/clients beside the Python ones: KafkaJS 2.2.4 and its codec packages (npm ci from the
+# committed package-lock.json into tests/clients/js/node_modules, ignored by git) on Debian's Node, and Sarama 1.22
+# from Debian (GOPATH mode under /usr/share/gocode) with Go; the tests compile the Go program themselves.
+client-deps:
+	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || \
+	  { echo "installing Debian packages nodejs and npm (KafkaJS tests)"; $(call APT_INSTALL,nodejs npm); }
+	@command -v go >/dev/null 2>&1 && [ -d /usr/share/gocode/src/github.com/Shopify/sarama ] || \
+	  { echo "installing Debian packages golang-go and golang-github-shopify-sarama-dev (Sarama tests)"; \
+	    $(call APT_INSTALL,golang-go golang-github-shopify-sarama-dev); }
+	@cmp -s tests/clients/js/package-lock.json tests/clients/js/node_modules/.installed-lock.json || \
+	  { echo "installing KafkaJS into tests/clients/js/node_modules (npm ci)"; \
+	    cd tests/clients/js && npm ci --no-audit --no-fund --loglevel=error >/dev/null && \
+	    cp package-lock.json node_modules/.installed-lock.json; }
+
 java:
 	@command -v java >/dev/null 2>&1 || { echo "Spark needs Java: installing openjdk-17-jre-headless"; \
 	  $(call APT_INSTALL,openjdk-17-jre-headless); }
 	@java -version 2>&1 | head -1
 
-test: $(STAMP) system-deps java check-install
+test: $(STAMP) system-deps client-deps java check-install
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
@@ -125,8 +139,13 @@ bench-compaction: $(STAMP)
 docs-config: $(STAMP)
 	$(PY) -m tidelog.tools.config_reference --output docs/configuration.md
 
+# the "API versions" section of docs/compatibility.md, from the broker's handler table
 docs-compat: $(STAMP)
 	$(PY) -m tidelog.tools.api_versions --output docs/compatibility.md
 
+# the "Clients" section of docs/compatibility.md: runs tests/clients (KafkaJS, Sarama) and writes each outcome
+docs-clients: $(STAMP) client-deps
+	$(PY) tests/clients/client_matrix.py --doc docs/compatibility.md
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .hypothesis tidelog-demo-data
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .hypothesis tidelog-demo-data tests/clients/js/node_modules
