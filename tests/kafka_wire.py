@@ -21,16 +21,31 @@ FETCH_VERSION = 12
 
 def request(bootstrap: str, api_key: int, version: int, body: dict[str, Any], timeout_s: float = 15) -> Any:
     host, _, port = bootstrap.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        sock.sendall(encode_request(api_key, version, body))
+        (size,) = struct.unpack(">i", _read(sock, 4))
+        data = _read(sock, size)
+    return decode_response(api_key, version, data)
+
+
+def encode_request(api_key: int, version: int, body: dict[str, Any], correlation_id: int = 1) -> bytes:
+    """The framed request (size, header, body), kio's fields by name as `build` takes them."""
     request_cls = load_request_schema(api_key, version)
     buffer = io.BytesIO()
-    header = {"request_api_key": api_key, "request_api_version": version, "correlation_id": 1, "client_id": "test"}
+    header = {
+        "request_api_key": api_key,
+        "request_api_version": version,
+        "correlation_id": correlation_id,
+        "client_id": "test",
+    }
     entity_writer(request_cls.__header_schema__)(buffer, build(request_cls.__header_schema__, header))
     entity_writer(request_cls)(buffer, build(request_cls, body))
     payload = buffer.getvalue()
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-        sock.sendall(struct.pack(">i", len(payload)) + payload)
-        (size,) = struct.unpack(">i", _read(sock, 4))
-        data = _read(sock, size)
+    return struct.pack(">i", len(payload)) + payload
+
+
+def decode_response(api_key: int, version: int, data: bytes) -> Any:
+    """The kio response entity of a response frame's payload (what follows its size)."""
     response_cls = load_response_schema(api_key, version)
     _header, offset = entity_reader(response_cls.__header_schema__)(data, 0)
     response, _ = entity_reader(response_cls)(data, offset)

@@ -75,6 +75,7 @@ class ErrorCode(IntEnum):
     RESOURCE_NOT_FOUND = 91
     DUPLICATE_RESOURCE = 92
     UNACCEPTABLE_CREDENTIAL = 93
+    UNKNOWN_TOPIC_ID = 100
 
 
 class TidelogError(Exception):

@@ -128,6 +128,7 @@ class Broker:
             check_leader,
             log_defaults=config.engine.log_defaults,
             quotas=self.quotas,
+            cluster=cluster_topics,
         )
         self.replicas: ReplicaManager | None = None
         self.fetchers: ReplicaFetchers | None = None

@@ -9,9 +9,22 @@ from the segment files, except for Fetch v0-v3 (clients older than Kafka 0.11): 
 down-converted to magic 0 (v0-v1) or magic 1 (v2-v3) message sets (codec/legacy_write.py), or refused per partition
 with UNSUPPORTED_VERSION where the topic sets `message.downconversion.enable=false`.
 
+Fetch v13+ (KIP-516) names topics by topic id, in the request and in the answer: an id is resolved against the
+topics clients see (the engine's on a single broker, the cluster's in a cluster, as Kafka's metadata cache does);
+each partition of an id that names no topic is answered UNKNOWN_TOPIC_ID under that id, beside the others, and
+is not waited on (nor is a partition whose topic the client may not read). v15 (KIP-903) moves the follower's id
+into `replica_state` (with its broker epoch, which a ZooKeeper-mode leader does not check); v16 (KIP-951) answers a
+partition refused with NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH with its current leader and epoch, and the
+response with that leader's endpoint for the client's listener, so the client can go there at once; v17 (KIP-853)
+adds the follower's log directory id, which is read and ignored. Fetch sessions (KIP-227) are not kept: every
+answer is a full one with session id 0, which clients take as "no session" and send full requests again, so
+`session_id`, `session_epoch` and the forgotten topics of a request are read and ignored.
+
 ListOffsets answers Kafka's special targets: -2 earliest (log start), -1 latest (the high watermark: the log end on
-a single broker; a follower asking its leader gets the log end), -3 the record with the largest timestamp, and -4
-(EARLIEST_LOCAL_TIMESTAMP, v8+) which, with no tiered storage, is the log start too. v0 answers a list of offsets
+a single broker; a follower asking its leader gets the log end), -3 the record with the largest timestamp, -4
+(EARLIEST_LOCAL_TIMESTAMP, v8+) which, with no tiered storage, is the log start too, and -5 (LATEST_TIERED_TIMESTAMP,
+v9+, KIP-1005): with no tiered storage nothing is tiered, so offset, timestamp and leader epoch -1, as Kafka answers
+without remote storage. v0 answers a list of offsets
 (`old_style_offsets`, at most `max_num_offsets`): the one offset later versions answer, none where they answer -1
 (Kafka's v0 lists segment base offsets older than the timestamp; a latest or earliest lookup, what v0 clients send,
 gets the same single offset from both).
@@ -27,9 +40,10 @@ leader change (KIP-320).
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, LeaderCheck, RawResponse, Response
@@ -37,12 +51,20 @@ from tidelog.broker.quotas import QuotaKind
 from tidelog.codec.legacy_write import downconvert
 from tidelog.config import LogConfig
 from tidelog.errors import ErrorCode, TidelogError
-from tidelog.protocol.fetch_response import PartitionData, TopicData, encode_fetch_response
-from tidelog.protocol.messages import ApiKey, Request, millis, response_header
+from tidelog.protocol.fetch_response import (
+    NODE_ENDPOINTS_FROM,
+    TOPIC_IDS_FROM,
+    NodeEndpoint,
+    PartitionData,
+    TopicData,
+    encode_fetch_response,
+)
+from tidelog.protocol.messages import ApiKey, Request, millis, response_header, uuid_to_kafka
 from tidelog.storage.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, StorageEngine, TimestampAndOffset
 
 if TYPE_CHECKING:
     from tidelog.broker.authorizer import Authorizer
+    from tidelog.broker.cluster_topics import ClusterTopics
     from tidelog.broker.metrics import Metrics
     from tidelog.broker.quotas import ClientQuotaManager
 
@@ -50,9 +72,20 @@ INT_MAX = (1 << 31) - 1
 DEFAULT_LOG_CONFIG = LogConfig()
 LAST_LEGACY_FETCH_VERSION = 3  # v0-v3 want magic 0/1 message sets; v4 brought the v2 record batch
 EARLIEST_LOCAL_TIMESTAMP = -4  # ListOffsets v8+ (KIP-405): the first offset kept on local disk
+LATEST_TIERED_TIMESTAMP = -5  # ListOffsets v9+ (KIP-1005): the last offset copied to tiered storage
+REPLICA_STATE_FROM = 15  # Fetch v15+ (KIP-903): the follower's id inside replica_state
+LEADER_HINT_ERRORS = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH})  # KIP-951
 PartitionKey = tuple[str, int]
 # (topic, partition, follower broker id, its fetch offset) -> None; raises NotLeaderOrFollowerError (replica_manager.py)
 FollowerFetchRecorder = Callable[[str, int, int, int], None]
+
+
+class FetchTopic(NamedTuple):
+    """A requested topic with its name resolved: None when a v13+ request's topic id names no topic."""
+
+    name: str | None
+    topic_id: uuid.UUID | None  # v13+: as asked, and answered
+    partitions: Sequence[Any]  # the request's FetchPartition entities
 
 
 class AppendNotifier:
@@ -123,8 +156,10 @@ class FetchApis:
         record_follower_fetch: FollowerFetchRecorder | None = None,
         log_defaults: LogConfig = DEFAULT_LOG_CONFIG,
         quotas: ClientQuotaManager | None = None,
+        cluster: ClusterTopics | None = None,
     ) -> None:
         self.engine = engine
+        self.cluster = cluster  # a cluster's: its topic ids, leaders and brokers' endpoints
         self.quotas = quotas  # consumer_byte_rate: a throttled fetch answers no data, its connection muted
         self.log_defaults = log_defaults  # the broker's topic defaults (message.downconversion.enable)
         self.check_leader = check_leader  # a cluster's: only the leader serves a partition
@@ -136,8 +171,8 @@ class FetchApis:
 
     def handlers(self) -> HandlerTable:
         return {
-            ApiKey.FETCH: ApiHandler(0, 12, self.handle_fetch),
-            ApiKey.LIST_OFFSETS: ApiHandler(0, 8, self.handle_list_offsets),
+            ApiKey.FETCH: ApiHandler(0, 17, self.handle_fetch),
+            ApiKey.LIST_OFFSETS: ApiHandler(0, 9, self.handle_list_offsets),
             ApiKey.OFFSET_FOR_LEADER_EPOCH: ApiHandler(0, 4, self.handle_offset_for_leader_epoch),
         }
 
@@ -153,18 +188,26 @@ class FetchApis:
         min_bytes = body.min_bytes
         max_bytes = getattr(body, "max_bytes", INT_MAX)
         authorize = self.authorizer.authorize
+        asked = self._resolve_topics(body.topics, request.api_version)
         denied = {
-            t.topic for t in body.topics if not authorize(connection, Operation.READ, ResourceType.TOPIC, t.topic)
+            t.name
+            for t in asked
+            if t.name is not None and not authorize(connection, Operation.READ, ResourceType.TOPIC, t.name)
         }
-        keys = [(t.topic, p.partition) for t in body.topics for p in t.partitions if t.topic not in denied]
-        replica_id = getattr(body, "replica_id", -1)
+        keys = [
+            (t.name, p.partition) for t in asked if t.name is not None and t.name not in denied for p in t.partitions
+        ]
+        if request.api_version >= REPLICA_STATE_FROM:
+            replica_id = body.replica_state.replica_id
+        else:
+            replica_id = getattr(body, "replica_id", -1)
         if replica_id >= 0 and self.record_follower_fetch is None:
             replica_id = -1  # a single broker has no followers: read as any consumer does
         quotas = self.quotas if replica_id < 0 else None
         if quotas is not None:  # never more than the quota's windows allow at once
             max_bytes = min(max_bytes, quotas.max_fetch_bytes(connection.principal, request.client_id) or max_bytes)
         while True:
-            topics, total, failed = self._read(body, max_bytes, denied, replica_id)
+            topics, total, failed = self._read(asked, max_bytes, denied, replica_id)
             remaining = deadline - loop.time()
             if total >= min_bytes or failed or not keys or remaining <= 0 or self.is_stopping():
                 break  # (nothing to wait for without partitions: answered at once, as Kafka does)
@@ -182,9 +225,50 @@ class FetchApis:
                 self.metrics.of_topic(topic.name)[2].inc(sent)
         if request.api_version <= LAST_LEGACY_FETCH_VERSION:
             self._down_convert(topics, magic=0 if request.api_version <= 1 else 1)
+        node_endpoints: list[NodeEndpoint] = []
+        if request.api_version >= NODE_ENDPOINTS_FROM:
+            node_endpoints = self._current_leaders(topics, connection)
         header = response_header(ApiKey.FETCH, request.api_version, request.correlation_id)
-        parts, size = encode_fetch_response(request.api_version, header, topics, throttle_time_ms=throttle_ms)
+        parts, size = encode_fetch_response(
+            request.api_version, header, topics, throttle_time_ms=throttle_ms, node_endpoints=node_endpoints
+        )
         return RawResponse(parts, size)
+
+    def _resolve_topics(self, topics: Sequence[Any], version: int) -> list[FetchTopic]:
+        """The request's topics by name; v13+ name them by id, resolved as Kafka's metadata cache resolves them."""
+        if version < TOPIC_IDS_FROM:
+            return [FetchTopic(t.topic, None, t.partitions) for t in topics]
+        if self.cluster is not None:
+            view = self.cluster.cache.view
+            names = {t.topic_id: name for name, t in view.topics.items() if t.topic_id is not None}
+        else:
+            names = {d.topic_id: name for name, d in self.engine.topics().items()}
+        return [FetchTopic(names.get(uuid_to_kafka(t.topic_id)), t.topic_id, t.partitions) for t in topics]
+
+    def _current_leaders(self, topics: list[TopicData], connection: Connection) -> list[NodeEndpoint]:
+        """KIP-951: each partition refused because this broker does not lead it (or at that epoch) gets the leader
+        and leader epoch the cluster's metadata names; returned are those leaders' endpoints on the client's
+        listener (a leader that is not alive gets none, as Kafka answers)."""
+        cluster = self.cluster
+        if cluster is None:  # a single broker leads everything it has: never refused so
+            return []
+        view = cluster.cache.view
+        live = cluster.membership.live_brokers
+        endpoints: dict[int, NodeEndpoint] = {}
+        for topic in topics:
+            for data in topic.partitions:
+                if data.error_code not in LEADER_HINT_ERRORS:
+                    continue
+                partition = view.partition(topic.name, data.partition_index)
+                leader = partition.leader if partition is not None else -1
+                data.current_leader = (leader, partition.leader_epoch if partition is not None else -1)
+                if leader == cluster.config.node_id:
+                    endpoints[leader] = NodeEndpoint(
+                        leader, connection.advertised_host, connection.advertised_port, cluster.config.broker_rack
+                    )
+                elif leader in live and (endpoint := live[leader].endpoint(connection.listener.name)) is not None:
+                    endpoints[leader] = NodeEndpoint(leader, endpoint.host, endpoint.port, live[leader].rack)
+        return [endpoints[node_id] for node_id in sorted(endpoints)]
 
     def _down_convert(self, topics: list[TopicData], magic: int) -> None:
         """Fetch v0-v3: each partition's batches as a magic 0 (v0-v1) or 1 (v2-v3) message set, unless its topic says
@@ -202,32 +286,38 @@ class FetchApis:
                 data.records = downconvert(b"".join(part.read() for part in data.slices), magic)
                 data.slices = ()
 
-    def _read(self, body: Any, max_bytes: int, denied: set[str], replica_id: int) -> tuple[list[TopicData], int, bool]:
+    def _read(
+        self, asked: list[FetchTopic], max_bytes: int, denied: set[str], replica_id: int
+    ) -> tuple[list[TopicData], int, bool]:
         engine = self.engine
         remaining = max_bytes
         total = 0
         failed = False
         topics = []
-        for fetch_topic in body.topics:
-            topic = TopicData(fetch_topic.topic)
+        for fetch_topic in asked:
+            name = fetch_topic.name
+            topic = TopicData(name or "", topic_id=fetch_topic.topic_id)
             for fetch_partition in fetch_topic.partitions:
                 data = PartitionData(fetch_partition.partition)
                 topic.partitions.append(data)
-                if fetch_topic.topic in denied:  # answered with the others, after the wait, as Kafka does
+                if name is None:  # answered with the others, after the wait, as Kafka does (so is the next)
+                    data.error_code = ErrorCode.UNKNOWN_TOPIC_ID
+                    continue
+                if name in denied:
                     data.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                     continue
                 try:
                     if self.check_leader is not None:
                         self.check_leader(
-                            fetch_topic.topic,
+                            name,
                             fetch_partition.partition,
                             getattr(fetch_partition, "current_leader_epoch", -1),
                         )
-                    partition_log = engine.partition(fetch_topic.topic, fetch_partition.partition)
+                    partition_log = engine.partition(name, fetch_partition.partition)
                     if replica_id >= 0:
                         assert self.record_follower_fetch is not None
                         self.record_follower_fetch(
-                            fetch_topic.topic, fetch_partition.partition, replica_id, fetch_partition.fetch_offset
+                            name, fetch_partition.partition, replica_id, fetch_partition.fetch_offset
                         )
                     data.high_watermark = data.last_stable_offset = partition_log.high_watermark
                     data.log_start_offset = partition_log.log_start_offset
@@ -283,7 +373,10 @@ class FetchApis:
                             getattr(list_partition, "current_leader_epoch", -1),
                         )
                     found: TimestampAndOffset | None
-                    if from_follower and target == LATEST_TIMESTAMP:  # a follower's question: the log end
+                    if target == LATEST_TIERED_TIMESTAMP:  # nothing is tiered: -1s, once the partition is known
+                        engine.partition(list_topic.name, list_partition.partition_index)
+                        found = None
+                    elif from_follower and target == LATEST_TIMESTAMP:  # a follower's question: the log end
                         handle = engine.partition(list_topic.name, list_partition.partition_index)
                         found = TimestampAndOffset(-1, handle.log_end_offset, handle.latest_epoch)
                     else:

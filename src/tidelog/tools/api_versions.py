@@ -106,8 +106,6 @@ KAFKA_3_9: dict[int, tuple[int, int]] = {
 
 # Why a row stops short of Kafka 3.9 (kept beside the table so the page says it where it matters).
 SHORT_BECAUSE: dict[int, str] = {
-    ApiKey.FETCH: "v13-v17 name topics by id (KIP-516); not served yet",
-    ApiKey.LIST_OFFSETS: "v9 asks for the last tiered offset (KIP-1005); no tiered storage",
     ApiKey.CONTROLLED_SHUTDOWN: "v0 has a request header without a client id; brokers of 2.2 and later send v1+",
     ApiKey.SASL_HANDSHAKE: "v0 is followed by raw SASL tokens outside Kafka requests; not offered",
 }
@@ -142,6 +140,12 @@ def render() -> str:
         "OffsetFetch v0 and OffsetCommit v0 (ZooKeeper-stored offsets in Kafka) use the same offset store as the",
         "later versions. ListOffsets v0 answers one offset in its list (Kafka lists segment base offsets older than",
         "the timestamp; for the latest and earliest targets old clients send, both answer the same).",
+        "",
+        "Fetch v13-v17 name topics by topic id (KIP-516; an id naming no topic is answered UNKNOWN_TOPIC_ID), carry",
+        "a follower's id in `replica_state` (v15) and, refused for want of leadership, the current leader and its",
+        "endpoint (v16, KIP-951). Fetch sessions (KIP-227) are not kept: every answer is a full one with session id",
+        "0, which clients read as no session. ListOffsets v9's LATEST_TIERED_TIMESTAMP (-5) answers offset -1, as",
+        "Kafka does without tiered storage.",
         "",
         "| key | API | tidelog | Kafka 3.9 | note |",
         "|---:|---|---|---|---|",
