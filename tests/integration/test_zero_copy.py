@@ -3,7 +3,8 @@
 A Broker runs in the test's own event loop, whose `sendfile` is wrapped to record each call (then does the real
 one). A Fetch over a raw socket for a batch above SENDFILE_MIN_BYTES must go out through exactly one sendfile of
 that batch's bytes from its `.log` segment, and the bytes the client receives must be the segment's own; a batch
-below the threshold goes by pread + write (one syscall pair beats a drain and a sendfile for small slices).
+below the threshold goes by pread + write (one syscall pair beats a drain and a sendfile for small slices). Fetch v17,
+which names the topic by id, goes out the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import kafka_wire
 from tidelog.broker.broker import Broker
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.server import SENDFILE_MIN_BYTES
@@ -61,6 +63,33 @@ async def fetch(port: int, correlation_id: int, offset: int) -> bytes:
         await writer.wait_closed()
 
 
+async def fetch_v17(port: int, correlation_id: int, topic_id: str) -> bytes:
+    """The records of partition 0 of the topic `topic_id` names, from offset 0, through Fetch v17 (by topic id)."""
+    body = {
+        "max_wait": 500,
+        "min_bytes": 1,
+        "max_bytes": 4 << 20,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [
+            {"topic_id": topic_id, "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 4 << 20}]}
+        ],
+        "forgotten_topics_data": [],
+        "rack_id": "",
+    }
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(kafka_wire.encode_request(FETCH, 17, body, correlation_id))
+        (size,) = struct.unpack(">i", await reader.readexactly(4))
+        response = kafka_wire.decode_response(FETCH, 17, await reader.readexactly(size))
+        [partition] = response.responses[0].partitions
+        assert partition.error_code == 0
+        return bytes(partition.records)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
 async def serve_fetches(log_dir: Path) -> tuple[list[tuple[int, int, int, bool]], dict[str, Any]]:
     settings = {"listeners": "PLAINTEXT://127.0.0.1:0", "log.dirs": str(log_dir), "offsets.topic.num.partitions": "1"}
     broker = Broker(BrokerConfig.from_mapping(settings))
@@ -91,6 +120,9 @@ async def serve_fetches(log_dir: Path) -> tuple[list[tuple[int, int, int, bool]]
             "calls_after_large": list(calls),
             "small": await fetch(port, 2, 8),
         }
+        calls_before_v17 = len(calls)
+        got["large_v17"] = await fetch_v17(port, 3, broker.engine.topics()[TOPIC].topic_id)
+        got["calls_of_v17"] = calls[calls_before_v17:]
         return calls, got
     finally:
         loop.sendfile = real_sendfile  # type: ignore[method-assign]
@@ -105,7 +137,9 @@ def test_a_large_fetch_is_sent_with_sendfile_and_a_small_one_is_not(tmp_path: Pa
     assert got["calls_after_large"] == [(got["segment_inode"], 0, len(got["large"]), False)], "not one sendfile"
     assert len(got["large"]) >= large_size
     assert got["small"] == got["segment"][large_size:], "the small batch came back changed"
-    assert calls == got["calls_after_large"], "a slice under SENDFILE_MIN_BYTES went by sendfile"
+    assert got["large_v17"] == got["large"], "Fetch v17 got other bytes than Fetch v4"
+    assert got["calls_of_v17"] == got["calls_after_large"], "Fetch v17's records did not go by one sendfile"
+    assert calls == got["calls_after_large"] * 2, "a slice under SENDFILE_MIN_BYTES went by sendfile"
 
 
 async def fetch_with_failing_sendfile(log_dir: Path) -> dict[str, Any]:
