@@ -6,7 +6,9 @@ SIGKILL loses no acknowledged record, and a follower whose data directory is wip
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import time
 from typing import Any
 
@@ -22,6 +24,7 @@ from tidelog.protocol.messages import ApiKey
 from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker
 
 FAILOVER_S = SESSION_TIMEOUT_MS / 1000 + 30  # ZooKeeper notices the death, the controller acts; two busy cores
+NOT_LEADER_OR_FOLLOWER = 6
 NOT_ENOUGH_REPLICAS = 19
 REPLICATION = {
     "replica.lag.time.max.ms": 4000,
@@ -247,3 +250,77 @@ def test_a_follower_whose_data_is_wiped_copies_everything_again(
     wait_for(lambda: replicas_identical(brokers, "wiped", 0), what="its replica identical to the leader's again")
     copied = sorted(p.name for p in (brokers[follower].log_dir / "wiped-0").glob("*.log"))
     assert len(copied) > 1 and copied == sorted(p.name for p in (brokers[leader].log_dir / "wiped-0").glob("*.log"))
+
+
+def fetch_v15_plus(bootstrap: str, version: int, topic_id: Any, offset: int, replica_id: int) -> Any:
+    """Fetch v15+ (topic by id, the replica id in replica_state) of partition 0 from `offset`; its one partition."""
+    body = {
+        "replica_state": {"replica_id": replica_id, "replica_epoch": -1},
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [
+            {
+                "topic_id": topic_id,
+                "partitions": [{"partition": 0, "fetch_offset": offset, "partition_max_bytes": 1 << 20}],
+            }
+        ],
+        "forgotten_topics_data": [],
+        "rack_id": "",
+    }
+    response = kafka_wire.request(bootstrap, ApiKey.FETCH, version, body)
+    [topic] = response.responses
+    assert topic.topic_id == topic_id
+    return response, topic.partitions[0]
+
+
+def latest_offset(bootstrap: str, topic: str) -> int:
+    """ListOffsets v9 latest (a consumer's): the high watermark."""
+    body = {
+        "replica_id": -1,
+        "isolation_level": 0,
+        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
+    }
+    [answer] = kafka_wire.request(bootstrap, ApiKey.LIST_OFFSETS, 9, body).topics[0].partitions
+    assert answer.error_code == 0
+    return int(answer.offset)
+
+
+def test_a_v15_follower_fetch_moves_the_high_watermark_and_v16_names_the_leader(
+    cluster_broker: ClusterBroker, zk_client: KazooClient
+) -> None:
+    """The follower's id inside Fetch v15's replica_state reaches the leader's replica manager: with the real follower
+    paused (SIGSTOP; its session and its ISR seat outlast the test), a v15 fetch as that follower from the log end
+    moves the high watermark. A consumer's Fetch v16 at the follower is refused NOT_LEADER_OR_FOLLOWER with the
+    leader, its epoch and its endpoint (KIP-951)."""
+    patient = {**REPLICATION, "replica.lag.time.max.ms": 60_000, "zookeeper.session.timeout.ms": 30_000}
+    brokers = {broker_id: cluster_broker(broker_id, patient) for broker_id in (1, 2)}
+    wait_for(lambda: registered(zk_client) == [1, 2], what="two registrations")
+    admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+    [future] = admin.create_topics([NewTopic("by-id", 1, replica_assignment=[[1, 2]])], operation_timeout=30).values()
+    future.result(timeout=60)
+    wait_for(lambda: sorted(state(zk_client, "by-id", 0)["isr"]) == [1, 2], what="the full ISR")
+    leader, follower = brokers[1], brokers[2]
+    [described] = kafka_wire.metadata(leader.bootstrap, ["by-id"]).topics
+    topic_id = described.topic_id
+    assert wire_produce(leader.bootstrap, "by-id", acks=-1) == 0  # both replicas hold offset 0
+    wait_for(lambda: latest_offset(leader.bootstrap, "by-id") == 1, what="the high watermark at 1")
+
+    os.kill(follower.pid, signal.SIGSTOP)
+    try:
+        assert wire_produce(leader.bootstrap, "by-id", acks=1) == 0
+        time.sleep(0.5)
+        assert latest_offset(leader.bootstrap, "by-id") == 1, "the high watermark moved without the follower"
+        _response, answer = fetch_v15_plus(leader.bootstrap, 15, topic_id, 2, replica_id=2)
+        assert (answer.error_code, answer.high_watermark) == (0, 2)
+        assert latest_offset(leader.bootstrap, "by-id") == 2
+    finally:
+        os.kill(follower.pid, signal.SIGCONT)
+
+    response, answer = fetch_v15_plus(follower.bootstrap, 16, topic_id, 0, replica_id=-1)
+    epoch = state(zk_client, "by-id", 0)["leader_epoch"]
+    assert answer.error_code == NOT_LEADER_OR_FOLLOWER
+    assert (answer.current_leader.leader_id, answer.current_leader.leader_epoch) == (1, epoch)
+    assert [(n.node_id, n.host, n.port) for n in response.node_endpoints] == [(1, "127.0.0.1", leader.port)]
