@@ -13,7 +13,7 @@ Fetch v13+ (KIP-516) names topics by topic id, in the request and in the answer:
 topics clients see (the engine's on a single broker, the cluster's in a cluster, as Kafka's metadata cache does);
 each partition of an id that names no topic is answered UNKNOWN_TOPIC_ID under that id, beside the others, and
 is not waited on (nor is a partition whose topic the client may not read). v15 (KIP-903) moves the follower's id
-into `replica_state` (with its broker epoch, which a ZooKeeper-mode leader does not check); v16 (KIP-951) answers a
+into `replica_state` (with its broker epoch, which Kafka checks in KRaft mode only); v16 (KIP-951) answers a
 partition refused with NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH with its current leader and epoch, and the
 response with that leader's endpoint for the client's listener, so the client can go there at once; v17 (KIP-853)
 adds the follower's log directory id, which is read and ignored. Fetch sessions (KIP-227) are not kept: every
@@ -22,19 +22,19 @@ answer is a full one with session id 0, which clients take as "no session" and s
 
 ListOffsets answers Kafka's special targets: -2 earliest (log start), -1 latest (the high watermark: the log end on
 a single broker; a follower asking its leader gets the log end), -3 the record with the largest timestamp, -4
-(EARLIEST_LOCAL_TIMESTAMP, v8+) which, with no tiered storage, is the log start too, and -5 (LATEST_TIERED_TIMESTAMP,
-v9+, KIP-1005): with no tiered storage nothing is tiered, so offset, timestamp and leader epoch -1, as Kafka answers
-without remote storage. v0 answers a list of offsets
-(`old_style_offsets`, at most `max_num_offsets`): the one offset later versions answer, none where they answer -1
-(Kafka's v0 lists segment base offsets older than the timestamp; a latest or earliest lookup, what v0 clients send,
-gets the same single offset from both).
+(EARLIEST_LOCAL_TIMESTAMP, v8+) which, with no tiered storage, is the log start too, and -5
+(LATEST_TIERED_TIMESTAMP, v9+, KIP-1005): with no tiered storage nothing is tiered, so offset, timestamp and leader
+epoch -1, as Kafka answers without remote storage. v0 answers a list of offsets (`old_style_offsets`, at most
+`max_num_offsets`): the one offset later versions answer, none where they answer -1 (Kafka's v0 lists segment base
+offsets older than the timestamp; a latest or earliest lookup, what v0 clients send, gets the same single offset
+from both).
 
-In a cluster a Fetch with `replica_id` set comes from a follower (replica_fetcher.py): it reads up to the log end,
-not the high watermark, and its fetch offset is the follower's log end, which the replica manager records
-(`record_follower_fetch`) before the answer gives the follower the leader's high watermark. OffsetForLeaderEpoch
-answers (v0-v4; v0 without the epoch in the answer) where a leader epoch ends in this leader's log
-(`Partition.end_offset_for_epoch`), what a follower truncates to (KIP-101/279) and what a consumer checks after a
-leader change (KIP-320).
+In a cluster a Fetch with `replica_id` set (from v15 inside `replica_state`) comes from a follower: it reads up to
+the log end, not the high watermark, and its fetch offset is the follower's log end, which the replica manager
+records (`record_follower_fetch`) before the answer gives the follower the leader's high watermark.
+OffsetForLeaderEpoch answers (v0-v4; v0 without the epoch in the answer) where a leader epoch ends in this leader's
+log (`Partition.end_offset_for_epoch`), what a follower truncates to (KIP-101/279) and what a consumer checks after
+a leader change (KIP-320).
 """
 
 from __future__ import annotations
