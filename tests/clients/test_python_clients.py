@@ -21,12 +21,13 @@ from typing import Any, TypeVar
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, RecordsToDelete
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.admin import NewPartitions as AioNewPartitions
 from aiokafka.admin import NewTopic as AioNewTopic
 from aiokafka.admin.config_resource import ConfigResource as AioConfigResource
 from aiokafka.admin.config_resource import ConfigResourceType as AioConfigResourceType
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 import kafka_wire
 from broker_process import BrokerProcess
@@ -34,10 +35,11 @@ from tidelog.protocol.messages import ApiKey
 
 with warnings.catch_warnings():  # kafka-python's import trips importlib.resources deprecations
     import kafka.errors
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
     from kafka import TopicPartition as KpTopicPartition
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
     from kafka.admin import NewPartitions as KpNewPartitions
+    from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
 TIMEOUT_S = 30.0
 KCAT = shutil.which("kcat")
@@ -281,7 +283,7 @@ def test_aiokafka_creates_partitions(broker: BrokerProcess) -> None:
     create_topic(broker, "aio-grows", 2)
 
     async def use(client: AIOKafkaAdminClient) -> Any:
-        return await client.create_partitions({"aio-grows": NewPartitions(total_count=4)})
+        return await client.create_partitions({"aio-grows": AioNewPartitions(total_count=4)})
 
     response = aio_admin(broker, use)
     assert [tuple(t[:2]) for t in response.topic_errors] == [("aio-grows", 0)]
@@ -436,10 +438,10 @@ def test_aiokafka_idempotent_producer(broker: BrokerProcess) -> None:
 # --- kcat and confluent-kafka ----------------------------------------------------------------------------------
 
 
-def kcat(*args: str) -> str:
+def kcat(*args: str, stdin: str | None = None) -> str:
     if KCAT is None:
         pytest.fail("kcat is not installed (apt-get install -y kcat)")
-    done = subprocess.run([KCAT, *args], capture_output=True, timeout=TIMEOUT_S, check=False, text=True)
+    done = subprocess.run([KCAT, *args], input=stdin, capture_output=True, timeout=TIMEOUT_S, check=False, text=True)
     assert done.returncode == 0, f"kcat {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}"
     return done.stdout
 
@@ -494,3 +496,146 @@ def test_confluent_consumer_resumes_from_its_commit(broker: BrokerProcess) -> No
     assert committed(broker, group, topic) == [4]
     assert consume(6) == list(range(4, 10))  # resumes at the commit; commits offset 8
     assert committed(broker, group, topic) == [8]
+
+
+@pytest.mark.matrix("admin: create partitions", client=CK)
+def test_confluent_creates_partitions(broker: BrokerProcess) -> None:
+    create_topic(broker, "ck-grows", 2)
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    client.create_partitions([NewPartitions("ck-grows", 6)], request_timeout=15)["ck-grows"].result(TIMEOUT_S)
+    assert topics(broker)["ck-grows"] == 6
+    with pytest.raises(KafkaException) as raised:  # fewer than it has
+        client.create_partitions([NewPartitions("ck-grows", 3)], request_timeout=15)["ck-grows"].result(TIMEOUT_S)
+    assert raised.value.args[0].code() == KafkaError.INVALID_PARTITIONS
+    assert topics(broker)["ck-grows"] == 6
+
+
+@pytest.mark.matrix("producer: idempotence", client=KC)
+def test_kcat_idempotent_producer(broker: BrokerProcess) -> None:
+    create_topic(broker, "kcat-idempotent")
+    lines = "".join(f"v{i}\n" for i in range(8))
+    kcat("-P", "-b", broker.bootstrap, "-t", "kcat-idempotent", "-p", "0", "-X", "enable.idempotence=true", stdin=lines)
+    assert watermarks(broker, "kcat-idempotent") == (0, 8)
+    [state] = active_producers(broker, "kcat-idempotent")
+    assert state.producer_id >= 0 and state.last_sequence == 7
+
+
+@pytest.mark.matrix("old protocol versions (a 0.9 or 0.10 client)", client=KC)
+def test_kcat_without_api_version_request(broker: BrokerProcess) -> None:
+    """kcat as a 0.9 client (no ApiVersions request): Produce v1 with magic 0 messages, Fetch v1."""
+    old = ["-b", broker.bootstrap, "-t", "kcat-old", "-X", "api.version.request=false"]
+    old += ["-X", "broker.version.fallback=0.9.0.1"]
+    kcat("-P", *old, "-p", "0", "-z", "gzip", stdin="".join(f"old-{i}\n" for i in range(5)))
+    assert kcat("-C", *old, "-p", "0", "-o", "beginning", "-e", "-f", "%o %s\n").splitlines() == [
+        f"{i} old-{i}" for i in range(5)
+    ]
+
+
+@pytest.mark.matrix("producer: transactions refused at once (none yet)", client=KP)
+def test_kafka_python_transactional_producer_fails_at_once(broker: BrokerProcess) -> None:
+    started = time.monotonic()
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="kp-tx")
+    try:
+        with pytest.raises(kafka.errors.TransactionalIdAuthorizationFailedError):
+            producer.init_transactions()
+    finally:
+        producer.close(timeout=5)
+    assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.matrix("producer: transactions refused at once (none yet)", client=AIO)
+def test_aiokafka_transactional_producer_fails_at_once(broker: BrokerProcess) -> None:
+    async def start() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aio-tx")
+        try:
+            await asyncio.wait_for(producer.start(), 5.0)
+        finally:
+            await producer.stop()
+
+    with pytest.raises(kafka_errors_of_aiokafka().TransactionalIdAuthorizationFailed):
+        asyncio.run(start())
+
+
+@pytest.mark.matrix("group: cooperative rebalancing", client=KP)
+def test_kafka_python_cooperative_members_revoke_only_what_moves(broker: BrokerProcess) -> None:
+    """kafka-python's cooperative-sticky assignor: the second member takes two of four partitions from the first,
+    which gives up only those two; when it leaves, the first gets them back and loses nothing."""
+    topic, group = "kp-cooperative", "kp-cooperative"
+    create_topic(broker, topic, 4)
+
+    class Recorder(ConsumerRebalanceListener):
+        def __init__(self) -> None:
+            self.revoked: list[set[int]] = []
+
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            if revoked:
+                self.revoked.append({tp.partition for tp in revoked})
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            pass
+
+    def member(recorder: Recorder) -> Any:
+        consumer = KafkaConsumer(
+            bootstrap_servers=broker.bootstrap,
+            group_id=group,
+            partition_assignment_strategy=[CooperativeStickyAssignor],
+            heartbeat_interval_ms=200,
+        )
+        consumer.subscribe([topic], listener=recorder)
+        return consumer
+
+    def owned(consumers: list[Any], sizes: list[int]) -> bool:
+        for consumer in consumers:
+            consumer.poll(timeout_ms=50)
+        return [len(c.assignment()) for c in consumers] == sizes
+
+    first_log, second_log = Recorder(), Recorder()
+    first = member(first_log)
+    try:
+        wait_for(lambda: owned([first], [4]), "the first member to own every partition")
+        second = member(second_log)
+        try:
+            wait_for(lambda: owned([first, second], [2, 2]), "a two and two split")
+            kept = {tp.partition for tp in first.assignment()}
+            assert first_log.revoked == [set(range(4)) - kept]  # only what moved, once
+        finally:
+            second.close()
+        wait_for(lambda: owned([first], [4]), "the first member to own every partition again")
+        assert len(first_log.revoked) == 1 and second_log.revoked in ([], [{*range(4)} - kept])
+    finally:
+        first.close()
+
+
+@pytest.mark.matrix("group: static membership", client=AIO)
+def test_aiokafka_static_member_stays_and_comes_back(broker: BrokerProcess, kp_admin: Any) -> None:
+    """An aiokafka member with a group.instance.id leaves no LeaveGroup when it stops: the group keeps it; started
+    again, it takes its place (a new member id, the same instance) and its partitions."""
+    topic, group = "aio-static", "aio-static"
+    create_topic(broker, topic, 2)
+
+    def members() -> list[tuple[str, str]]:
+        described = kp_admin.describe_groups([group])[group]
+        assert described["group_state"] == "Stable"
+        return [(m["member_id"], m["group_instance_id"]) for m in described["members"]]
+
+    async def run_member() -> frozenset[AioTopicPartition]:
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=broker.bootstrap, group_id=group, group_instance_id="aio-static-1"
+        )
+        await consumer.start()
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while not consumer.assignment():
+                assert time.monotonic() < deadline, "no assignment"
+                await asyncio.sleep(0.1)
+            return consumer.assignment()
+        finally:
+            await consumer.stop()
+
+    everything = frozenset(AioTopicPartition(topic, p) for p in range(2))
+    assert asyncio.run(run_member()) == everything
+    [(member_id, instance)] = members()  # stopped, and still a member
+    assert instance == "aio-static-1"
+    assert asyncio.run(run_member()) == everything
+    [(new_member_id, instance)] = members()
+    assert instance == "aio-static-1" and new_member_id != member_id
