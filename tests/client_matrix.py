@@ -101,8 +101,9 @@ def installed_versions() -> str:
     """The versions of the Python clients and of kcat this run used (kcat -V names its librdkafka too)."""
     import confluent_kafka
 
+    librdkafka = confluent_kafka.libversion()[0]
     names = [
-        f"confluent-kafka {confluent_kafka.version()[0]} (librdkafka {confluent_kafka.libversion()[0]})",
+        f"confluent-kafka {importlib.metadata.version('confluent-kafka')} (librdkafka {librdkafka})",
         f"kafka-python {importlib.metadata.version('kafka-python')}",
         f"aiokafka {importlib.metadata.version('aiokafka')}",
     ]
