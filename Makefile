@@ -145,7 +145,7 @@ docs-compat: $(STAMP)
 
 # the "Clients" section of docs/compatibility.md: runs tests/clients (KafkaJS, Sarama) and writes each outcome
 docs-clients: $(STAMP) client-deps
-	$(PY) tests/clients/client_matrix.py --doc docs/compatibility.md
+	$(PY) tests/client_matrix.py --doc docs/compatibility.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .hypothesis tidelog-demo-data tests/clients/js/node_modules

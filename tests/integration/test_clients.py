@@ -341,10 +341,30 @@ def assert_log_matches(
 # --- each client with itself, every codec ---------------------------------------------------------------------
 
 
+def codec_cell(codec: str, client: str) -> list[pytest.MarkDecorator]:
+    """The client matrix cell (tests/client_matrix.py) of a round trip with this codec: none for "none"."""
+    return [] if codec == "none" else [pytest.mark.matrix("producer: {codec}", client=client)]
+
+
+def codec_params(client: str) -> list[Any]:
+    return [pytest.param(codec, marks=codec_cell(codec, client)) for codec in CODECS]
+
+
+@pytest.mark.matrix("producer: keys", client="confluent")
+@pytest.mark.matrix("producer: headers", client="confluent")
 @pytest.mark.parametrize(
     ("engine_broker", "codec", "idempotence"),
     [
-        pytest.param(engine, codec, idempotence, id=f"{engine}-{'idempotent' if idempotence else 'plain'}-{codec}")
+        pytest.param(
+            engine,
+            codec,
+            idempotence,
+            id=f"{engine}-{'idempotent' if idempotence else 'plain'}-{codec}",
+            marks=[
+                *codec_cell(codec, "confluent"),
+                *([pytest.mark.matrix("producer: idempotence", client="confluent")] if idempotence else []),
+            ],
+        )
         for engine in ENGINES
         for idempotence in (False, True)
         for codec in (CODECS if engine == "kafka" else ROCKETMQ_CODECS)
@@ -360,7 +380,9 @@ def test_confluent_kafka_roundtrip(engine_broker, codec: str, idempotence: bool)
     assert sum(high for _, high in watermarks(engine_broker.bootstrap, topic)) == len(records)
 
 
-@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.matrix("producer: keys", client="kafka-python")
+@pytest.mark.matrix("producer: headers", client="kafka-python")
+@pytest.mark.parametrize("codec", codec_params("kafka-python"))
 def test_kafka_python_roundtrip(broker, codec: str) -> None:
     topic = f"kp-{codec}"
     create_topic(broker.bootstrap, topic)
@@ -369,7 +391,9 @@ def test_kafka_python_roundtrip(broker, codec: str) -> None:
     assert_log_matches(records, kp_consume(broker.bootstrap, topic, len(records)), placed=placed)
 
 
-@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.matrix("producer: keys", client="aiokafka")
+@pytest.mark.matrix("producer: headers", client="aiokafka")
+@pytest.mark.parametrize("codec", codec_params("aiokafka"))
 def test_aiokafka_roundtrip(broker, codec: str) -> None:
     topic = f"aio-{codec}"
     create_topic(broker.bootstrap, topic)
@@ -378,11 +402,13 @@ def test_aiokafka_roundtrip(broker, codec: str) -> None:
     assert_log_matches(records, aio_consume(broker.bootstrap, topic, len(records)), placed=placed)
 
 
+@pytest.mark.matrix("producer: keys", client="kcat")
+@pytest.mark.matrix("producer: headers", client="kcat")
 @needs_kcat
 @pytest.mark.parametrize(
     ("engine_broker", "codec"),
     [
-        pytest.param(engine, codec, id=f"{engine}-{codec}")
+        pytest.param(engine, codec, id=f"{engine}-{codec}", marks=codec_cell(codec, "kcat"))
         for engine in ENGINES
         for codec in (CODECS if engine == "kafka" else ROCKETMQ_CODECS)
     ],
@@ -509,6 +535,7 @@ def group_broker(start_module_broker):
     return start_module_broker(group_initial_rebalance_delay_ms=0)
 
 
+@pytest.mark.matrix("group: subscribe, consume, commit", client="{client}")
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("client", list(GROUP_CONSUMERS))
 def test_group_consume_and_commit(group_broker, client: str, codec: str) -> None:
@@ -565,6 +592,10 @@ def test_cross_client(broker, cross_topics, producer: str, consumer: str) -> Non
 # --- offsets: by time, beginning and end ----------------------------------------------------------------------
 
 
+@pytest.mark.matrix("consumer: offsets for times, beginning and end", client="confluent")
+@pytest.mark.matrix("consumer: offsets for times, beginning and end", client="kafka-python")
+@pytest.mark.matrix("consumer: offsets for times, beginning and end", client="aiokafka")
+@pytest.mark.matrix("consumer: offsets for times, beginning and end", client="kcat")
 def test_offsets_for_times_and_watermarks(engine_broker) -> None:
     topic = "times"
     create_topic(engine_broker.bootstrap, topic, partitions=1)
@@ -651,6 +682,8 @@ def _create_error(bootstrap: str, topic: NewTopic) -> KafkaError:
     return raised.value.args[0]
 
 
+@pytest.mark.matrix("admin: create topics with configs", client="confluent")
+@pytest.mark.matrix("admin: describe topics and configs", client="confluent")
 def test_admin_create_topic_with_configs(broker) -> None:
     config = {"retention.ms": "3600000", "segment.bytes": "1048576"}
     create_topic(broker.bootstrap, "admin-configs", partitions=5, config=config)
@@ -671,6 +704,7 @@ def test_admin_create_topic_with_configs(broker) -> None:
     ]
 
 
+@pytest.mark.matrix("bad input: invalid topic names", client="confluent")
 def test_admin_create_topic_errors(broker) -> None:
     bootstrap = broker.bootstrap
     create_topic(bootstrap, "admin-dup")
@@ -700,6 +734,7 @@ def test_admin_validate_only_creates_nothing(broker) -> None:
     assert "admin-dry-run" not in client.list_topics(timeout=10).topics
 
 
+@pytest.mark.matrix("admin: delete topics", client="confluent")
 def test_admin_delete_topic(engine_broker) -> None:
     client = admin(engine_broker.bootstrap)
     create_topic(engine_broker.bootstrap, "admin-doomed")
@@ -715,6 +750,7 @@ def test_admin_delete_topic(engine_broker) -> None:
     assert all(wm == (0, 0) for wm in watermarks(engine_broker.bootstrap, "admin-doomed"))
 
 
+@pytest.mark.matrix("admin: delete records", client="confluent")
 def test_admin_delete_records(broker) -> None:
     """DeleteRecords moves the low watermark: the records before it are gone for every reader, the rest stay."""
     topic = "admin-delete-records"
@@ -774,6 +810,7 @@ def test_delete_records_of_the_offsets_topic_is_refused(start_broker) -> None:
 # --- idempotent producer, acks -------------------------------------------------------------------------------
 
 
+@pytest.mark.matrix("producer: idempotence", client="confluent")
 def test_idempotent_producer_exactly_once_in_order(engine_broker) -> None:
     topic = "idempotent-5000"
     create_topic(engine_broker.bootstrap, topic)
@@ -896,6 +933,7 @@ def test_restart_clean_and_after_kill(start_broker, engine: str) -> None:
 # --- large records -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.matrix("bad input: oversize message", client="confluent")
 def test_large_record_roundtrip_and_too_large(broker) -> None:
     topic = "large"
     create_topic(broker.bootstrap, topic, partitions=1)
@@ -1055,6 +1093,7 @@ def test_log_append_time_topic(broker, codec: str) -> None:
         assert kind == TIMESTAMP_LOG_APPEND_TIME and before - 1000 <= ts <= after + 1000, m.timestamp()
 
 
+@pytest.mark.matrix("consumer: read a partition from an offset", client="{consumer}")
 @pytest.mark.parametrize("consumer", ["confluent", "kafka-python", "aiokafka"])
 def test_fetch_from_the_middle_of_a_compressed_batch(broker, consumer: str) -> None:
     topic = f"mid-batch-{consumer}"
@@ -1132,6 +1171,7 @@ def test_tiny_fetch_sizes_still_make_progress(broker) -> None:
     assert_log_matches(records, got, partitions=2)
 
 
+@pytest.mark.matrix("bad input: out-of-range offset", client="confluent")
 @pytest.mark.parametrize("reset", ["earliest", "latest", "error"])
 def test_fetch_offset_out_of_range(broker, reset: str) -> None:
     topic = f"out-of-range-{reset}"

@@ -78,6 +78,7 @@ SET, DELETE, APPEND, SUBTRACT = (
 )
 
 
+@pytest.mark.matrix("admin: alter configs", client="confluent")
 def test_incremental_alter_topic_configs(admin) -> None:
     create(admin, "inc-topic", {"segment.bytes": "1048576"})
     incremental(admin, TOPIC, "inc-topic", ("retention.ms", "3600000", SET), ("cleanup.policy", "compact", APPEND))
@@ -114,6 +115,8 @@ def test_alter_errors_name_the_problem(admin) -> None:
     assert describe(admin, TOPIC, "inc-errors")["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
 
 
+@pytest.mark.matrix("admin: alter configs", client="kafka-python")
+@pytest.mark.matrix("admin: alter configs", client="confluent")
 def test_alter_configs_replaces_the_whole_set(broker, admin) -> None:
     create(admin, "legacy-alter", {"retention.ms": "3600000", "segment.bytes": "1048576"})
     # kafka-python's AlterConfigs (v0-v2): it sends the other overrides along, which are kept

@@ -365,7 +365,17 @@ def assignments_text(members: Sequence[CkMember]) -> str:
 # --- 1. confluent-kafka members joining and leaving under load ------------------------------------------------
 
 
-@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        pytest.param(
+            "range", marks=pytest.mark.matrix("group: two members join, rebalance, leave", client="confluent")
+        ),
+        pytest.param(
+            "cooperative-sticky", marks=pytest.mark.matrix("group: cooperative rebalancing", client="confluent")
+        ),
+    ],
+)
 def test_members_join_and_leave_under_load_no_loss_no_duplicates(gbroker, strategy: str) -> None:
     topic, group, partitions = f"churn-{strategy}", f"churn-{strategy}", 6
     create_topic(gbroker.bootstrap, topic, partitions)
@@ -588,6 +598,7 @@ def test_killed_member_is_removed_after_its_session_timeout(gbroker, tmp_path: P
 # --- 3. kafka-python and aiokafka groups; a group mixing clients ----------------------------------------------
 
 
+@pytest.mark.matrix("consumer: commit, restart, resume from the committed offset", client="kafka-python")
 def test_kafka_python_group_consume_commit_resume(gbroker) -> None:
     from kafka import KafkaConsumer
     from kafka import TopicPartition as KpTopicPartition
@@ -646,6 +657,7 @@ def test_kafka_python_group_consume_commit_resume(gbroker) -> None:
     assert fetch_committed(gbroker.bootstrap, group, topic, partitions) == dict.fromkeys(range(partitions), 20)
 
 
+@pytest.mark.matrix("consumer: commit, restart, resume from the committed offset", client="aiokafka")
 def test_aiokafka_group_consume_commit_resume(gbroker) -> None:
     from aiokafka import AIOKafkaConsumer
     from aiokafka import TopicPartition as AioTopicPartition
@@ -752,6 +764,8 @@ class KpMember(threading.Thread):
         assert not self.is_alive() and self.crash is None, f"kafka-python member: {self.crash!r}"
 
 
+@pytest.mark.matrix("group: two members join, rebalance, leave", client="kafka-python")
+@pytest.mark.matrix("group: two members join, rebalance, leave", client="confluent")
 def test_mixed_kafka_python_and_confluent_members_in_one_range_group(gbroker) -> None:
     topic, group, partitions = "mixed-group", "mixed-group", 4
     create_topic(gbroker.bootstrap, topic, partitions)
@@ -810,6 +824,7 @@ def kp_admin(gbroker) -> Iterable[Any]:
     client.close()
 
 
+@pytest.mark.matrix("admin: list and describe groups", client="confluent")
 def test_admin_list_describe_offsets_alter_delete(gbroker, kp_admin) -> None:
     from kafka import TopicPartition as KpTopicPartition
 

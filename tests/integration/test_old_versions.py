@@ -56,6 +56,7 @@ def _consume_kafka_python(
         consumer.close()
 
 
+@pytest.mark.matrix("old protocol versions (a 0.9 or 0.10 client)", client="kafka-python")
 @pytest.mark.parametrize(
     ("api_version", "codec"),
     [((0, 9), None), ((0, 9), "gzip"), ((0, 10, 0), "snappy"), ((0, 10, 1), "lz4"), ((0, 10, 1), None)],
@@ -75,6 +76,7 @@ def test_kafka_python_old_generations_round_trip(
     assert got == [(i, *_records(i)) for i in range(COUNT)]
 
 
+@pytest.mark.matrix("old protocol versions (a 0.9 or 0.10 client)", client="confluent")
 @pytest.mark.parametrize("fallback", ["0.9.0.1", "0.10.0.0"])
 def test_librdkafka_without_api_version_request_round_trips(broker: BrokerProcess, fallback: str) -> None:
     topic = f"old-rdkafka-{fallback}"

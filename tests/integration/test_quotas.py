@@ -164,6 +164,7 @@ def create_topic(broker, name: str) -> None:
     admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=TIMEOUT_S)
 
 
+@pytest.mark.matrix("quotas: produce and fetch held to a byte rate", client="confluent")
 def test_producer_held_to_its_byte_rate(broker) -> None:
     create_topic(broker, "quota-produce")
     assert alter(broker, {"client-id": "slow-producer"}, {"producer_byte_rate": RATE}) == (0, None)
@@ -177,6 +178,7 @@ def test_producer_held_to_its_byte_rate(broker) -> None:
     alter(broker, {"client-id": "slow-producer"}, {"producer_byte_rate": None})
 
 
+@pytest.mark.matrix("quotas: produce and fetch held to a byte rate", client="confluent")
 def test_consumer_held_to_its_byte_rate(broker) -> None:
     create_topic(broker, "quota-fetch")
     # batches of 16 KiB: a fetch returns at least one whole batch, which must fit the quota's window (100 KiB here)

@@ -441,6 +441,7 @@ def listed_state(groups: dict[str, Any], group: str) -> str:
 # --- FindCoordinator for a transactional id ---------------------------------------------------------------------------
 
 
+@pytest.mark.matrix("producer: transactions refused at once (none yet)", client="confluent")
 def test_transactional_producer_fails_at_once_with_a_clear_error(sbroker) -> None:
     for client_id in ("txn-client", "txn-client", "txn-other"):
         producer = Producer(
@@ -540,6 +541,7 @@ def describe(bootstrap: str, group: str) -> Any:
     return client.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=TIMEOUT_S)
 
 
+@pytest.mark.matrix("group: static membership", client="confluent")
 def test_confluent_second_instance_fences_the_first(sbroker) -> None:
     group = topic = "static-ck-fence"
     create_topic(sbroker.bootstrap, topic, 4)
@@ -563,6 +565,7 @@ def test_confluent_second_instance_fences_the_first(sbroker) -> None:
         second.stop()
 
 
+@pytest.mark.matrix("group: static membership", client="confluent")
 def test_confluent_static_member_restart_within_the_session_keeps_the_assignment(sbroker) -> None:
     group = topic = "static-ck-restart"
     create_topic(sbroker.bootstrap, topic, 4)
@@ -596,6 +599,7 @@ def test_confluent_static_member_restart_within_the_session_keeps_the_assignment
 # --- kafka-python static members ------------------------------------------------------------------------------------
 
 
+@pytest.mark.matrix("group: static membership", client="kafka-python")
 def test_kafka_python_static_member_restart_and_fencing(sbroker) -> None:
     """kafka-python has static membership: a restarted instance gets its partitions back without the other member
     rebalancing; a second process with the instance id of a live one fences it (its commit raises

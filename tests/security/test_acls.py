@@ -164,6 +164,7 @@ def test_a_user_without_acls_can_neither_produce_nor_fetch_describe_commit_or_jo
         consumer.close()
 
 
+@pytest.mark.matrix("security: ACLs", client="confluent")
 def test_acls_created_over_the_protocol_grant_access_and_deleting_them_takes_it_away(
     secure_broker: BrokerProcess, certificates: Certificates
 ) -> None:
@@ -429,6 +430,7 @@ def test_create_delete_alter_and_describe_configs_need_their_acls(
         kafka_admin.close()
 
 
+@pytest.mark.matrix("security: ACLs", client="kafka-python")
 def test_kafka_python_without_acls_cannot_describe_or_commit(
     secure_broker: BrokerProcess, certificates: Certificates
 ) -> None:
@@ -503,6 +505,7 @@ def test_allow_everyone_if_no_acl_found(start_module_broker: StartBroker, certif
     assert _produce_error(_config(broker, certificates, "bob"), open_topic) is None
 
 
+@pytest.mark.matrix("security: TLS", client="confluent")
 def test_client_certificates_on_a_listener_named_through_the_protocol_map(
     start_module_broker: StartBroker, certificates: Certificates
 ) -> None:

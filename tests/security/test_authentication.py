@@ -71,6 +71,7 @@ def _round_trip(broker: BrokerProcess, config: dict[str, Any], topic: str) -> No
         consumer.close()
 
 
+@pytest.mark.matrix("security: SASL PLAIN and SCRAM", client="confluent")
 @pytest.mark.parametrize("listener", SASL_LISTENERS)
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_librdkafka_authenticates_and_round_trips(
@@ -147,6 +148,8 @@ def test_kafka_python_without_credentials_cannot_produce_consume_describe_or_com
     assert refusals >= len(clients)
 
 
+@pytest.mark.matrix("security: SASL PLAIN and SCRAM", client="kafka-python")
+@pytest.mark.matrix("security: TLS", client="kafka-python")
 def test_kafka_python_authenticates_with_each_mechanism(
     secure_broker: BrokerProcess, certificates: Certificates
 ) -> None:
@@ -193,6 +196,7 @@ def test_kafka_python_wrong_password_fails_authentication(
     assert "Authentication failed" in failures[0]
 
 
+@pytest.mark.matrix("security: TLS", client="confluent")
 def test_ssl_listener_needs_a_trusted_certificate(secure_broker: BrokerProcess, certificates: Certificates) -> None:
     trusted = confluent_config(secure_broker, "SSL", certificates)
     assert AdminClient(trusted).list_topics(timeout=15).cluster_id

@@ -1,0 +1,208 @@
+"""The client x feature matrix of docs/compatibility.md, rendered from a run of the tests marked with its cells.
+
+    python tests/client_matrix.py [--results FILE] [--doc docs/compatibility.md]
+
+A test names its cell with `@pytest.mark.matrix(feature, client=...)` (tests/conftest.py records the outcomes).
+Without --results this runs the marked tests of MODULES itself (`pytest -m matrix`; TIDELOG_CLIENT_MATRIX names
+the file tests/conftest.py writes each marked test's outcome to). With --doc it replaces the doc's "## Clients"
+section (up to the next "## " heading, or appends it); without, it prints the section. A cell is "pass" when
+every test of that client and feature passed, "FAIL" when one failed (the failing tests are listed under the
+table), and "-" when no test covers it (the client has no such call, or the setting does not reach it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RESULTS_ENV = "TIDELOG_CLIENT_MATRIX"
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+CONFLUENT, KAFKA_PYTHON, AIOKAFKA, KCAT = "confluent-kafka (librdkafka)", "kafka-python", "aiokafka", "kcat"
+CLIENTS = [
+    "KafkaJS 2.2.4",
+    "Sarama 1.22 (Version V2_2_0_0)",
+    "Sarama 1.22 (default Version)",
+    CONFLUENT,
+    KAFKA_PYTHON,
+    AIOKAFKA,
+    KCAT,
+]
+# the names the Python tests give the clients in their parameters (`client="{consumer}"` resolves through this)
+CLIENT_IDS = {"confluent": CONFLUENT, "kafka-python": KAFKA_PYTHON, "aiokafka": AIOKAFKA, "kcat": KCAT}
+
+FEATURES = [
+    "admin: create topics with configs",
+    "admin: describe topics and configs",
+    "admin: alter configs",
+    "admin: create partitions",
+    "admin: delete records",
+    "admin: list and describe groups",
+    "admin: delete topics",
+    "producer: keys",
+    "producer: headers",
+    "producer: gzip",
+    "producer: snappy",
+    "producer: lz4",
+    "producer: zstd",
+    "producer: idempotence",
+    "producer: transactions refused at once (none yet)",
+    "consumer: read a partition from an offset",
+    "consumer: offsets for times, beginning and end",
+    "group: subscribe, consume, commit",
+    "group: two members join, rebalance, leave",
+    "group: cooperative rebalancing",
+    "group: static membership",
+    "consumer: commit, restart, resume from the committed offset",
+    "old protocol versions (a 0.9 or 0.10 client)",
+    "quotas: produce and fetch held to a byte rate",
+    "security: SASL PLAIN and SCRAM",
+    "security: TLS",
+    "security: ACLs",
+    "bad input: invalid topic names",
+    "bad input: oversize message",
+    "bad input: out-of-range offset",
+]
+
+# the modules with marked tests (tests/clients/test_client_matrix.py checks none is missing)
+MODULES = [
+    "tests/clients/test_kafkajs.py",
+    "tests/clients/test_sarama.py",
+    "tests/clients/test_python_clients.py",
+    "tests/integration/test_clients.py",
+    "tests/integration/test_groups.py",
+    "tests/integration/test_static_membership.py",
+    "tests/integration/test_configs.py",
+    "tests/integration/test_old_versions.py",
+    "tests/integration/test_quotas.py",
+    "tests/security/test_authentication.py",
+    "tests/security/test_acls.py",
+]
+
+HEADING = "## Clients"
+
+
+def run_tests(results: Path) -> int:
+    env = {**os.environ, RESULTS_ENV: str(results)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "matrix", *MODULES]
+    return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+
+
+def installed_versions() -> str:
+    """The versions of the Python clients and of kcat this run used (kcat -V names its librdkafka too)."""
+    import confluent_kafka
+
+    librdkafka = confluent_kafka.libversion()[0]
+    names = [
+        f"confluent-kafka {importlib.metadata.version('confluent-kafka')} (librdkafka {librdkafka})",
+        f"kafka-python {importlib.metadata.version('kafka-python')}",
+        f"aiokafka {importlib.metadata.version('aiokafka')}",
+    ]
+    kcat = shutil.which("kcat")
+    if kcat is not None:
+        banner = subprocess.run([kcat, "-V"], capture_output=True, text=True, check=False).stdout
+        found = re.search(r"Version (\S+) .*librdkafka (\S+)", banner)
+        names.append(f"kcat {found[1]} (librdkafka {found[2]})" if found else "kcat")
+    return ", ".join(names)
+
+
+def render(results: list[dict[str, str]], versions: str) -> str:
+    """The "## Clients" section; `versions` names the Python clients and kcat of the run (installed_versions())."""
+    outcomes: dict[tuple[str, str], list[dict[str, str]]] = {}
+    for result in results:
+        outcomes.setdefault((result["client"], result["feature"]), []).append(result)
+    failing = [r for r in results if r["outcome"] != "passed"]
+    lines = [
+        HEADING,
+        "",
+        "Generated by `python tests/client_matrix.py --doc docs/compatibility.md` (`make docs-clients`), which",
+        "runs every test marked with a cell of this table (`@pytest.mark.matrix`, in the modules",
+        "tests/client_matrix.py lists: tests/clients for KafkaJS and Sarama, the programs in tests/clients/js and",
+        "tests/clients/go driven by pytest; tests/clients/test_python_clients.py, tests/integration and",
+        "tests/security for the Python clients and kcat), each against a real `tidelog serve`, and writes each",
+        "test's outcome here. A cell is `pass` when every test of that client and feature passed, `FAIL` when one",
+        "did not (listed below the table with the client's error and the requests the broker refused meanwhile),",
+        "and `-` when no test covers it: the client has no such call, or not at that Version.",
+        "",
+        *([f"This run: {versions}.", ""] if versions else []),
+        "Sarama 1.22 sends some requests at an old version whatever its `config.Version`: DescribeConfigs v0 (also",
+        "inside its ListTopics), AlterConfigs v0, OffsetCommit v1 (its offset manager, consumer groups included).",
+        "At its default Version (V0_8_2_0) it also produces with Produce v0 (magic 0 messages), fetches with Fetch",
+        "v0 and asks offsets with ListOffsets v0 and OffsetFetch v1; it has no headers, LZ4, ZStandard, admin calls",
+        "or consumer groups there. KafkaJS has GZIP built in; its Snappy, LZ4 and ZStandard codecs are the packages",
+        "tests/clients/js/package.json names (kafkajs-snappy, @2l/kafkajs-lz4, zstd-codec). Neither has static",
+        "membership or cooperative rebalancing at these versions. kcat is librdkafka's command line: no admin",
+        "calls beyond its metadata listing, and its consumer is either one partition from an offset (-C -p -o) or a",
+        "group member (-G).",
+        "",
+        "| feature | " + " | ".join(CLIENTS) + " |",
+        "|---|" + "---|" * len(CLIENTS),
+    ]
+    for feature in FEATURES:
+        cells = []
+        for client in CLIENTS:
+            cell = outcomes.get((client, feature), [])
+            if not cell:
+                cells.append("-")
+            elif all(r["outcome"] == "passed" for r in cell):
+                cells.append("pass")
+            else:
+                cells.append("FAIL")
+        lines.append(f"| {feature} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if failing:
+        lines += ["Not passing in the run this table comes from:", ""]
+        for result in failing:
+            reason = result.get("reason", "").replace("`", "'")
+            lines.append(f"- `{result['test']}`: {result['outcome']}: `{reason}`")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def splice(doc: str, section: str) -> str:
+    """`doc` with its "## Clients" section replaced by `section` (appended when it has none)."""
+    lines = doc.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == HEADING), None)
+    if start is None:
+        head = doc if not doc or doc.endswith("\n\n") else doc.rstrip("\n") + "\n\n"
+        return head + section
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    tail = "".join(lines[end:])
+    return "".join(lines[:start]) + section + ("\n" + tail if tail else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, help="a results file of an earlier run (default: run the tests)")
+    parser.add_argument("--doc", type=Path, help="write the section into this Markdown file (default: print it)")
+    args = parser.parse_args(argv)
+    if args.results is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            results_path = Path(tmp) / "client-matrix.json"
+            status = run_tests(results_path)
+            if not results_path.exists():
+                print(f"pytest ended with {status} and recorded no results", file=sys.stderr)
+                return 1
+            results = json.loads(results_path.read_text())
+    else:
+        results = json.loads(args.results.read_text())
+    section = render(results, installed_versions())
+    if args.doc is None:
+        sys.stdout.write(section)
+        return 0
+    doc = args.doc.read_text(encoding="utf-8") if args.doc.exists() else "# Compatibility\n\n"
+    args.doc.write_text(splice(doc, section), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
