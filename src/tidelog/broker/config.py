@@ -650,8 +650,8 @@ class BrokerConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # The keys as the file and --override gave them (DescribeConfigs' STATIC_BROKER_CONFIG; the base that dynamic
-    # broker configs are laid over, tidelog.broker.dynamic_config).
-    static_settings: Mapping[str, str] = field(default_factory=dict)
+    # broker configs are laid over, tidelog.broker.dynamic_config). Not compared: equal configs are equal values.
+    static_settings: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def node_id(self) -> int:
