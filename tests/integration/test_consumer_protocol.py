@@ -562,3 +562,43 @@ def test_kafka_error_names_match() -> None:
     assert KafkaError.UNRELEASED_INSTANCE_ID == UNRELEASED_INSTANCE_ID
     assert KafkaError.STALE_MEMBER_EPOCH == STALE_MEMBER_EPOCH
     assert KafkaError.GROUP_MAX_SIZE_REACHED == GROUP_MAX_SIZE_REACHED
+
+
+def test_a_member_that_does_not_revoke_is_removed_after_its_rebalance_timeout(kbroker: Any) -> None:
+    create_topics(kbroker.bootstrap, slow=2)
+    stubborn = Raw(kbroker.bootstrap, "slow-g", ["slow"])
+    assert stubborn.beat(rebalance_timeout=1000).error_code == NONE and stubborn.partitions() == {0, 1}
+    everything = [{"topic_id": t, "partitions": [0, 1]} for t in stubborn.owned]
+    newcomer = Raw(kbroker.bootstrap, "slow-g", ["slow"])
+    assert newcomer.beat().error_code == NONE
+    assert stubborn.beat(owned=everything).error_code == NONE  # told to give one partition up; it does not
+    started = time.monotonic()
+    while time.monotonic() - started < 0.6:  # it keeps heartbeating (its session is fine) but still owns both
+        assert stubborn.beat(owned=everything).error_code == NONE
+        assert newcomer.beat().error_code == NONE and newcomer.partitions() == set()
+        time.sleep(0.1)
+    wait_for(lambda: stubborn.beat(owned=everything).error_code == UNKNOWN_MEMBER_ID, "the rebalance timeout")
+    assert time.monotonic() - started >= 0.9
+    wait_for(lambda: newcomer.beat().error_code == NONE and newcomer.partitions() == {0, 1}, "both partitions")
+
+
+def test_delete_groups_and_offset_fetch_of_a_consumer_group(kbroker: Any) -> None:
+    create_topics(kbroker.bootstrap, gone=1)
+    member = Raw(kbroker.bootstrap, "gone-g", ["gone"])
+    assert member.beat().error_code == NONE
+    assert commit(member, "gone", member.epoch) == NONE
+
+    def fetch(member_id: str | None, epoch: int) -> Any:
+        group = {"group_id": "gone-g", "member_id": member_id, "member_epoch": epoch, "topics": None}
+        return request(kbroker.bootstrap, 9, 9, {"groups": [group], "require_stable": False}).groups[0]
+
+    fetched = fetch(member.member_id, member.epoch)
+    assert fetched.error_code == NONE and fetched.topics[0].partitions[0].committed_offset == 1
+    assert fetch(member.member_id, member.epoch - 1).error_code == STALE_MEMBER_EPOCH
+    assert fetch("someone-else", member.epoch).error_code == UNKNOWN_MEMBER_ID
+    assert fetch(None, -1).error_code == NONE  # an admin's read
+    assert request(kbroker.bootstrap, 42, 2, {"groups_names": ["gone-g"]}).results[0].error_code == 68  # NON_EMPTY
+    assert member.beat(epoch=-1).error_code == NONE
+    assert request(kbroker.bootstrap, 42, 2, {"groups_names": ["gone-g"]}).results[0].error_code == NONE
+    assert describe(kbroker.bootstrap, "gone-g").error_code == GROUP_ID_NOT_FOUND
+    assert fetch(None, -1).topics == ()

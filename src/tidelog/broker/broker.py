@@ -6,7 +6,7 @@ builds the one handler table, and starts and stops the parts in order. No part h
     authorizer (authorizer.py)       ACL checks every handler makes
     metrics (metrics.py)             counters handlers bump, the state gauges, the /metrics endpoint
     flusher (produce.py)             group commit of fsyncs for acks=all produces and offset commits
-    fetch, produce, topics, configs, groups, sasl, acls    the handlers of one area each
+    fetch, produce, topics, configs, groups, consumer_groups, sasl, acls    the handlers of one area each
     dynamic (dynamic_config.py)      dynamic broker configs: stored, watched in a cluster, applied to the engine
     offset_store (offset_store.py)   __consumer_offsets, which the group coordinator writes and replays
     server (server.py)               listeners, framing, routing through the table, sending
