@@ -315,21 +315,18 @@ class ConsumerGroupCoordinator:
 
     def offset_commit_error(
         self, group_id: str, member_id: str, instance_id: str | None, member_epoch: int, api_version: int
-    ) -> tuple[ErrorCode, str | None]:
+    ) -> ErrorCode:
         """Kafka's ConsumerGroup.validateOffsetCommit: an empty group takes commits with a negative epoch (the admin
         client, manual assignment); otherwise the member must exist, commit with OffsetCommit v9+, and carry its
         current member epoch."""
         group = self.groups[group_id]
         if member_epoch < 0 and not group.members:
-            return ErrorCode.NONE, None
+            return ErrorCode.NONE
         member = group.members.get(member_id)
         if member is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID, f"member {member_id} is not a member of group {group_id}"
+            return ErrorCode.UNKNOWN_MEMBER_ID
         if api_version < 9:
-            return (
-                ErrorCode.UNSUPPORTED_VERSION,
-                "OffsetCommit version 9 or above must be used by members using the consumer group protocol",
-            )
+            return ErrorCode.UNSUPPORTED_VERSION
         return self._epoch_error(member, member_epoch)
 
     def offset_fetch_error(self, group_id: str, member_id: str | None, member_epoch: int) -> ErrorCode:
@@ -339,15 +336,16 @@ class ConsumerGroupCoordinator:
         member = self.groups[group_id].members.get(member_id or "")
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        return self._epoch_error(member, member_epoch)[0]
+        return self._epoch_error(member, member_epoch)
 
     @staticmethod
-    def _epoch_error(member: ConsumerMember, received: int) -> tuple[ErrorCode, str | None]:
+    def _epoch_error(member: ConsumerMember, received: int) -> ErrorCode:
+        """The member epoch check of the offset APIs: above the member's is fenced, below it is stale."""
         if received > member.epoch:
-            return ErrorCode.FENCED_MEMBER_EPOCH, f"epoch {received} is above the member's epoch {member.epoch}"
+            return ErrorCode.FENCED_MEMBER_EPOCH
         if received < member.epoch:
-            return ErrorCode.STALE_MEMBER_EPOCH, f"epoch {received} is below the member's epoch {member.epoch}"
-        return ErrorCode.NONE, None
+            return ErrorCode.STALE_MEMBER_EPOCH
+        return ErrorCode.NONE
 
     # --- ConsumerGroupHeartbeat --------------------------------------------------------------------------------
 
@@ -447,7 +445,7 @@ class ConsumerGroupCoordinator:
             group.epoch += 1
             log.info("consumer group %s: epoch %d (member %s)", group_id, group.epoch, member.member_id)
         if group.epoch > group.assignment_epoch:
-            self._assign(group, member)
+            self._assign(group)
         previous_assigned = dict(member.assigned)
         self._reconcile(group, member, owned)
         member.session_deadline = time.monotonic() + self.config.group_consumer_session_timeout_ms / 1000
@@ -564,7 +562,7 @@ class ConsumerGroupCoordinator:
             if name in known
         }
 
-    def _assign(self, group: ConsumerGroup, member: ConsumerMember) -> None:
+    def _assign(self, group: ConsumerGroup) -> None:
         """A new target assignment for the group epoch."""
         name = self._assignor(group)
         subscriptions = {m.member_id: subscription(m, group.topics) for m in group.members.values()}

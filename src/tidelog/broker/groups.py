@@ -878,7 +878,7 @@ class GroupCoordinator:
         elif elsewhere := self._not_here(body.group_id):
             error = elsewhere
         elif self.consumer_groups.owns(body.group_id):
-            error, _ = self.consumer_groups.offset_commit_error(
+            error = self.consumer_groups.offset_commit_error(
                 body.group_id, body.member_id, instance_id, generation, request.api_version
             )
         elif generation < 0 and (group is None or not group.members):
