@@ -6,7 +6,7 @@ builds the one handler table, and starts and stops the parts in order. No part h
     authorizer (authorizer.py)       ACL checks every handler makes
     metrics (metrics.py)             counters handlers bump, the state gauges, the /metrics endpoint
     flusher (produce.py)             group commit of fsyncs for acks=all produces and offset commits
-    fetch, produce, topics, configs, groups, sasl, acls    the handlers of one area each
+    fetch, produce, topics, configs, groups, consumer_groups, sasl, acls    the handlers of one area each
     dynamic (dynamic_config.py)      dynamic broker configs: stored, watched in a cluster, applied to the engine
     quotas (quotas.py)               client quotas enforced: produce, fetch and the server's request-time records
     quota_store (quota_store.py)     where quotas are kept: a file, or the znodes and their change notifications
@@ -58,6 +58,7 @@ from tidelog.broker.cluster_producer_ids import ZooKeeperProducerIdBlocks
 from tidelog.broker.cluster_topics import ClusterTopics
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.config_admin import ConfigApis
+from tidelog.broker.consumer_groups import ConsumerGroupCoordinator
 from tidelog.broker.controller import Controller
 from tidelog.broker.dynamic_config import DynamicBrokerConfig, FileStore
 from tidelog.broker.fetch import FetchApis
@@ -178,12 +179,21 @@ class Broker:
         self.cluster_groups: ClusterGroups | None = None
         if self.cluster is not None and self.metadata is not None and cluster_topics is not None:
             self.cluster_groups = ClusterGroups(self.cluster, self.metadata, cluster_topics, self.offset_store, config)
+        self.consumer_groups = ConsumerGroupCoordinator(
+            config.consumer_groups,
+            self.authorizer,
+            self.offset_store,
+            self._topic_lookup,
+            self.is_stopping,
+            self.cluster_groups,
+        )
         self.groups = GroupCoordinator(
             config,
             self.engine,
             self.authorizer,
             self.offset_store,
             self.is_stopping,
+            self.consumer_groups,
             self.metadata.partition_exists if self.metadata is not None else None,
             self.cluster_groups,
         )
@@ -237,6 +247,7 @@ class Broker:
             self.topics,
             self.configs,
             self.groups,
+            self.consumer_groups,
             self.sasl,
             self.acls,
             self.quota_apis,
@@ -255,6 +266,17 @@ class Broker:
             assert not clash, f"API keys served twice: {sorted(clash)}"
             table.update(handlers)
         return table
+
+    def _topic_lookup(self) -> dict[str, tuple[str, int]]:
+        """The topics consumer groups may subscribe to: name -> (topic id, partition count); the cluster's in a
+        cluster (this broker may hold no replica of them)."""
+        if self.metadata is not None:
+            return {
+                name: (topic.topic_id, len(topic.partitions))
+                for name, topic in self.metadata.view.topics.items()
+                if topic.topic_id is not None
+            }
+        return {name: (d.topic_id, d.partitions) for name, d in self.engine.topics().items()}
 
     def is_stopping(self) -> bool:
         return self.stopping

@@ -67,6 +67,18 @@ def parse_host(key: str, raw: Any) -> str:
 
 VALUE_TYPES.update({parse_principals: "principals", parse_host: "host"})
 
+# The server-side assignors of the consumer group protocol, and Kafka 3.9's class names for them
+CONSUMER_ASSIGNORS = (
+    "uniform",
+    "range",
+    "org.apache.kafka.coordinator.group.assignor.UniformAssignor",
+    "org.apache.kafka.coordinator.group.assignor.RangeAssignor",
+)
+ASSIGNOR_CLASSES = {
+    "org.apache.kafka.coordinator.group.assignor.UniformAssignor": "uniform",
+    "org.apache.kafka.coordinator.group.assignor.RangeAssignor": "range",
+}
+
 SERVER_KEYS: dict[str, Key] = {
     k.name: k
     for k in [
@@ -118,6 +130,74 @@ SERVER_KEYS: dict[str, Key] = {
             minimum=0,
             default="3000",
             doc="How long the first rebalance of an empty group waits for more members to join.",
+        ),
+        Key(
+            "group.consumer.session.timeout.ms",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="45000",
+            doc="Session timeout of a member of the consumer group protocol (KIP-848): a member that sends no "
+            "ConsumerGroupHeartbeat for this long is removed. Between `group.consumer.min.session.timeout.ms` and "
+            "`group.consumer.max.session.timeout.ms`.",
+        ),
+        Key(
+            "group.consumer.min.session.timeout.ms",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="45000",
+            doc="Lower bound of `group.consumer.session.timeout.ms`.",
+        ),
+        Key(
+            "group.consumer.max.session.timeout.ms",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="60000",
+            doc="Upper bound of `group.consumer.session.timeout.ms`.",
+        ),
+        Key(
+            "group.consumer.heartbeat.interval.ms",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="5000",
+            doc="How often a member of the consumer group protocol is told to heartbeat; below "
+            "`group.consumer.session.timeout.ms`, between the min and max heartbeat intervals.",
+        ),
+        Key(
+            "group.consumer.min.heartbeat.interval.ms",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="5000",
+            doc="Lower bound of `group.consumer.heartbeat.interval.ms`.",
+        ),
+        Key(
+            "group.consumer.max.heartbeat.interval.ms",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="15000",
+            doc="Upper bound of `group.consumer.heartbeat.interval.ms`.",
+        ),
+        Key(
+            "group.consumer.max.size",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default=str(INT_MAX),
+            doc="Most members a group of the consumer protocol may have; one more gets GROUP_MAX_SIZE_REACHED.",
+        ),
+        Key(
+            "group.consumer.assignors",
+            parse_list,
+            choices=CONSUMER_ASSIGNORS,
+            default="uniform,range",
+            valid="`uniform`, `range` (or Kafka's class names of them), comma-separated",
+            doc="The server-side assignors of the consumer group protocol; the first is used when the members name "
+            "none (`group.remote.assignor` in librdkafka).",
         ),
         Key(
             "offsets.topic.num.partitions",
@@ -602,6 +682,68 @@ class QuotaConfig:
 
 
 @dataclass(frozen=True)
+class ConsumerGroupConfig:
+    """The consumer group protocol's settings (KIP-848; Kafka's names), checked against each other as Kafka does."""
+
+    group_consumer_session_timeout_ms: int = 45_000
+    group_consumer_min_session_timeout_ms: int = 45_000
+    group_consumer_max_session_timeout_ms: int = 60_000
+    group_consumer_heartbeat_interval_ms: int = 5_000
+    group_consumer_min_heartbeat_interval_ms: int = 5_000
+    group_consumer_max_heartbeat_interval_ms: int = 15_000
+    group_consumer_max_size: int = INT_MAX
+    group_consumer_assignors: tuple[str, ...] = ("uniform", "range")
+
+    @classmethod
+    def from_server_keys(cls, server: Mapping[str, Any]) -> ConsumerGroupConfig:
+        defaults = cls()
+        values = {
+            name: server.get(name.replace("_", "."), getattr(defaults, name)) for name in cls.__dataclass_fields__
+        }
+        # Kafka's class names stand for the same assignors
+        values["group_consumer_assignors"] = tuple(
+            dict.fromkeys(ASSIGNOR_CLASSES.get(a, a) for a in values["group_consumer_assignors"])
+        )
+        config = cls(**values)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Kafka's KafkaConfig requirements; a ConfigError naming the key otherwise."""
+        if self.group_consumer_max_session_timeout_ms < self.group_consumer_min_session_timeout_ms:
+            raise ConfigError(
+                "config group.consumer.max.session.timeout.ms: must be at least group.consumer.min.session.timeout.ms"
+            )
+        if not (
+            self.group_consumer_min_session_timeout_ms
+            <= self.group_consumer_session_timeout_ms
+            <= self.group_consumer_max_session_timeout_ms
+        ):
+            raise ConfigError(
+                "config group.consumer.session.timeout.ms: must be between group.consumer.min.session.timeout.ms and "
+                "group.consumer.max.session.timeout.ms"
+            )
+        if self.group_consumer_max_heartbeat_interval_ms < self.group_consumer_min_heartbeat_interval_ms:
+            raise ConfigError(
+                "config group.consumer.max.heartbeat.interval.ms: must be at least "
+                "group.consumer.min.heartbeat.interval.ms"
+            )
+        if not (
+            self.group_consumer_min_heartbeat_interval_ms
+            <= self.group_consumer_heartbeat_interval_ms
+            <= self.group_consumer_max_heartbeat_interval_ms
+        ):
+            raise ConfigError(
+                "config group.consumer.heartbeat.interval.ms: must be between group.consumer.min.heartbeat.interval.ms "
+                "and group.consumer.max.heartbeat.interval.ms"
+            )
+        if self.group_consumer_heartbeat_interval_ms >= self.group_consumer_session_timeout_ms:
+            raise ConfigError(
+                "config group.consumer.heartbeat.interval.ms: must be less than group.consumer.session.timeout.ms"
+            )
+
+
+@dataclass(frozen=True)
 class LeadershipConfig:
     """Where the leadership of partitions goes when a broker stops and comes back (Kafka's names)."""
 
@@ -647,6 +789,7 @@ class BrokerConfig:
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     leadership: LeadershipConfig = field(default_factory=LeadershipConfig)
     quotas: QuotaConfig = field(default_factory=QuotaConfig)
+    consumer_groups: ConsumerGroupConfig = field(default_factory=ConsumerGroupConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # The keys as the file and --override gave them (DescribeConfigs' STATIC_BROKER_CONFIG; the base that dynamic
@@ -700,6 +843,10 @@ class BrokerConfig:
             security = SecurityConfig.from_server_keys(server, listeners)
         except ConfigError as exc:  # "config KEY: ..."
             raise located(settings, str(exc).removeprefix("config ").partition(":")[0], exc) from None
+        try:
+            consumer_groups = ConsumerGroupConfig.from_server_keys(server)
+        except ConfigError as exc:
+            raise located(settings, str(exc).removeprefix("config ").partition(":")[0], exc) from None
         return cls(
             listeners=listeners,
             advertised_listeners=advertised_listeners,
@@ -741,6 +888,7 @@ class BrokerConfig:
             replication=ReplicationConfig.from_server_keys(server),
             leadership=LeadershipConfig.from_server_keys(server),
             quotas=QuotaConfig.from_server_keys(server),
+            consumer_groups=consumer_groups,
             engine=EngineConfig.from_mapping(select(settings, storage), log_dir=defaults.engine.log_dirs[0]),
             security=security,
             static_settings={name: _setting_text(raw) for name, raw in settings.items()},

@@ -18,6 +18,14 @@ A group moves Empty -> PreparingRebalance -> CompletingRebalance -> Stable and b
 Committed offsets and each generation are written to `__consumer_offsets` (offset_store.py) and
 reloaded on start, members included, so a restarted broker keeps its groups.
 
+A group id belongs to one protocol at a time: the groups of the consumer group protocol (KIP-848) are
+consumer_groups.py's, which this coordinator loads and drops with the classic ones and asks about them for the APIs
+both protocols share: OffsetCommit and OffsetFetch (the member epoch as the generation), ListGroups (group type
+`consumer`), DescribeGroups (Kafka 3.9 answers a consumer group as Dead, no error), DeleteGroups, OffsetDelete.
+A classic JoinGroup for a consumer group with members answers INCONSISTENT_GROUP_PROTOCOL; for an empty one, the
+consumer group's records are deleted and the group becomes classic; Heartbeat, SyncGroup and LeaveGroup find no
+such classic member (UNKNOWN_MEMBER_ID).
+
 In a cluster (`placement`, cluster_groups.py) a group's coordinator is the leader of its `__consumer_offsets`
 partition: FindCoordinator names that broker, and every group request to another broker is answered
 NOT_COORDINATOR (COORDINATOR_LOAD_IN_PROGRESS while this broker replays the partition it just came to lead). The
@@ -49,7 +57,8 @@ if TYPE_CHECKING:
     from tidelog.broker.authorizer import Authorizer
     from tidelog.broker.cluster_groups import ClusterGroups
     from tidelog.broker.config import BrokerConfig
-    from tidelog.broker.offset_store import OffsetStore
+    from tidelog.broker.consumer_groups import ConsumerGroupCoordinator
+    from tidelog.broker.offset_store import OffsetStore, StoreKey
 
 log = logging.getLogger("tidelog.broker")
 
@@ -163,10 +172,13 @@ class GroupCoordinator:
         authorizer: Authorizer,
         store: OffsetStore,
         is_stopping: Callable[[], bool],
+        consumer_groups: ConsumerGroupCoordinator,
         partition_exists: Callable[[str, int], bool] | None = None,
         placement: ClusterGroups | None = None,
     ) -> None:
         self.config = config
+        self.consumer_groups = consumer_groups
+        consumer_groups.classic_in_use = self.has_members
         self.engine = engine
         self._cluster_has_partition = partition_exists  # a cluster's: a partition may be held by other brokers
         self.placement = placement  # a cluster's: which broker coordinates which group
@@ -198,6 +210,8 @@ class GroupCoordinator:
     def start(self) -> None:
         """Rebuild groups from the store (members come back alive, as after a Kafka coordinator failover)."""
         self._restore(list(self.store.groups))
+        self.consumer_groups.restore(list(self.store.groups))
+        self.consumer_groups.start()
         self._expiry_task = asyncio.create_task(self._expire_members())
         self._offsets_task = asyncio.create_task(self._expire_offsets_periodically())
 
@@ -207,6 +221,7 @@ class GroupCoordinator:
         count = self.store.load_partition(partition)
         loaded = [g for g in self.store.groups if self.store.partition_of(g) == partition]
         self._restore(loaded)
+        self.consumer_groups.restore(loaded)
         log.info(
             "coordinating the groups of %s-%d: %d group(s) from %d record(s) in %.2f s",
             OFFSETS_TOPIC,
@@ -221,6 +236,8 @@ class GroupCoordinator:
         NOT_COORDINATOR (they find the new coordinator)."""
         gone = self.store.unload_partition(partition)
         gone |= {g for g in self.groups if self.store.partition_of(g) == partition}
+        gone |= {g for g in self.consumer_groups.groups if self.store.partition_of(g) == partition}
+        self.consumer_groups.unload(gone)
         for group_id in gone:
             group = self.groups.pop(group_id, None)
             if group is None:
@@ -239,6 +256,8 @@ class GroupCoordinator:
     def _restore(self, group_ids: list[str]) -> None:
         for group_id in group_ids:
             stored = self.store.groups[group_id]
+            if stored.consumer_records:  # a group of the consumer protocol: consumer_groups.py's
+                continue
             group = self._group(group_id)
             metadata = stored.metadata
             if metadata is None:
@@ -269,11 +288,17 @@ class GroupCoordinator:
         for task in (self._expiry_task, self._offsets_task):
             if task is not None:
                 task.cancel()
+        await self.consumer_groups.stop()
         for group in self.groups.values():
             if group.join_timer is not None:
                 group.join_timer.cancel()
             for member in group.members.values():
                 member.fail_waiters(NOT_COORDINATOR)
+
+    def has_members(self, group_id: str) -> bool:
+        """Whether a classic group with members holds `group_id`."""
+        group = self.groups.get(group_id)
+        return group is not None and bool(group.members)
 
     def _group(self, group_id: str) -> Group:
         group = self.groups.get(group_id)
@@ -345,6 +370,12 @@ class GroupCoordinator:
             return self._join_error(elsewhere, body.member_id)
         if not self.config.group_min_session_timeout_ms <= session_ms <= self.config.group_max_session_timeout_ms:
             return self._join_error(INVALID_SESSION_TIMEOUT, body.member_id)
+        if self.consumer_groups.owns(body.group_id):
+            if self.consumer_groups.has_members(body.group_id):
+                return self._join_error(INCONSISTENT_GROUP_PROTOCOL, body.member_id)
+            await self.store.write(body.group_id, self.consumer_groups.removal_entries(body.group_id))
+            self.consumer_groups.forget(body.group_id)
+            log.info("group %s: the empty consumer-protocol group becomes a classic group", body.group_id)
         group = self._group(body.group_id)
         protocols = [(p.name, bytes(p.metadata)) for p in body.protocols]
         if (
@@ -773,7 +804,7 @@ class GroupCoordinator:
         retention = self.config.offsets_retention_ms
         for group_id, stored in list(self.store.groups.items()):
             group = self.groups.get(group_id)
-            if group is not None and group.members:
+            if (group is not None and group.members) or self.consumer_groups.has_members(group_id):
                 continue
             empty_since = group.empty_since_ms if group is not None and group.empty_since_ms is not None else 0
             old = [
@@ -781,12 +812,12 @@ class GroupCoordinator:
                 for key, value in stored.offsets.items()
                 if now_ms - max(value.commit_timestamp, empty_since) > retention
             ]
-            entries: list[tuple[records.OffsetKey | records.GroupKey, bytes | None]] = [
-                (records.OffsetKey(group_id, t, p), None) for t, p in old
-            ]
+            entries: list[tuple[StoreKey, bytes | None]] = [(records.OffsetKey(group_id, t, p), None) for t, p in old]
             group_gone = len(old) == len(stored.offsets)
             if group_gone and stored.metadata is not None:
                 entries.append((records.GroupKey(group_id), None))
+            if group_gone:
+                entries += self.consumer_groups.removal_entries(group_id)
             if entries:
                 await self.store.write(group_id, entries)
             if old:
@@ -794,6 +825,7 @@ class GroupCoordinator:
                 log.info("group %s: %d committed offset(s) expired (offsets.retention.minutes)", group_id, len(old))
             if group_gone:
                 self.groups.pop(group_id, None)
+                self.consumer_groups.forget(group_id)
         return expired
 
     # --- persistence ------------------------------------------------------------------------------------------
@@ -845,6 +877,10 @@ class GroupCoordinator:
             error = GROUP_AUTHORIZATION_FAILED
         elif elsewhere := self._not_here(body.group_id):
             error = elsewhere
+        elif self.consumer_groups.owns(body.group_id):
+            error = self.consumer_groups.offset_commit_error(
+                body.group_id, body.member_id, instance_id, generation, request.api_version
+            )
         elif generation < 0 and (group is None or not group.members):
             pass  # a group that only stores offsets (the admin client, manual assignment)
         elif generation < 0 and not body.member_id and instance_id is None:
@@ -887,7 +923,8 @@ class GroupCoordinator:
         if entries:
             try:
                 await self.store.write(body.group_id, entries)
-                self._group(body.group_id)
+                if not self.consumer_groups.owns(body.group_id):
+                    self._group(body.group_id)
                 if group is not None and group.members and body.member_id in group.members:
                     group.members[body.member_id].last_heartbeat = time.monotonic()
             except Exception as exc:
@@ -917,6 +954,12 @@ class GroupCoordinator:
                     groups.append({"group_id": g.group_id, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED})
                 elif elsewhere := self._not_here(g.group_id):
                     groups.append({"group_id": g.group_id, "topics": [], "error_code": elsewhere})
+                elif self.consumer_groups.owns(g.group_id) and (
+                    refused := self.consumer_groups.offset_fetch_error(
+                        g.group_id, getattr(g, "member_id", None), getattr(g, "member_epoch", -1)
+                    )
+                ):
+                    groups.append({"group_id": g.group_id, "topics": [], "error_code": refused})
                 else:
                     topics = self._fetch_offsets(connection, g.group_id, g.topics)
                     groups.append({"group_id": g.group_id, "topics": topics, "error_code": 0})
@@ -979,9 +1022,9 @@ class GroupCoordinator:
             return {"error_code": elsewhere, "throttle_time": 0, "topics": []}
         stored = self.store.groups.get(body.group_id)
         group = self.groups.get(body.group_id)
-        if stored is None and group is None:
+        if stored is None and group is None and not self.consumer_groups.owns(body.group_id):
             return {"error_code": GROUP_ID_NOT_FOUND, "throttle_time": 0, "topics": []}
-        subscribed = self._subscribed_topics(group)
+        subscribed = self._subscribed_topics(group) | self.consumer_groups.subscribed_topics(body.group_id)
         entries: list[tuple[records.OffsetKey | records.GroupKey, bytes | None]] = []
         topics = []
         for topic in body.topics:
@@ -1042,7 +1085,7 @@ class GroupCoordinator:
                     }
                 )
                 continue
-            if group is None:
+            if group is None or self.consumer_groups.owns(group_id):  # Kafka 3.9: a consumer group is not classic
                 described.append(
                     {
                         "error_code": NONE,
@@ -1083,23 +1126,26 @@ class GroupCoordinator:
     async def handle_list_groups(self, request: Request, connection: Connection) -> Response:
         wanted = {s.lower() for s in getattr(request.body, "states_filter", ()) or ()}
         types = {t.lower() for t in getattr(request.body, "types_filter", ()) or ()}
-        if types and "classic" not in types:  # every group here is a classic one (KIP-848's are not served)
-            return {"throttle_time": 0, "error_code": NONE, "groups": []}
-        names = set(self.groups) | set(self.store.groups)
+        consumer = self.consumer_groups.listing()
+        names = (set(self.groups) | set(self.store.groups)) - set(consumer)
+        if types and "classic" not in types:
+            names = set()
+        if types and "consumer" not in types:
+            consumer = {}
+        everyone = names | set(consumer)
         if not self.authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.CLUSTER, log_denied=False):
-            names = {n for n in names if self._may(connection, Operation.DESCRIBE, n, log_denied=False)}
+            everyone = {n for n in everyone if self._may(connection, Operation.DESCRIBE, n, log_denied=False)}
         listed = []
-        for group_id in sorted(names):
-            group = self.groups.get(group_id) or Group(group_id)
-            if wanted and group.state.value.lower() not in wanted:
+        for group_id in sorted(everyone):
+            if group_id in consumer:
+                state, protocol_type, group_type = consumer[group_id], "consumer", "consumer"
+            else:
+                group = self.groups.get(group_id) or Group(group_id)
+                state, protocol_type, group_type = group.state.value, group.protocol_type or "", "classic"
+            if wanted and state.lower() not in wanted:
                 continue
             listed.append(
-                {
-                    "group_id": group_id,
-                    "protocol_type": group.protocol_type or "",
-                    "group_state": group.state.value,
-                    "group_type": "classic",
-                }
+                {"group_id": group_id, "protocol_type": protocol_type, "group_state": state, "group_type": group_type}
             )
         return {"throttle_time": 0, "error_code": NONE, "groups": listed}
 
@@ -1117,16 +1163,18 @@ class GroupCoordinator:
             if group is None and stored is None:
                 results.append({"group_id": group_id, "error_code": GROUP_ID_NOT_FOUND})
                 continue
-            if group is not None and group.members:
+            if (group is not None and group.members) or self.consumer_groups.has_members(group_id):
                 results.append({"group_id": group_id, "error_code": NON_EMPTY_GROUP})
                 continue
-            entries: list[tuple[records.OffsetKey | records.GroupKey, bytes | None]] = [
+            entries: list[tuple[StoreKey, bytes | None]] = [
                 (records.OffsetKey(group_id, topic, partition), None)
                 for topic, partition in (stored.offsets if stored else {})
             ]
             entries.append((records.GroupKey(group_id), None))
+            entries += self.consumer_groups.removal_entries(group_id)
             await self.store.write(group_id, entries)
             self.groups.pop(group_id, None)
+            self.consumer_groups.forget(group_id)
             results.append({"group_id": group_id, "error_code": NONE})
         return {"throttle_time": 0, "results": results}
 

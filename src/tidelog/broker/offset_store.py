@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tidelog.codec import consumer_group_records as consumer_records
 from tidelog.codec import group_records as records
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.errors import (
@@ -53,10 +54,26 @@ OFFSETS_COMMIT_TIMEOUT_S = 5.0  # Kafka's offsets.commit.timeout.ms
 
 @dataclass
 class StoredGroup:
-    """What the topic says about one group: its committed offsets and its last generation."""
+    """What the topic says about one group: its committed offsets and its last generation (a classic group), or
+    the records of the consumer group protocol, last value per key (their values are decoded by
+    broker/consumer_groups.py, which writes them)."""
 
     offsets: dict[tuple[str, int], records.OffsetValue] = field(default_factory=dict)
     metadata: records.GroupValue | None = None
+    consumer_records: dict[consumer_records.ConsumerGroupKey, bytes] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.offsets and self.metadata is None and not self.consumer_records
+
+
+StoreKey = records.OffsetKey | records.GroupKey | consumer_records.ConsumerGroupKey
+
+
+def encode_store_key(key: StoreKey) -> bytes:
+    if isinstance(key, consumer_records.ConsumerGroupKey):
+        return consumer_records.encode_key(key)
+    return records.encode_key(key)
 
 
 class OffsetStore:
@@ -139,6 +156,16 @@ class OffsetStore:
         if key_bytes is None:
             return
         try:
+            if consumer_records.is_consumer_group_key(key_bytes):
+                consumer_key = consumer_records.decode_key(key_bytes)
+                stored = self.groups.setdefault(consumer_key.group, StoredGroup())
+                if value is None:
+                    stored.consumer_records.pop(consumer_key, None)
+                else:
+                    stored.consumer_records[consumer_key] = value
+                if stored.empty:
+                    del self.groups[consumer_key.group]
+                return
             key = records.decode_key(key_bytes)
             group = self.groups.setdefault(key.group, StoredGroup())
             if isinstance(key, records.OffsetKey):
@@ -148,7 +175,7 @@ class OffsetStore:
                     group.offsets[(key.topic, key.partition)] = records.decode_offset_value(value)
             else:
                 group.metadata = None if value is None else records.decode_group_value(value)
-            if not group.offsets and group.metadata is None:
+            if group.empty:
                 del self.groups[key.group]
         except TidelogError as exc:
             log.warning("skipping an unreadable %s record: %s", OFFSETS_TOPIC, exc)
@@ -156,11 +183,9 @@ class OffsetStore:
     def partition_of(self, group: str) -> int:
         return records.partition_for_group(group, self.partitions)
 
-    async def write(
-        self, group: str, entries: Iterable[tuple[records.OffsetKey | records.GroupKey, bytes | None]]
-    ) -> None:
+    async def write(self, group: str, entries: Iterable[tuple[StoreKey, bytes | None]]) -> None:
         """Append the entries as one batch, wait for durability if the flush policy asks, then apply them."""
-        encoded = [(records.encode_key(key), value) for key, value in entries]
+        encoded = [(encode_store_key(key), value) for key, value in entries]
         if not encoded:
             return
         partition = self.partition_of(group)
@@ -201,6 +226,8 @@ class OffsetStore:
             if group.metadata is not None:
                 key = records.encode_key(records.GroupKey(group_id))
                 live.append(Record(value=records.encode_group_value(group.metadata), key=key))
+            for consumer_key, consumer_value in group.consumer_records.items():
+                live.append(Record(value=consumer_value, key=consumer_records.encode_key(consumer_key)))
         first_live = partition_log.log_end_offset
         for start in range(0, len(live), 500):
             partition_log.append(build_batch(live[start : start + 500]), from_client=False)

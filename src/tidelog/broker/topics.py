@@ -109,8 +109,9 @@ class TopicApis:
                 if authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.TOPIC, name, log_denied=False)
             ]
             denied: set[str] = set()
+            unknown_ids: list[str] = []
         else:
-            names = [t.name for t in requested if t.name is not None]
+            names, unknown_ids = self._requested_names(requested)
             denied = {
                 n for n in names if not authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.TOPIC, n)
             }
@@ -133,6 +134,10 @@ class TopicApis:
             else await self._describe_topic(name, allow_create, node_id, budget)
             for name in names
         ]
+        topics += [  # Kafka answers an unknown topic id (or one the client may not see) without a name
+            {"error_code": ErrorCode.UNKNOWN_TOPIC_ID, "name": None, "topic_id": topic_id, "partitions": []}
+            for topic_id in unknown_ids
+        ]
         if getattr(body, "include_topic_authorized_operations", False):
             for topic in topics:
                 if topic["error_code"] == 0:
@@ -154,6 +159,30 @@ class TopicApis:
     def controller_id(self) -> int:
         """This broker on its own; the elected controller in a cluster (-1 while there is none)."""
         return self.config.node_id if self.cluster is None else self.cluster.membership.controller_id
+
+    def _requested_names(self, requested: Any) -> tuple[list[str], list[str]]:
+        """The topic names a Metadata request asks for (v10+ may name a topic by id alone, as librdkafka does for
+        the topic ids of a consumer-protocol assignment), and the ids that name no topic."""
+        names: list[str] = []
+        unknown: list[str] = []
+        by_id: dict[str, str] | None = None
+        for topic in requested:
+            if topic.name is not None:
+                names.append(topic.name)
+                continue
+            if by_id is None:
+                by_id = {topic_id: name for name, topic_id in self._topic_ids().items()}
+            topic_id = uuid_to_kafka(getattr(topic, "topic_id", None))
+            if topic_id in by_id:
+                names.append(by_id[topic_id])
+            else:
+                unknown.append(topic_id)
+        return names, unknown
+
+    def _topic_ids(self) -> dict[str, str]:
+        if self.cluster is not None:
+            return {n: t.topic_id for n, t in self.cluster.cache.view.topics.items() if t.topic_id is not None}
+        return {name: d.topic_id for name, d in self.engine.topics().items()}
 
     def brokers(self, connection: Connection) -> list[dict[str, Any]]:
         """The live brokers, each at its address for the listener this client connected to (Metadata's and

@@ -19,6 +19,7 @@ from pathlib import Path
 from tidelog.broker.authorizer import AclApis
 from tidelog.broker.cluster_describe import DescribeClusterApis
 from tidelog.broker.config_admin import ConfigApis
+from tidelog.broker.consumer_groups import ConsumerGroupCoordinator
 from tidelog.broker.fetch import FetchApis
 from tidelog.broker.groups import GroupCoordinator
 from tidelog.broker.leadership import LeadershipApis
@@ -44,6 +45,7 @@ AREAS: tuple[type, ...] = (
     ProducerApis,
     DescribeClusterApis,
     GroupCoordinator,
+    ConsumerGroupCoordinator,
     SaslApis,
     AclApis,
     LeadershipApis,
@@ -102,12 +104,22 @@ KAFKA_3_9: dict[int, tuple[int, int]] = {
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 0),
     ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
     ApiKey.OFFSET_DELETE: (0, 0),
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 0),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 0),
 }
 
 # Why a row stops short of Kafka 3.9 (kept beside the table so the page says it where it matters).
 SHORT_BECAUSE: dict[int, str] = {
     ApiKey.CONTROLLED_SHUTDOWN: "v0 has a request header without a client id; brokers of 2.2 and later send v1+",
     ApiKey.SASL_HANDSHAKE: "v0 is followed by raw SASL tokens outside Kafka requests; not offered",
+}
+
+
+# The versions served beyond Kafka 3.9, and why: each one a later Kafka's, which a client in use needs.
+BEYOND_BECAUSE: dict[int, str] = {
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: "v1 is Kafka 4.0's (the client's own member id, KIP-1082; regular expression "
+    "subscriptions), the version librdkafka 2.16 requires for `group.protocol=consumer`",
+    ApiKey.CONSUMER_GROUP_DESCRIBE: "v1 is Kafka 4.0's (each member's type), served beside the heartbeat's v1",
 }
 
 
@@ -157,6 +169,8 @@ def render() -> str:
             notes.append("a broker of a cluster only")
         if kafka != (low, high) and key in SHORT_BECAUSE:
             notes.append(SHORT_BECAUSE[key])
+        if kafka is not None and high > kafka[1] and key in BEYOND_BECAUSE:
+            notes.append(BEYOND_BECAUSE[key])
         lines.append(
             f"| {key} | {ApiKey(key).name.title().replace('_', '')} | {_range(low, high)} | "
             f"{_range(*kafka) if kafka else '-'} | {'; '.join(notes)} |"
