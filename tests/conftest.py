@@ -6,6 +6,9 @@ in either is filled from the test's parameters, the client is one of tests/clien
 `pytest.param(..., marks=...)`). With TIDELOG_CLIENT_MATRIX=FILE in the environment, a run writes every marked
 test's outcome to FILE (JSON), from which tests/client_matrix.py renders the table; a failure's reason names the
 requests the brokers refused during the test (from their logs).
+
+Any failed test also gets the last lines of every live broker's stderr (the brokers fixtures of tests/integration,
+tests/security, tests/clients and tests/soak started and have not stopped yet) in its report.
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ def failure_reason(item: pytest.Item, report: pytest.TestReport) -> str:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report = yield
+    if report.failed:  # what the brokers the test ran against said last (broker_process.py's LIVE)
+        for broker in LIVE:
+            report.sections.append((f"tidelog broker stderr, last lines ({broker.stderr_path})", broker.stderr_tail()))
     if report.when == "call" or not report.passed:
         outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
         reason = "" if report.passed else failure_reason(item, report)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from security_clients import LISTENERS, Certificates, add_users, make_certificates, secure_settings
 
-from broker_process import LIVE, BrokerFactory, BrokerProcess, StartBroker
+from broker_process import BrokerFactory, BrokerProcess, StartBroker
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,12 +47,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.security)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    report = yield
-    if report.failed and item.path.is_relative_to(HERE):
-        for broker in LIVE:
-            report.sections.append((f"tidelog broker stderr, last lines ({broker.stderr_path})", broker.stderr_tail()))
-    return report

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_process import LIVE, BrokerFactory, StartBroker
-
-HERE = Path(__file__).resolve().parent
+from broker_process import BrokerFactory, StartBroker
 
 
 @pytest.fixture
@@ -22,12 +20,3 @@ def start_broker(tmp_path: Path) -> Iterator[StartBroker]:
         yield factory
     finally:
         factory.close_all()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    report = yield
-    if report.failed and item.path.is_relative_to(HERE):
-        for broker in LIVE:
-            report.sections.append((f"tidelog broker stderr, last lines ({broker.stderr_path})", broker.stderr_tail()))
-    return report
