@@ -301,18 +301,7 @@ class ConfigApis:
             found = self._synonyms(broker_key, broker_synonyms(broker_key), False) if broker_key else []
             if name in overrides:
                 found.insert(0, {"name": name, "value": value, "source": SOURCE_TOPIC})
-            entries.append(
-                {
-                    "name": name,
-                    "value": value,
-                    "read_only": False,
-                    "config_source": found[0]["source"] if found else SOURCE_DEFAULT,
-                    "is_sensitive": False,
-                    "synonyms": found if synonyms else [],
-                    "config_type": config_type(key),
-                    "documentation": key.doc if documentation else None,
-                }
-            )
+            entries.append(_entry(name, key, value, found, False, False, synonyms, documentation))
         return entries
 
     def _broker_entries(self, resource_name: str, synonyms: bool, documentation: bool) -> list[dict]:
@@ -328,18 +317,8 @@ class ConfigApis:
             if not per_broker:
                 found = [entry for entry in found if entry["source"] == SOURCE_DYNAMIC_DEFAULT_BROKER]
             value = merged.get(name, key.default) if per_broker else self.dynamic.cluster_default.get(name)
-            entries.append(
-                {
-                    "name": name,
-                    "value": None if sensitive else value,
-                    "read_only": name not in DYNAMIC_BROKER_KEYS,
-                    "config_source": found[0]["source"] if found else SOURCE_DEFAULT,
-                    "is_sensitive": sensitive,
-                    "synonyms": found if synonyms else [],
-                    "config_type": config_type(key),
-                    "documentation": key.doc if documentation else None,
-                }
-            )
+            read_only = name not in DYNAMIC_BROKER_KEYS
+            entries.append(_entry(name, key, value, found, read_only, sensitive, synonyms, documentation))
         return entries
 
 
@@ -388,3 +367,27 @@ def _changed(current: Mapping[str, str], changes: Any, keys: Mapping[str, Key], 
         else:
             raise InvalidRequestError(f"Unknown config operation {operation} for config key {name}")
     return new
+
+
+def _entry(
+    name: str,
+    key: Any,
+    value: Any,
+    found: list[dict[str, Any]],
+    read_only: bool,
+    sensitive: bool,
+    synonyms: bool,
+    documentation: bool,
+) -> dict[str, Any]:
+    """One DescribeConfigs entry: its source is the first synonym's (the default without any); a sensitive key's
+    value is withheld."""
+    return {
+        "name": name,
+        "value": None if sensitive else value,
+        "read_only": read_only,
+        "config_source": found[0]["source"] if found else SOURCE_DEFAULT,
+        "is_sensitive": sensitive,
+        "synonyms": found if synonyms else [],
+        "config_type": config_type(key),
+        "documentation": key.doc if documentation else None,
+    }
