@@ -76,7 +76,8 @@ class BrokerConnection:
         _SIZE.pack_into(data, 0, len(data) - 4)
         try:
             self._writer.write(bytes(data))
-            payload = await asyncio.wait_for(self._read_response(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # no task per request, as wait_for would make
+                payload = await self._read_response()
         except (OSError, TimeoutError, asyncio.IncompleteReadError, BrokerConnectionError) as exc:
             await self.close()
             if isinstance(exc, BrokerConnectionError):
