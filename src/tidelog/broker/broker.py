@@ -62,6 +62,7 @@ from tidelog.broker.consumer_groups import ConsumerGroupCoordinator
 from tidelog.broker.controller import Controller
 from tidelog.broker.dynamic_config import DynamicBrokerConfig, FileStore
 from tidelog.broker.fetch import FetchApis
+from tidelog.broker.fetch_sessions import FetchSessionCache
 from tidelog.broker.groups import GroupCoordinator
 from tidelog.broker.handler import HandlerTable
 from tidelog.broker.leadership import LeadershipApis
@@ -130,6 +131,7 @@ class Broker:
             log_defaults=config.engine.log_defaults,
             quotas=self.quotas,
             cluster=cluster_topics,
+            sessions=FetchSessionCache(config.max_incremental_fetch_session_cache_slots),
         )
         self.replicas: ReplicaManager | None = None
         self.fetchers: ReplicaFetchers | None = None

@@ -238,6 +238,14 @@ SERVER_KEYS: dict[str, Key] = {
             doc="Accepted for compatibility with Kafka's files; not applied (idempotent-producer state is kept).",
         ),
         Key(
+            "max.incremental.fetch.session.cache.slots",
+            parse_int,
+            minimum=0,
+            default="1000",
+            doc="Incremental fetch sessions (KIP-227) the broker keeps; a fetcher that finds no slot sends full "
+            "requests. Followers always use them.",
+        ),
+        Key(
             "tidelog.metrics.port",
             parse_int,
             minimum=-1,
@@ -777,6 +785,7 @@ class BrokerConfig:
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     offsets_retention_check_interval_ms: int = 600_000
     producer_id_expiration_ms: int = 86_400_000
+    max_incremental_fetch_session_cache_slots: int = 1_000
     metrics_port: int = -1  # -1: no metrics endpoint; 0: an ephemeral port (logged at start)
     metrics_host: str = "127.0.0.1"
     shutdown_timeout_ms: int = 30_000
@@ -872,6 +881,9 @@ class BrokerConfig:
                 "offsets.retention.check.interval.ms", defaults.offsets_retention_check_interval_ms
             ),
             producer_id_expiration_ms=server.get("producer.id.expiration.ms", defaults.producer_id_expiration_ms),
+            max_incremental_fetch_session_cache_slots=server.get(
+                "max.incremental.fetch.session.cache.slots", defaults.max_incremental_fetch_session_cache_slots
+            ),
             metrics_port=server.get("tidelog.metrics.port", defaults.metrics_port),
             metrics_host=server.get("tidelog.metrics.host", defaults.metrics_host),
             shutdown_timeout_ms=server.get("tidelog.shutdown.timeout.ms", defaults.shutdown_timeout_ms),

@@ -16,9 +16,10 @@ is not waited on (nor is a partition whose topic the client may not read). v15 (
 into `replica_state` (with its broker epoch, which Kafka checks in KRaft mode only); v16 (KIP-951) answers a
 partition refused with NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH with its current leader and epoch, and the
 response with that leader's endpoint for the client's listener, so the client can go there at once; v17 (KIP-853)
-adds the follower's log directory id, which is read and ignored. Fetch sessions (KIP-227) are not kept: every
-answer is a full one with session id 0, which clients take as "no session" and send full requests again, so
-`session_id`, `session_epoch` and the forgotten topics of a request are read and ignored.
+adds the follower's log directory id, which is read and ignored. Fetch sessions (v7+, KIP-227; fetch_sessions.py):
+a full request with session epoch 0 opens one, an incremental request reads every partition of its session and is
+answered with only the partitions that have something new; epoch -1 (what librdkafka sends) is a full request
+without a session.
 
 ListOffsets answers Kafka's special targets: -2 earliest (log start), -1 latest (the high watermark: the log end on
 a single broker; a follower asking its leader gets the log end), -3 the record with the largest timestamp, -4
@@ -40,12 +41,23 @@ a leader change (KIP-320).
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tidelog.broker.acl import Operation, ResourceType
+from tidelog.broker.fetch_sessions import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    INVALID_SESSION_ID,
+    CachedPartition,
+    FetchSession,
+    FetchSessionCache,
+    FetchSessionError,
+)
 from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, LeaderCheck, RawResponse, Response
 from tidelog.broker.quotas import QuotaKind
 from tidelog.codec.legacy_write import downconvert
@@ -68,12 +80,15 @@ if TYPE_CHECKING:
     from tidelog.broker.metrics import Metrics
     from tidelog.broker.quotas import ClientQuotaManager
 
+log = logging.getLogger("tidelog.broker")
+
 INT_MAX = (1 << 31) - 1
 DEFAULT_LOG_CONFIG = LogConfig()
 LAST_LEGACY_FETCH_VERSION = 3  # v0-v3 want magic 0/1 message sets; v4 brought the v2 record batch
 EARLIEST_LOCAL_TIMESTAMP = -4  # ListOffsets v8+ (KIP-405): the first offset kept on local disk
 LATEST_TIERED_TIMESTAMP = -5  # ListOffsets v9+ (KIP-1005): the last offset copied to tiered storage
 REPLICA_STATE_FROM = 15  # Fetch v15+ (KIP-903): the follower's id inside replica_state
+SESSIONS_FROM = 7  # Fetch v7+ (KIP-227): session id and epoch
 LEADER_HINT_ERRORS = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH})  # KIP-951
 PartitionKey = tuple[str, int]
 # (topic, partition, follower broker id, its fetch offset) -> None; raises NotLeaderOrFollowerError (replica_manager.py)
@@ -157,8 +172,11 @@ class FetchApis:
         log_defaults: LogConfig = DEFAULT_LOG_CONFIG,
         quotas: ClientQuotaManager | None = None,
         cluster: ClusterTopics | None = None,
+        sessions: FetchSessionCache | None = None,
     ) -> None:
         self.engine = engine
+        # incremental fetch sessions (KIP-227); without a cache every session request gets none
+        self.sessions = sessions if sessions is not None else FetchSessionCache(0)
         self.cluster = cluster  # a cluster's: its topic ids, leaders and brokers' endpoints
         self.quotas = quotas  # consumer_byte_rate: a throttled fetch answers no data, its connection muted
         self.log_defaults = log_defaults  # the broker's topic defaults (message.downconversion.enable)
@@ -189,6 +207,23 @@ class FetchApis:
         max_bytes = getattr(body, "max_bytes", INT_MAX)
         authorize = self.authorizer.authorize
         asked = self._resolve_topics(body.topics, request.api_version)
+        if request.api_version >= REPLICA_STATE_FROM:
+            replica_id = body.replica_state.replica_id
+        else:
+            replica_id = getattr(body, "replica_id", -1)
+        if replica_id >= 0 and self.record_follower_fetch is None:
+            replica_id = -1  # a single broker has no followers: read as any consumer does
+        session: FetchSession | None = None
+        open_session = False
+        if request.api_version >= SESSIONS_FROM:
+            try:
+                session, open_session = self._session_of(body, request.api_version, asked)
+            except FetchSessionError as exc:
+                log.debug("fetch from %s: %s", connection.peer, exc)
+                header = response_header(ApiKey.FETCH, request.api_version, request.correlation_id)
+                return RawResponse(*encode_fetch_response(request.api_version, header, [], error_code=exc.error_code))
+            if session is not None:  # the fetch reads every partition of the session
+                asked = [t for t in asked if t.name is None] + _session_topics(session)
         denied = {
             t.name
             for t in asked
@@ -197,12 +232,6 @@ class FetchApis:
         keys = [
             (t.name, p.partition) for t in asked if t.name is not None and t.name not in denied for p in t.partitions
         ]
-        if request.api_version >= REPLICA_STATE_FROM:
-            replica_id = body.replica_state.replica_id
-        else:
-            replica_id = getattr(body, "replica_id", -1)
-        if replica_id >= 0 and self.record_follower_fetch is None:
-            replica_id = -1  # a single broker has no followers: read as any consumer does
         quotas = self.quotas if replica_id < 0 else None
         if quotas is not None:  # never more than the quota's windows allow at once
             max_bytes = min(max_bytes, quotas.max_fetch_bytes(connection.principal, request.client_id) or max_bytes)
@@ -219,6 +248,13 @@ class FetchApis:
                 quotas.unrecord(QuotaKind.FETCH, connection.principal, request.client_id, total)
                 connection.throttle(throttle_ms)
                 topics = []
+        session_id = INVALID_SESSION_ID
+        if session is not None:
+            session_id = session.id
+            if not throttle_ms:
+                topics = _changed_only(session, topics)
+        elif open_session and not throttle_ms:
+            session_id = self.sessions.create(replica_id >= 0, _cached_partitions(asked, topics), _now_ms())
         for topic in topics:
             sent = sum(p.records_size for p in topic.partitions)
             if sent:
@@ -230,9 +266,38 @@ class FetchApis:
             node_endpoints = self._current_leaders(topics, connection)
         header = response_header(ApiKey.FETCH, request.api_version, request.correlation_id)
         parts, size = encode_fetch_response(
-            request.api_version, header, topics, throttle_time_ms=throttle_ms, node_endpoints=node_endpoints
+            request.api_version,
+            header,
+            topics,
+            session_id=session_id,
+            throttle_time_ms=throttle_ms,
+            node_endpoints=node_endpoints,
         )
         return RawResponse(parts, size)
+
+    def _session_of(self, body: Any, version: int, asked: list[FetchTopic]) -> tuple[FetchSession | None, bool]:
+        """(the incremental session the request continues, whether a full request opens one); sessions named by a
+        full request are closed (see fetch_sessions.py)."""
+        session_id, epoch = body.session_id, body.session_epoch
+        if epoch in (INITIAL_EPOCH, FINAL_EPOCH):
+            if session_id != INVALID_SESSION_ID:
+                self.sessions.remove(session_id)
+            return None, epoch == INITIAL_EPOCH
+        session = self.sessions.incremental(session_id, epoch, _now_ms())
+        forgotten = self._resolve_topics(body.forgotten_topics_data, version)  # same shape as the topics
+        session.update(
+            (
+                ((t.name, p.partition), _cached(t.topic_id, p))
+                for t in asked
+                if t.name is not None
+                for p in t.partitions
+            ),
+            ((t.name, p) for t in forgotten if t.name is not None for p in t.partitions),
+        )
+        if not session.partitions:  # the last partition forgotten: the session ends
+            self.sessions.remove(session.id)
+            return None, False
+        return session, False
 
     def _resolve_topics(self, topics: Sequence[Any], version: int) -> list[FetchTopic]:
         """The request's topics by name; v13+ name them by id, resolved as Kafka's metadata cache resolves them."""
@@ -431,3 +496,79 @@ class FetchApis:
                     answer["error_code"] = exc.kafka_error_code
             topics.append({"topic": request_topic.topic, "partitions": partitions})
         return {"throttle_time": 0, "topics": topics}
+
+
+class _SessionPartition(NamedTuple):
+    """A partition of a session as the read loop takes it (the attributes of a request's FetchPartition)."""
+
+    partition: int
+    fetch_offset: int
+    partition_max_bytes: int
+    current_leader_epoch: int
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _cached(topic_id: uuid.UUID | None, asked: Any) -> CachedPartition:
+    return CachedPartition(
+        topic_id,
+        asked.fetch_offset,
+        asked.partition_max_bytes,
+        getattr(asked, "current_leader_epoch", -1),
+        getattr(asked, "log_start_offset", -1),
+    )
+
+
+def _session_topics(session: FetchSession) -> list[FetchTopic]:
+    by_topic: dict[str, FetchTopic] = {}
+    for (name, partition), cached in session.partitions.items():
+        topic = by_topic.get(name)
+        if topic is None:
+            topic = by_topic[name] = FetchTopic(name, cached.topic_id, [])
+        assert isinstance(topic.partitions, list)
+        topic.partitions.append(
+            _SessionPartition(partition, cached.fetch_offset, cached.partition_max_bytes, cached.current_leader_epoch)
+        )
+    return list(by_topic.values())
+
+
+def _cached_partitions(asked: list[FetchTopic], topics: list[TopicData]) -> dict[PartitionKey, CachedPartition]:
+    """A new session's partitions: each of a full request's, with what its response says."""
+    answered = {(t.name, p.partition_index): p for t in topics for p in t.partitions}
+    cached = {}
+    for topic in asked:
+        if topic.name is None:
+            continue
+        for asked_partition in topic.partitions:
+            key = (topic.name, asked_partition.partition)
+            entry = _cached(topic.topic_id, asked_partition)
+            data = answered.get(key)
+            if data is not None and data.error_code == ErrorCode.NONE:
+                entry.high_watermark = data.high_watermark
+                entry.last_stable_offset = data.last_stable_offset
+                entry.log_start_offset = data.log_start_offset
+            cached[key] = entry
+    return cached
+
+
+def _changed_only(session: FetchSession, topics: list[TopicData]) -> list[TopicData]:
+    """An incremental response: the partitions with records, an error, or a changed offset (KIP-227)."""
+    kept = []
+    for topic in topics:
+        partitions = []
+        for data in topic.partitions:
+            cached = session.partitions.get((topic.name, data.partition_index))
+            if cached is None or cached.must_answer(
+                data.records_size > 0,
+                data.error_code,
+                data.high_watermark,
+                data.last_stable_offset,
+                data.log_start_offset,
+            ):
+                partitions.append(data)
+        if partitions:
+            topic.partitions = partitions
+            kept.append(topic)
+    return kept

@@ -10,7 +10,10 @@ hash(topic, partition) % num.replica.fetchers. A fetcher is an asyncio task with
    (KIP-101, and KIP-279's rounds when the answer names an older epoch: the follower then asks again with its new
    latest epoch until the two agree). Whatever the follower wrote that the leader does not have goes, so replicas
    never diverge.
-2. Fetch (replica_id = this broker, leader epoch checked by the leader) from each partition's log end; the batches
+2. Fetch (replica_id = this broker, leader epoch checked by the leader) from each partition's log end, in an
+   incremental fetch session (KIP-227, broker/fetch_sessions.py): after the first request only the partitions whose
+   log end (or log start, or leader epoch) moved are named, and the answer carries only those with something new;
+   the batches
    come back as the leader wrote them and are appended unchanged (`Partition.append_replica`: same offsets, same
    leader epochs, byte-identical files); the follower's high watermark becomes min(the leader's, its own log end),
    and its log start follows the leader's (DeleteRecords and retention at the leader). A partial last batch (the
@@ -32,9 +35,10 @@ import logging
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tidelog.broker.config import ReplicationConfig
+from tidelog.broker.fetch_sessions import INITIAL_EPOCH, INVALID_SESSION_ID, next_epoch
 from tidelog.broker.zk_layout import BrokerRegistration
 from tidelog.codec.record_batch import LOG_OVERHEAD, peek_offset_and_length
 from tidelog.errors import ErrorCode, TidelogError, UnknownTopicOrPartitionError
@@ -53,6 +57,7 @@ UNDEFINED_OFFSET = -1
 LEADER_CATCHING_UP_S = 0.05
 # the leader does not know (yet) the leader epoch the follower was given: it is about to
 LEADER_CATCHING_UP_ERRORS = frozenset({ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER})
+SESSION_ERRORS = frozenset({ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH})
 RETRIABLE_PARTITION_ERRORS = frozenset(
     {
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -63,6 +68,45 @@ RETRIABLE_PARTITION_ERRORS = frozenset(
         ErrorCode.KAFKA_STORAGE_ERROR,
     }
 )
+
+
+class _Asked(NamedTuple):
+    """What a fetch asks of one partition; sent again only when it changes (KIP-227)."""
+
+    fetch_offset: int
+    log_start_offset: int
+    leader_epoch: int
+
+
+class _FollowerSession:
+    """This fetcher's incremental fetch session at its leader (Kafka's FetchSessionHandler): what the leader holds
+    for each partition, the session id and the epoch of the next request. The first request is full (epoch 0) and
+    opens the session; each next one names only the partitions whose fetch offset, log start or leader epoch
+    changed, and forgets those no longer fetched (backing off, or followed no more)."""
+
+    def __init__(self) -> None:
+        self.id = INVALID_SESSION_ID
+        self.epoch = INITIAL_EPOCH
+        self.held: dict[PartitionKey, _Asked] = {}
+
+    def changes(self, wanted: dict[PartitionKey, _Asked]) -> tuple[dict[PartitionKey, _Asked], list[PartitionKey]]:
+        """(the partitions to name in the next request, the partitions to forget)."""
+        if self.epoch == INITIAL_EPOCH:
+            return wanted, []
+        changed = {key: asked for key, asked in wanted.items() if self.held.get(key) != asked}
+        return changed, [key for key in self.held if key not in wanted]
+
+    def sent(self, changed: dict[PartitionKey, _Asked], forgotten: list[PartitionKey], session_id: int) -> None:
+        """The leader answered the request without a session error."""
+        if self.epoch == INITIAL_EPOCH:
+            if session_id == INVALID_SESSION_ID:
+                return  # no room at the leader: full requests again
+            self.id, self.held = session_id, dict(changed)
+        else:
+            self.held.update(changed)
+            for key in forgotten:
+                self.held.pop(key, None)
+        self.epoch = next_epoch(self.epoch)
 
 
 @dataclass(slots=True)
@@ -176,6 +220,7 @@ class _Fetcher:
         self.stopped = False
         self._wake = asyncio.Event()
         self._connection: BrokerConnection | None = None
+        self._session = _FollowerSession()
         self._task = asyncio.create_task(self._run(), name=f"tidelog-replica-fetcher-{leader}-{index}")
 
     def add(self, key: PartitionKey, leader_epoch: int) -> None:
@@ -232,6 +277,7 @@ class _Fetcher:
 
     async def _drop_connection(self) -> None:
         connection, self._connection = self._connection, None
+        self._session = _FollowerSession()
         if connection is not None:
             await connection.close()
 
@@ -324,36 +370,49 @@ class _Fetcher:
         ready = [(key, state, handle) for key, state, handle in self._ready() if state.truncated]
         if not ready:
             return False
+        wanted = {key: _Asked(h.log_end_offset, h.log_start_offset, state.leader_epoch) for key, state, h in ready}
+        session = self._session
+        changed, forgotten = session.changes(wanted)
         topics: dict[str, list[dict[str, Any]]] = {}
-        for (topic, partition), state, handle in ready:
+        for (topic, partition), asked in changed.items():
             topics.setdefault(topic, []).append(
                 {
                     "partition": partition,
-                    "current_leader_epoch": state.leader_epoch,
-                    "fetch_offset": handle.log_end_offset,
+                    "current_leader_epoch": asked.leader_epoch,
+                    "fetch_offset": asked.fetch_offset,
                     "last_fetched_epoch": -1,
-                    "log_start_offset": handle.log_start_offset,
+                    "log_start_offset": asked.log_start_offset,
                     "partition_max_bytes": config.replica_fetch_max_bytes,
                 }
             )
+        dropped: dict[str, list[int]] = {}
+        for topic, partition in forgotten:
+            dropped.setdefault(topic, []).append(partition)
         body = {
             "replica_id": self.owner.broker_id,
             "max_wait": config.replica_fetch_wait_max_ms,
             "min_bytes": 1,
             "max_bytes": config.replica_fetch_response_max_bytes,
             "isolation_level": 0,
-            "session_id": 0,
-            "session_epoch": -1,
+            "session_id": session.id,
+            "session_epoch": session.epoch,
             "topics": [{"topic": topic, "partitions": partitions} for topic, partitions in topics.items()],
-            "forgotten_topics_data": [],
+            "forgotten_topics_data": [{"topic": t, "partitions": p} for t, p in dropped.items()],
             "rack_id": "",
         }
         response = await connection.request(ApiKey.FETCH, FETCH_VERSION, body, self._timeout_s())
-        if int(response.error_code) != ErrorCode.NONE:
-            log.warning("%s: Fetch answered %s", self.name, ErrorCode(int(response.error_code)).name)
+        error = int(response.error_code)
+        if error in SESSION_ERRORS:  # the leader lost the session (it restarted, or evicted it): start a new one
+            log.info("%s: Fetch answered %s; starting a new fetch session", self.name, _error_name(error))
+            self._session = _FollowerSession()
+            return True
+        if error != ErrorCode.NONE:
+            log.warning("%s: Fetch answered %s", self.name, _error_name(error))
+            self._session = _FollowerSession()
             for _key, state, _handle in ready:
                 self._back_off(state)
             return True
+        session.sent(changed, forgotten, int(response.session_id))
         answers = {
             (topic.topic, answer.partition_index): answer for topic in response.responses for answer in topic.partitions
         }
