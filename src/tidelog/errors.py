@@ -53,6 +53,7 @@ class ErrorCode(IntEnum):
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
     INVALID_PRODUCER_EPOCH = 47
     INVALID_TXN_STATE = 48
+    TRANSACTION_COORDINATOR_FENCED = 52
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
     SECURITY_DISABLED = 54
     KAFKA_STORAGE_ERROR = 56
@@ -224,6 +225,13 @@ class InvalidProducerEpochError(TidelogError):
 
 class InvalidTxnStateError(TidelogError):
     kafka_error_code = ErrorCode.INVALID_TXN_STATE
+
+
+class TransactionCoordinatorFencedError(TidelogError):
+    """A transaction marker from a coordinator epoch older than the producer's last marker's (a zombie
+    coordinator)."""
+
+    kafka_error_code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
 class TransactionsUnsupportedError(TidelogError):

@@ -20,6 +20,7 @@ from tidelog.codec.record_batch import build_batch
 from tidelog.codec.record_set import decode_batch, iter_batches
 from tidelog.errors import (
     InvalidPartitionsError,
+    InvalidRecordError,
     InvalidReplicaAssignmentError,
     OffsetOutOfRangeError,
     TopicExistsError,
@@ -475,3 +476,24 @@ def test_retention_deletes_whole_old_files_and_moves_the_log_start(open_log: Ope
     engine = open_log()
     assert engine.log_start_offset("t", 0) == start
     assert engine.log_end_offset("t", 0) == len(written) + 1
+
+
+def test_without_transactions_everything_readable_is_stable(open_log: Opener, engine_name: str) -> None:
+    """The transactional calls: no transaction, so the last stable offset is the high watermark and nothing is
+    aborted; a marker is written by the Kafka engine and refused by the RocketMQ engine, which stores no
+    transactional or control batches."""
+    engine = open_log()
+    written = fill(engine, batches=6)
+    partition = engine.partition("t", 0)
+    assert partition.last_stable_offset == partition.high_watermark == len(written)
+    assert partition.aborted_transactions(0, len(written)) == []
+    assert as_tuples(read_records(engine, "t", 0)) == as_tuples(written)
+    data = partition.read(0, 1 << 20, max_offset=3).read_bytes()
+    assert [r.offset for info in iter_batches(data) for r in decode_batch(data, info)][-1] < 3
+    if engine_name == "kafka":
+        assert partition.append_marker(77, 0, 0, commit=True).base_offset == len(written)
+        assert partition.last_stable_offset == len(written) + 1
+    else:
+        with pytest.raises(InvalidRecordError, match="no transactional or control batches"):
+            partition.append_marker(77, 0, 0, commit=True)
+        assert partition.log_end_offset == len(written)

@@ -31,7 +31,7 @@ from tidelog.protocol.messages import (
     encode_response,
     response_header,
 )
-from tidelog.storage.api import FileSlice
+from tidelog.storage.api import AbortedTransaction, FileSlice
 
 SUPPORTED = {ApiKey.API_VERSIONS: (0, 4), ApiKey.METADATA: (0, 12), ApiKey.PRODUCE: (3, 11), ApiKey.FETCH: (4, 12)}
 
@@ -130,7 +130,12 @@ def kio_fetch_response(
                         "high_watermark": p.high_watermark,
                         "last_stable_offset": p.last_stable_offset,
                         "log_start_offset": p.log_start_offset,
-                        "aborted_transactions": [],
+                        "aborted_transactions": None
+                        if p.aborted_transactions is None
+                        else [
+                            {"producer_id": a.producer_id, "first_offset": a.first_offset}
+                            for a in p.aborted_transactions
+                        ],
                         "preferred_read_replica": -1,
                         "records": b"".join(s.read() for s in p.slices),
                         **(
@@ -171,13 +176,21 @@ def test_the_hand_written_fetch_response_matches_kio_byte_for_byte(tmp_path: Pat
             TopicData(
                 "orders",
                 [
-                    PartitionData(0, 0, 3, 3, 0, slices=(first, rest)),
+                    PartitionData(
+                        0,
+                        0,
+                        3,
+                        1,
+                        0,
+                        slices=(first, rest),
+                        aborted_transactions=[AbortedTransaction(7, 0), AbortedTransaction(1 << 40, 2)],
+                    ),
                     PartitionData(1, 6, -1, -1, -1, current_leader=(2, 7) if version >= 12 else None),
                     PartitionData(3, 74, -1, -1, -1, current_leader=(-1, -1) if version >= 12 else None),
                 ],
                 topic_id=uuid.UUID(int=0x1234_5678_9ABC_DEF0_0FED_CBA9_8765_4321),
             ),
-            TopicData("empty", [PartitionData(2, 0, 0, 0, 0)]),
+            TopicData("empty", [PartitionData(2, 0, 0, 0, 0), PartitionData(4, 0, 0, 0, 0, aborted_transactions=[])]),
         ]
         header = response_header(1, version, 77)
         parts, size = encode_fetch_response(version, header, topics, node_endpoints=endpoints)

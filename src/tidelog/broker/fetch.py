@@ -21,6 +21,12 @@ a full request with session epoch 0 opens one, an incremental request reads ever
 answered with only the partitions that have something new; epoch -1 (what librdkafka sends) is a full request
 without a session.
 
+Transactions: every Fetch answer carries the partition's last stable offset (v4+). A read_committed Fetch
+(`isolation_level` 1, v4+) reads only below it (`Partition.read(max_offset=)`) and gets the aborted transactions of
+what it read (`aborted_transactions`, from the fetch offset to the last stable offset), which the client drops along
+with the control batches; a read_uncommitted one gets null there, as Kafka answers. ListOffsets with read_committed
+(v2+) answers the last stable offset for -1 (latest), and a timestamp lookup only below it.
+
 ListOffsets answers Kafka's special targets: -2 earliest (log start), -1 latest (the high watermark: the log end on
 a single broker; a follower asking its leader gets the log end), -3 the record with the largest timestamp, -4
 (EARLIEST_LOCAL_TIMESTAMP, v8+) which, with no tiered storage, is the log start too, and -5
@@ -86,6 +92,7 @@ INT_MAX = (1 << 31) - 1
 DEFAULT_LOG_CONFIG = LogConfig()
 LAST_LEGACY_FETCH_VERSION = 3  # v0-v3 want magic 0/1 message sets; v4 brought the v2 record batch
 EARLIEST_LOCAL_TIMESTAMP = -4  # ListOffsets v8+ (KIP-405): the first offset kept on local disk
+READ_COMMITTED = 1  # isolation_level of Fetch v4+ and ListOffsets v2+
 LATEST_TIERED_TIMESTAMP = -5  # ListOffsets v9+ (KIP-1005): the last offset copied to tiered storage
 REPLICA_STATE_FROM = 15  # Fetch v15+ (KIP-903): the follower's id inside replica_state
 SESSIONS_FROM = 7  # Fetch v7+ (KIP-227): session id and epoch
@@ -235,8 +242,9 @@ class FetchApis:
         quotas = self.quotas if replica_id < 0 else None
         if quotas is not None:  # never more than the quota's windows allow at once
             max_bytes = min(max_bytes, quotas.max_fetch_bytes(connection.principal, request.client_id) or max_bytes)
+        read_committed = getattr(body, "isolation_level", 0) == READ_COMMITTED and replica_id < 0
         while True:
-            topics, total, failed = self._read(asked, max_bytes, denied, replica_id)
+            topics, total, failed = self._read(asked, max_bytes, denied, replica_id, read_committed)
             remaining = deadline - loop.time()
             if total >= min_bytes or failed or not keys or remaining <= 0 or self.is_stopping():
                 break  # (nothing to wait for without partitions: answered at once, as Kafka does)
@@ -352,7 +360,7 @@ class FetchApis:
                 data.slices = ()
 
     def _read(
-        self, asked: list[FetchTopic], max_bytes: int, denied: set[str], replica_id: int
+        self, asked: list[FetchTopic], max_bytes: int, denied: set[str], replica_id: int, read_committed: bool
     ) -> tuple[list[TopicData], int, bool]:
         engine = self.engine
         remaining = max_bytes
@@ -384,8 +392,11 @@ class FetchApis:
                         self.record_follower_fetch(
                             name, fetch_partition.partition, replica_id, fetch_partition.fetch_offset
                         )
-                    data.high_watermark = data.last_stable_offset = partition_log.high_watermark
+                    data.high_watermark = partition_log.high_watermark
+                    data.last_stable_offset = partition_log.last_stable_offset
                     data.log_start_offset = partition_log.log_start_offset
+                    if read_committed:
+                        data.aborted_transactions = []
                     limit = min(fetch_partition.partition_max_bytes, remaining)
                     if limit <= 0 and total > 0:
                         continue
@@ -394,7 +405,12 @@ class FetchApis:
                         max(limit, 0),
                         min_one_message=total == 0,
                         up_to_log_end=replica_id >= 0,
+                        max_offset=data.last_stable_offset if read_committed else None,
                     )
+                    if read_committed and slices.slices:
+                        data.aborted_transactions = partition_log.aborted_transactions(
+                            fetch_partition.fetch_offset, data.last_stable_offset
+                        )
                 except TidelogError as exc:
                     data.error_code = exc.kafka_error_code
                     failed = True
@@ -411,6 +427,7 @@ class FetchApis:
     async def handle_list_offsets(self, request: Request, connection: Connection) -> Response:
         engine = self.engine
         from_follower = getattr(request.body, "replica_id", -1) >= 0 and self.record_follower_fetch is not None
+        read_committed = getattr(request.body, "isolation_level", 0) == READ_COMMITTED
         topics = []
         for list_topic in request.body.topics:
             authorized = self.authorizer.authorize(connection, Operation.DESCRIBE, ResourceType.TOPIC, list_topic.name)
@@ -446,6 +463,9 @@ class FetchApis:
                         found = TimestampAndOffset(-1, handle.log_end_offset, handle.latest_epoch)
                     else:
                         found = engine.offset_for_timestamp(list_topic.name, list_partition.partition_index, target)
+                        if read_committed and target != EARLIEST_TIMESTAMP and found is not None:
+                            stable = engine.partition(list_topic.name, list_partition.partition_index)
+                            found = self._below_stable(found, target, stable.last_stable_offset)
                     if found is not None:  # no record at or after the timestamp: offset -1, as Kafka answers
                         answer.update(
                             timestamp=found.timestamp,
@@ -459,6 +479,14 @@ class FetchApis:
                     answer["error_code"] = exc.kafka_error_code
             topics.append({"name": list_topic.name, "partitions": partitions})
         return {"throttle_time": 0, "topics": topics}
+
+    @staticmethod
+    def _below_stable(found: TimestampAndOffset, target: int, last_stable_offset: int) -> TimestampAndOffset | None:
+        """A read_committed ListOffsets answer (Kafka's Partition.fetchOffsetForTimestamp): latest is the last stable
+        offset, a record found by timestamp counts only below it."""
+        if target == LATEST_TIMESTAMP:
+            return found._replace(offset=last_stable_offset)
+        return found if found.offset < last_stable_offset else None
 
     # --- OffsetForLeaderEpoch ---------------------------------------------------------------------------------
 

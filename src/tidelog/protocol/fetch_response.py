@@ -13,7 +13,9 @@ From v12 on (flexible) arrays, strings and bytes carry unsigned-varint lengths p
 `tag | size | value` after the count of those present, and one holding its default is left out (KIP-482). From
 v16 (KIP-951) a partition answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH carries its current leader, and
 the response the endpoints of those leaders, so a client can go there without asking Metadata first. The encoder
-returns a list of parts: bytes, and FileSlice objects standing for the record bytes in their place. Its output is
+returns a list of parts: bytes, and FileSlice objects standing for the record bytes in their place.
+`aborted_transactions` is null (None) for a read_uncommitted fetch, as Kafka answers it, and the aborted
+transactions of the data for a read_committed one. Its output is
 tested byte for byte against kio's generic encoder.
 """
 
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tidelog.codec.varint import encode_unsigned_varint
-from tidelog.storage.api import FileSlice, MemorySlice
+from tidelog.storage.api import AbortedTransaction, FileSlice, MemorySlice
 
 FLEXIBLE_FROM = 12
 TOPIC_IDS_FROM = 13  # KIP-516: topics named by id
@@ -35,6 +37,7 @@ _NODE_ENDPOINTS_TAG = 0  # the response's tagged field
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PARTITION_FIXED = struct.Struct(">ihq")  # index, error code, high watermark
+_ABORTED = struct.Struct(">qq")  # producer id, first offset
 _I64 = struct.Struct(">q")
 _ZERO_UUID = uuid.UUID(int=0)
 
@@ -49,6 +52,7 @@ class PartitionData:
     slices: Sequence[FileSlice | MemorySlice] = ()
     records: bytes | None = None  # used instead of slices when the bytes are already in memory
     current_leader: tuple[int, int] | None = None  # (leader id, leader epoch), v12+ when set
+    aborted_transactions: Sequence[AbortedTransaction] | None = None  # a read_committed fetch's, v4+
 
     @property
     def records_size(self) -> int:
@@ -107,7 +111,7 @@ def encode_fetch_response(
             if version >= 5:
                 out += _I64.pack(partition.log_start_offset)
             if version >= 4:
-                out += _array_length(0, flexible)  # aborted_transactions: none (no transactions yet)
+                out += _aborted_transactions(partition.aborted_transactions, flexible)
             if version >= 11:
                 out += _I32.pack(-1)  # preferred_read_replica
             size = partition.records_size
@@ -132,6 +136,13 @@ def encode_fetch_response(
     struct.pack_into(">i", first, 0, total - 4)
     parts[0] = bytes(first)
     return parts, total
+
+
+def _aborted_transactions(aborted: Sequence[AbortedTransaction] | None, flexible: bool) -> bytes:
+    if aborted is None:
+        return b"\x00" if flexible else _I32.pack(-1)
+    entry_tags = b"\x00" if flexible else b""
+    return _array_length(len(aborted), flexible) + b"".join(_ABORTED.pack(*txn) + entry_tags for txn in aborted)
 
 
 def _partition_tags(current_leader: tuple[int, int] | None) -> bytes:
