@@ -10,7 +10,7 @@
     Dead                6   Empty, CompleteCommit, CompleteAbort           expired (transactional.id.expiration.ms)
     PrepareEpochFence   7   Ongoing                                        Kafka's pending state while a new producer
                                                                            fences the old one's open transaction (see
-                                                                           `prepare_fence_and_abort`); read, never written
+                                                                           `prepare_fence_and_abort`); read, not written
 
 A change is made in two steps, as Kafka makes it: `prepare_*` checks the transition against the table above and
 returns the target (`Transit`) while the metadata remembers it as pending (no other change may start meanwhile:
