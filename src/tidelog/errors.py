@@ -56,6 +56,7 @@ class ErrorCode(IntEnum):
     INVALID_PRODUCER_ID_MAPPING = 49
     INVALID_TRANSACTION_TIMEOUT = 50
     CONCURRENT_TRANSACTIONS = 51
+    TRANSACTION_COORDINATOR_FENCED = 52
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
     SECURITY_DISABLED = 54
     OPERATION_NOT_ATTEMPTED = 55
@@ -229,6 +230,13 @@ class InvalidProducerEpochError(TidelogError):
 
 class InvalidTxnStateError(TidelogError):
     kafka_error_code = ErrorCode.INVALID_TXN_STATE
+
+
+class TransactionCoordinatorFencedError(TidelogError):
+    """A transaction marker from a coordinator epoch older than the producer's last marker's (a zombie
+    coordinator)."""
+
+    kafka_error_code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
 class TransactionsUnsupportedError(TidelogError):

@@ -31,12 +31,11 @@ from hypothesis import strategies as st
 
 from tidelog.codec import legacy, record_set
 from tidelog.codec.compression import Compression, compress, decompress, xxh32_short
+from tidelog.codec.control_record import ControlRecordType, build_control_batch
 from tidelog.codec.record_batch import (
-    ControlRecordType,
     Record,
     TimestampType,
     build_batch,
-    build_control_batch,
     check_batch,
     decode_records,
 )

@@ -12,7 +12,7 @@ import pytest
 
 import tidelog
 from tidelog.cli import main
-from tidelog.codec.record_batch import ControlRecordType, build_control_batch
+from tidelog.codec.control_record import ControlRecordType, build_control_batch
 from tidelog.tools.dump_log import DumpOptions, dump_files
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kafka-written"

@@ -28,7 +28,8 @@ from crc32c import crc32c
 import tidelog
 from tidelog import Record
 from tidelog.codec.compression import Compression, compress, decompress
-from tidelog.codec.record_batch import ControlRecordType, build_batch, build_control_batch
+from tidelog.codec.control_record import ControlRecordType, build_control_batch
+from tidelog.codec.record_batch import build_batch
 from tidelog.errors import (
     ConfigError,
     CorruptRecordError,

@@ -14,17 +14,15 @@ from hypothesis import strategies as st
 
 from tidelog.codec import record_check, record_set
 from tidelog.codec.compression import Compression, compress, decompress
+from tidelog.codec.control_record import ControlRecordType, build_control_batch, parse_control_record
 from tidelog.codec.record_batch import (
     BatchHeader,
-    ControlRecordType,
     Record,
     TimestampType,
     build_batch,
-    build_control_batch,
     check_batch,
     check_producer_batch,
     decode_records,
-    parse_control_record,
     read_header,
     set_base_offset,
     set_log_append_time,

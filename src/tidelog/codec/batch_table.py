@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tidelog.codec.compression import Compression, decompress
-from tidelog.codec.record_batch import CONTROL_MASK, HEADER_SIZE
+from tidelog.codec.record_batch import CONTROL_MASK, HEADER_SIZE, TRANSACTIONAL_MASK
 from tidelog.codec.record_framing import PADDING
 from tidelog.errors import CorruptRecordError
 
@@ -77,6 +77,10 @@ class BatchTable:
     @property
     def is_control(self) -> np.ndarray:
         return (self.magic == 2) & ((self.header["attributes"] & CONTROL_MASK) != 0)
+
+    @property
+    def is_transactional(self) -> np.ndarray:
+        return (self.magic == 2) & ((self.header["attributes"] & TRANSACTIONAL_MASK) != 0)
 
     def take(self, selector: np.ndarray | slice) -> BatchTable:
         return BatchTable(self.position[selector], self.size[selector], self.magic[selector], self.header[selector])

@@ -93,16 +93,6 @@ class TimestampType(IntEnum):
         raise ValueError(f"unknown timestamp type {name!r} (expected CreateTime or LogAppendTime)")
 
 
-class ControlRecordType(IntEnum):
-    ABORT = 0
-    COMMIT = 1
-    LEADER_CHANGE = 2
-    SNAPSHOT_HEADER = 3
-    SNAPSHOT_FOOTER = 4
-    KRAFT_VERSION = 5
-    KRAFT_VOTERS = 6
-
-
 @dataclass(slots=True)
 class Record:
     """One record as a producer hands it in or a consumer gets it back.
@@ -348,25 +338,6 @@ def _parse_headers(data: bytes, pos: int, index: int) -> tuple[list[tuple[str, b
     return headers, pos
 
 
-def parse_control_record(record: Record) -> tuple[ControlRecordType | int, int | None]:
-    """(type, coordinator epoch) of a control record; the epoch only for COMMIT/ABORT markers."""
-    key = record.key or b""
-    if len(key) < 4:
-        raise CorruptRecordError(f"control record key has {len(key)} bytes, expected 4")
-    _version, type_id = struct.unpack_from(">hh", key)
-    try:
-        control_type: ControlRecordType | int = ControlRecordType(type_id)
-    except ValueError:
-        control_type = type_id
-    epoch = None
-    if control_type in (ControlRecordType.ABORT, ControlRecordType.COMMIT):
-        value = record.value or b""
-        if len(value) < 6:
-            raise CorruptRecordError(f"transaction marker value has {len(value)} bytes, expected 6")
-        _marker_version, epoch = struct.unpack_from(">hi", value)
-    return control_type, epoch
-
-
 # --- writing -------------------------------------------------------------------------------------------------
 
 
@@ -527,30 +498,6 @@ def assemble_batch(
     crc = crc32c(body, crc32c(memoryview(header)[ATTRIBUTES_OFFSET:]))
     _UINT32.pack_into(header, CRC_OFFSET, crc)
     return bytes(header) + body
-
-
-def build_control_batch(
-    control_type: ControlRecordType,
-    *,
-    producer_id: int,
-    producer_epoch: int,
-    coordinator_epoch: int = 0,
-    base_offset: int = 0,
-    timestamp_ms: int | None = None,
-    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
-) -> bytes:
-    """A transaction marker: one control record, key `version|type`, value `version|coordinatorEpoch`."""
-    key = struct.pack(">hh", 0, int(control_type))
-    value = struct.pack(">hi", 0, coordinator_epoch)
-    return build_batch(
-        [Record(value=value, key=key, timestamp_ms=timestamp_ms)],
-        base_offset=base_offset,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        partition_leader_epoch=partition_leader_epoch,
-        is_transactional=True,
-        is_control=True,
-    )
 
 
 # --- in-place rewrites a broker makes (outside or inside the CRC) --------------------------------------------

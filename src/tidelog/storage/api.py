@@ -8,6 +8,11 @@ slices, so a server can send them with sendfile and a reader can decode them in 
     offset_for_timestamp(topic, partition, ts) -> TimestampAndOffset | None
     log_start_offset / log_end_offset / high_watermark, delete_records, flush, close
 
+Transactions (KIP-98): a client's transactional batches open or extend their producer's transaction; the
+coordinator's end-transaction markers close it (`append_marker`, a COMMIT or ABORT control batch). Reads in
+read_committed stop at `last_stable_offset` (below the first offset of the earliest open transaction) and get the
+aborted transactions of the range they read (`aborted_transactions`), which the client skips.
+
 `produce` and `consume` are the library face built on those calls, the same for every engine.
 
 Replication (a broker of a cluster; EngineConfig.replicated): a follower appends the leader's batches unchanged
@@ -124,8 +129,8 @@ class AppendResult(NamedTuple):
 
 
 class ProducerSummary(NamedTuple):
-    """An idempotent producer a partition's producer state holds (DescribeProducers; no transactions yet, so the
-    coordinator epoch and the open transaction's first offset are -1)."""
+    """A producer a partition's producer state holds (DescribeProducers): the coordinator epoch of its last
+    transaction marker and the first offset of its open transaction (-1: none)."""
 
     producer_id: int
     epoch: int
@@ -133,6 +138,14 @@ class ProducerSummary(NamedTuple):
     last_timestamp: int
     coordinator_epoch: int = -1
     current_txn_start_offset: int = -1
+
+
+class AbortedTransaction(NamedTuple):
+    """An aborted transaction a read_committed Fetch reports: the client drops the producer's records from
+    `first_offset` on, up to the producer's ABORT marker."""
+
+    producer_id: int
+    first_offset: int
 
 
 class TimestampAndOffset(NamedTuple):
@@ -186,10 +199,36 @@ class Partition(ABC):
 
     @property
     @abstractmethod
+    def last_stable_offset(self) -> int:
+        """What read_committed readers may read up to: min(first offset of the earliest open transaction - or of a
+        completed one whose marker is not below the high watermark yet -, high watermark)."""
+
+    @property
+    @abstractmethod
     def size_in_bytes(self) -> int: ...
 
     @abstractmethod
-    def append(self, data: bytes | bytearray | memoryview, *, from_client: bool = True) -> AppendResult: ...
+    def append(self, data: bytes | bytearray | memoryview, *, from_client: bool = True) -> AppendResult:
+        """Append a producer's batch (`from_client`) or the broker's own batches. A transactional batch opens or
+        continues its producer's transaction; a client's control batch is refused (InvalidRecordError), an older
+        producer epoch too (InvalidProducerEpochError), and a non-transactional batch of a producer with an open
+        transaction (InvalidTxnStateError)."""
+
+    @abstractmethod
+    def append_marker(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
+    ) -> AppendResult:
+        """Write an end-transaction marker (a COMMIT or ABORT control batch, as the coordinator's WriteTxnMarkers
+        asks a leader to): the producer's open transaction is complete, an aborted one is recorded for
+        read_committed readers, and the last stable offset moves on. A marker for a producer without an open
+        transaction is written all the same. Refused when `producer_epoch` is older than the producer's
+        (InvalidProducerEpochError) or `coordinator_epoch` older than its last marker's
+        (TransactionCoordinatorFencedError)."""
+
+    @abstractmethod
+    def aborted_transactions(self, start_offset: int, end_offset: int) -> list[AbortedTransaction]:
+        """The aborted transactions a read_committed Fetch of [start_offset, end_offset) reports: those whose ABORT
+        marker is at or after `start_offset` and whose first offset is below `end_offset`, by marker offset."""
 
     @abstractmethod
     def append_replica(self, data: bytes | bytearray | memoryview) -> AppendResult:
@@ -199,11 +238,19 @@ class Partition(ABC):
 
     @abstractmethod
     def read(
-        self, offset: int, max_bytes: int, *, min_one_message: bool = True, up_to_log_end: bool = False
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        min_one_message: bool = True,
+        up_to_log_end: bool = False,
+        max_offset: int | None = None,
     ) -> FileSlices:
         """Whole batches from the one holding `offset` (the last may be cut short by `max_bytes`), below the high
-        watermark, or up to the log end with `up_to_log_end` (a follower's fetch). An offset between the high
-        watermark and the log end reads nothing; outside [log start, log end] it raises OffsetOutOfRangeError."""
+        watermark, or up to the log end with `up_to_log_end` (a follower's fetch); with `max_offset` (a
+        read_committed fetch passes the last stable offset) they also stop before the batch holding it. An offset
+        between that end and the log end reads nothing; outside [log start, log end] it raises
+        OffsetOutOfRangeError."""
 
     @abstractmethod
     def set_high_watermark(self, offset: int) -> None:

@@ -28,14 +28,13 @@ from typing import TextIO
 from tidelog.codec import legacy
 from tidelog.codec.batch_chain import ChainReader
 from tidelog.codec.compression import Compression
+from tidelog.codec.control_record import ControlRecordType, parse_control_record
 from tidelog.codec.record_batch import (
     NO_SEQUENCE,
     BatchHeader,
-    ControlRecordType,
     Record,
     TimestampType,
     decode_records,
-    parse_control_record,
 )
 from tidelog.codec.record_set import BatchInfo, decode_batch, is_valid, read_batch_info
 from tidelog.errors import CorruptIndexError, TidelogError

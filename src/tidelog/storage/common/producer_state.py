@@ -1,10 +1,20 @@
-"""Idempotent-producer state of one partition, and its `<offset>.snapshot` files (Kafka's ProducerStateManager).
+"""Producer state of one partition, and its `<offset>.snapshot` files (Kafka's ProducerStateManager).
 
 Per producer id the log keeps the epoch and the metadata of its last 5 batches (the client's maximum
 in flight), so a retried batch is recognised and answered with its original offsets instead of being
 written twice. Rules (Kafka's ProducerAppendInfo): an older epoch is fenced (INVALID_PRODUCER_EPOCH);
 a new epoch must start at sequence 0; within an epoch each batch must continue the last sequence
 (else OUT_OF_ORDER_SEQUENCE); an unknown producer may start anywhere (KIP-360).
+
+Transactions (KIP-98): a producer's first transactional batch opens its transaction at that batch's first offset
+(`current_txn_first_offset`); until an end-transaction marker completes it (`complete_txn`), a non-transactional
+batch of that producer is refused (INVALID_TXN_STATE). A marker with an older producer epoch is refused
+(INVALID_PRODUCER_EPOCH), one with an older coordinator epoch than the producer's last marker too
+(TRANSACTION_COORDINATOR_FENCED); a marker for a producer without an open transaction only updates its epochs.
+The open transactions of the partition are kept by first offset (`ongoing`); a completed one stays "unreplicated"
+until the high watermark passes its marker. The first unstable offset, the smallest first offset of both, bounds
+the last stable offset (what read_committed readers may read). A producer with an open transaction never expires.
+Replaying the log (recovery, a follower) checks nothing: the leader did.
 
 Snapshot file, big-endian (non-flexible version 1):
 
@@ -13,7 +23,9 @@ Snapshot file, big-endian (non-flexible version 1):
            | timestamp i64 | coordinatorEpoch i32 | currentTxnFirstOffset i64
 
 Only each producer's latest batch is stored; the rest of the 5-batch window is rebuilt by replaying
-the log after the snapshot offset (the number in the file name, exclusive).
+the log after the snapshot offset (the number in the file name, exclusive). `coordinatorEpoch` is that of the
+producer's last marker (-1: none), `currentTxnFirstOffset` the first offset of its open transaction (-1: none):
+loading a snapshot reopens those transactions.
 """
 
 from __future__ import annotations
@@ -21,15 +33,22 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from crc32c import crc32c
 
 from tidelog.codec.record_batch import NO_SEQUENCE, BatchHeader
-from tidelog.errors import CorruptCheckpointError, InvalidProducerEpochError, OutOfOrderSequenceError
+from tidelog.errors import (
+    CorruptCheckpointError,
+    InvalidProducerEpochError,
+    InvalidTxnStateError,
+    OutOfOrderSequenceError,
+    TransactionCoordinatorFencedError,
+)
 from tidelog.storage.api import ProducerSummary
 
 log = logging.getLogger("tidelog.storage")
@@ -55,6 +74,18 @@ class BatchMetadata:
         return self.last_offset - self.offset_delta
 
 
+class CompletedTxn(NamedTuple):
+    """A transaction an end-transaction marker completed: `last_offset` is the marker's offset; `last_stable_offset`
+    the partition's once it completed (the first offset of the earliest other open transaction, else the offset
+    after the marker), what an aborted one's transaction-index entry records."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
+    last_stable_offset: int
+
+
 @dataclass
 class ProducerEntry:
     producer_id: int
@@ -78,6 +109,8 @@ class ProducerStateManager:
         self.directory = directory
         self.producers: dict[int, ProducerEntry] = {}
         self.unsynced: dict[int, Path] = {}  # snapshots written without fsync (take_snapshot(sync=False)), by offset
+        self.ongoing: OrderedDict[int, int] = OrderedDict()  # producer id -> first offset of its open transaction
+        self.unreplicated: list[CompletedTxn] = []  # completed, the marker not yet below the high watermark
 
     def summaries(self) -> list[ProducerSummary]:
         """Every producer held, by id (the caller holds its partition's lock)."""
@@ -99,12 +132,15 @@ class ProducerStateManager:
         """For a client batch with a producer id: the original metadata if it is a retried duplicate,
         None if it may be appended; raises on a fenced epoch or a sequence gap."""
         entry = self.producers.get(header.producer_id)
-        if entry is None or header.base_sequence == NO_SEQUENCE:
+        if entry is None:
             return None
         if header.producer_epoch < entry.epoch:
             raise InvalidProducerEpochError(
                 f"producer {header.producer_id} epoch {header.producer_epoch} is older than the current {entry.epoch}"
             )
+        if header.base_sequence == NO_SEQUENCE:
+            self._check_txn_state(entry, header)
+            return None
         if header.producer_epoch == entry.epoch:
             for batch in entry.batches:
                 if batch.first_sequence == header.base_sequence and batch.last_sequence == header.last_sequence:
@@ -119,16 +155,26 @@ class ProducerStateManager:
             raise OutOfOrderSequenceError(
                 f"producer {header.producer_id} sent sequence {header.base_sequence} after {entry.last_sequence}"
             )
+        self._check_txn_state(entry, header)
         return None
 
+    @staticmethod
+    def _check_txn_state(entry: ProducerEntry, header: BatchHeader) -> None:
+        if entry.current_txn_first_offset >= 0 and not header.is_transactional:
+            raise InvalidTxnStateError(
+                f"producer {entry.producer_id} sent a non-transactional batch while its transaction from offset "
+                f"{entry.current_txn_first_offset} is open"
+            )
+
     def update(self, header: BatchHeader, first_offset: int, timestamp: int) -> None:
-        """Record an appended batch of a producer (called for client appends and while replaying the log)."""
+        """Record an appended data batch of a producer (called for client appends and while replaying the log); a
+        transactional one opens the producer's transaction at `first_offset` unless one is open."""
         if header.producer_id < 0:
             return
-        entry = self.producers.get(header.producer_id)
-        if entry is None or header.producer_epoch > entry.epoch:
-            entry = ProducerEntry(header.producer_id, header.producer_epoch)
-            self.producers[header.producer_id] = entry
+        entry = self._entry(header.producer_id, header.producer_epoch)
+        if header.is_transactional and entry.current_txn_first_offset < 0:
+            entry.current_txn_first_offset = first_offset
+            self.ongoing[header.producer_id] = first_offset
         if header.base_sequence != NO_SEQUENCE:
             entry.batches.append(
                 BatchMetadata(
@@ -141,8 +187,87 @@ class ProducerStateManager:
             )
         entry.last_timestamp = max(entry.last_timestamp, timestamp)
 
+    def _entry(self, producer_id: int, epoch: int) -> ProducerEntry:
+        """The producer's entry (a new one if unknown) at `epoch`: another epoch than its own forgets its batches
+        (Kafka's maybeUpdateProducerEpoch), not its open transaction or coordinator epoch."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
+        elif entry.epoch != epoch:
+            entry.epoch = epoch
+            entry.batches.clear()
+        return entry
+
+    # --- transactions -----------------------------------------------------------------------------------------
+
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """Raise if the leader may not write this end-transaction marker (see the module's docstring)."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return
+        if producer_epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"transaction marker of producer {producer_id} has epoch {producer_epoch}, older than the current "
+                f"{entry.epoch}"
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise TransactionCoordinatorFencedError(
+                f"transaction marker of producer {producer_id} has coordinator epoch {coordinator_epoch} (zombie), "
+                f"{entry.coordinator_epoch} (current)"
+            )
+
+    def complete_txn(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        commit: bool,
+        marker_offset: int,
+        timestamp: int,
+    ) -> CompletedTxn | None:
+        """Apply an end-transaction marker written at `marker_offset`: the producer's open transaction, if any, is
+        complete (returned; None without one) and the producer takes the marker's epochs."""
+        entry = self._entry(producer_id, producer_epoch)
+        completed = None
+        if entry.current_txn_first_offset >= 0:
+            last_stable = next((first for pid, first in self.ongoing.items() if pid != producer_id), marker_offset + 1)
+            completed = CompletedTxn(
+                producer_id, entry.current_txn_first_offset, marker_offset, not commit, last_stable
+            )
+            self.ongoing.pop(producer_id, None)
+            self.unreplicated.append(completed)
+        entry.coordinator_epoch = coordinator_epoch
+        entry.current_txn_first_offset = -1
+        entry.last_timestamp = timestamp
+        return completed
+
+    def first_unstable_offset(self, high_watermark: int) -> int | None:
+        """The first offset read_committed readers may not read yet whatever the high watermark (None: none): the
+        earliest open transaction's first offset, or that of a completed one whose marker is not yet below
+        `high_watermark` (those whose marker is are forgotten here)."""
+        if self.unreplicated and self.unreplicated[0].last_offset < high_watermark:
+            self.unreplicated = [txn for txn in self.unreplicated if txn.last_offset >= high_watermark]
+        first = next(iter(self.ongoing.values()), None)
+        for txn in self.unreplicated:
+            if first is None or txn.first_offset < first:
+                first = txn.first_offset
+        return first
+
+    def _reopen_transactions(self) -> None:
+        """After loading a snapshot: the open transactions its entries name, by first offset."""
+        open_txns = sorted(
+            (e.current_txn_first_offset, pid) for pid, e in self.producers.items() if e.current_txn_first_offset >= 0
+        )
+        self.ongoing = OrderedDict((pid, first) for first, pid in open_txns)
+        self.unreplicated = []
+
     def remove_expired(self, now_ms: int, expiration_ms: int) -> None:
-        expired = [pid for pid, e in self.producers.items() if now_ms - e.last_timestamp >= expiration_ms]
+        """Forget producers idle for `expiration_ms`, except those with an open transaction."""
+        expired = [
+            pid
+            for pid, e in self.producers.items()
+            if e.current_txn_first_offset < 0 and now_ms - e.last_timestamp >= expiration_ms
+        ]
         for pid in expired:
             del self.producers[pid]
 
@@ -211,6 +336,7 @@ class ProducerStateManager:
     def truncate_fully(self) -> None:
         """The log starts over empty: every producer is forgotten and every snapshot deleted."""
         self.producers = {}
+        self._reopen_transactions()
         self.delete_snapshots_after(-1)
 
     def unsynced_snapshots(self, up_to_offset: int) -> list[tuple[int, Path]]:
@@ -227,14 +353,23 @@ class ProducerStateManager:
 
         Snapshots beyond the log end (the log was truncated) and unreadable ones are deleted."""
         self.delete_snapshots_after(log_end_offset)
-        for offset, path in reversed(self.snapshot_files()):
+        return self.load_snapshot_at_or_below(log_end_offset)
+
+    def load_snapshot_at_or_below(self, offset: int) -> int:
+        """Load the newest readable snapshot at or below `offset`, leaving later ones; returns its offset (0 and no
+        producers if none). Unreadable ones are deleted."""
+        for snapshot_offset, path in reversed(self.snapshot_files()):
+            if snapshot_offset > offset:
+                continue
             try:
                 self.producers = {e.producer_id: e for e in read_snapshot(path)}
-                return offset
+                self._reopen_transactions()
+                return snapshot_offset
             except CorruptCheckpointError as exc:
                 log.warning("%s; deleting it and replaying the log instead", exc)
                 path.unlink(missing_ok=True)
         self.producers = {}
+        self._reopen_transactions()
         return 0
 
 

@@ -25,7 +25,10 @@ re-based. The first pass that keeps a tombstone of a batch sets attribute bit 6 
 `delete.retention.ms` (KIP-534); a later pass after that time drops the tombstones. A batch emptied entirely is
 dropped - unless it is the last batch of a producer the log still tracks: then a header-only batch (count 0,
 same offsets and sequence) stays (RETAIN_EMPTY), so the producer's sequence continues after cleaning. Control
-batches and legacy (v0/v1) entries are copied as they are (tidelog writes no transactions).
+batches (transaction markers), transactional batches and legacy (v0/v1) entries are copied as they are, and the
+keys of transactional batches are not mapped (an aborted record must not hide an older committed one): Kafka's
+removal of aborted data and of markers after delete.retention.ms is not done yet. A cleaned segment takes over
+the transaction-index entries of the segments it replaces.
 
 Per-record work is vectorised (record_layout decodes a chunk of batches at once, key_digests hashes their keys);
 Python steps run per batch, plus one C-level dict operation per keyed record and an encode per record kept in a
@@ -51,6 +54,7 @@ from tidelog.codec.record_batch import (
     DELETE_HORIZON_MASK,
     NO_TIMESTAMP,
     TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_MASK,
     assemble_batch,
     check_crc,
     compute_crc,
@@ -71,6 +75,7 @@ from tidelog.storage.kafka.segment import (
     LogSegment,
     segment_file_name,
 )
+from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
 
 if TYPE_CHECKING:
     from tidelog.storage.kafka.partition_log import PartitionLog
@@ -200,7 +205,7 @@ class Cleaner:
 
     def _map_chunk(self, chunk: bytes | memoryview, table: BatchTable, offset_map: OffsetMap) -> bool:
         """Put the keys of the chunk's data batches in the map; True when the map filled (after a whole batch)."""
-        data_rows = np.nonzero((table.magic == 2) & ~table.is_control)[0]
+        data_rows = np.nonzero((table.magic == 2) & ~table.is_control & ~table.is_transactional)[0]
         layout = record_layout(chunk, table.take(data_rows))
         keyed = np.nonzero(layout.key_length >= 0)[0]
         last_offsets = table.last_offset
@@ -230,7 +235,8 @@ class Cleaner:
         producer_last_offsets: dict[int, int],
         stats: CleanStats,
     ) -> LogSegment:
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):  # leftovers of an earlier pass that failed
+        # leftovers of an earlier pass that failed
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
             (directory / (segment_file_name(group[0].base_offset, suffix) + CLEANED_SUFFIX)).unlink(missing_ok=True)
         cleaned = LogSegment(directory, group[0].base_offset, partition_log.config, now_ms=now,
                              file_suffix=CLEANED_SUFFIX)  # fmt: skip
@@ -241,6 +247,8 @@ class Cleaner:
                     stats.bytes_read += table.end
                     self._clean_chunk(chunk, table, cleaned, partition_log, offset_map, now,
                                       producer_last_offsets, stats)  # fmt: skip
+                for aborted in segment.txn_index.entries:
+                    cleaned.txn_index.append(aborted)
             cleaned.on_become_inactive()
             cleaned.flush()
             cleaned.set_last_modified_ms(group[-1].last_modified_ms())
@@ -263,7 +271,7 @@ class Cleaner:
     ) -> None:
         header = table.header
         attributes = header["attributes"].astype(np.int64)
-        is_data = (table.magic == 2) & ((attributes & CONTROL_MASK) == 0)
+        is_data = (table.magic == 2) & ((attributes & (CONTROL_MASK | TRANSACTIONAL_MASK)) == 0)
         data_rows = np.nonzero(is_data)[0]
         layout = record_layout(chunk, table.take(data_rows))
         record_row = data_rows[layout.batch]  # row in `table` of each record

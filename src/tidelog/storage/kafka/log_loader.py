@@ -10,13 +10,14 @@
 3. Every `.log` is opened as a segment; one whose indexes are missing or fail their sanity check is recovered.
 4. After an unclean shutdown every segment from the one holding the recovery point is recovered too. Recovery
    rescans the whole segment and rebuilds its indexes; at the first invalid byte the segment is truncated and the
-   segments after it are deleted.
+   segments after it are deleted. The transaction indexes of the recovered segments are rebuilt by replaying the
+   producers' batches and markers from the newest snapshot at or below the first of them (Kafka's recoverSegment).
 5. Offsets: the log end follows the last batch. A log end below the checkpointed log start means the data is gone:
    the log starts empty there. A log without segments gets an empty one. The log start is the checkpointed one or
    the first segment's base if higher; the recovery point is the log end after a clean shutdown, else the
    checkpointed one if lower.
 6. Producer state: the newest snapshot at or below the log end, then the batches after it (after a clean shutdown
-   there is nothing to replay).
+   there is nothing to replay): the producers, their open transactions, the markers that closed some.
 7. Leader epochs: LeaderEpochCache.load, with the epochs step 4 found and, if the checkpoint is unusable, the
    epochs of every batch header.
 """
@@ -27,12 +28,14 @@ import bisect
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tidelog.atomic_files import fsync_directory
 from tidelog.codec.batch_chain import ChainReader, batch_table
+from tidelog.codec.control_record import read_end_txn_marker
+from tidelog.codec.record_batch import BatchHeader
 from tidelog.config import LogConfig
 from tidelog.errors import CorruptCheckpointError, CorruptRecordError, TidelogError
 from tidelog.storage.common.producer_state import ProducerStateManager
@@ -52,6 +55,8 @@ from tidelog.storage.kafka.segment import (
     offset_from_file_name,
     segment_file_name,
 )
+from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
+from tidelog.storage.kafka.txn_index import AbortedTxn, TransactionIndex
 
 log = logging.getLogger("tidelog.storage")
 
@@ -115,7 +120,9 @@ class LogLoader:
                     needs_recovery.add(base)
             segments.append(segment)
 
-        recovered_epochs = self._recover(segments, needs_recovery, None if had_clean_shutdown else recovery_point)
+        recovered_epochs, recovered = self._recover(
+            segments, needs_recovery, None if had_clean_shutdown else recovery_point
+        )
 
         log_end_offset = _log_end_offset(segments)
         if segments and log_end_offset < log_start_offset:
@@ -138,6 +145,7 @@ class LogLoader:
 
         log_start_offset = max(log_start_offset, segments[0].base_offset)
         recovery_point = log_end_offset if had_clean_shutdown else min(recovery_point, log_end_offset)
+        self._rebuild_txn_indexes(segments, recovered, log_start_offset)
         producer_state = ProducerStateManager(self.directory)
         rebuild_producer_state(producer_state, segments, log_start_offset, log_end_offset)
         epochs = LeaderEpochCache.load(
@@ -153,12 +161,13 @@ class LogLoader:
 
     def _recover(
         self, segments: list[LogSegment], needs_recovery: set[int], recovery_point: int | None
-    ) -> list[tuple[int, int]]:
+    ) -> tuple[list[tuple[int, int]], set[int]]:
         """Recover the segments in `needs_recovery` and, after an unclean shutdown (a `recovery_point`), every one
         from the segment holding it; at a truncation the later segments are deleted (and dropped from `segments`).
-        Returns the leader epochs the recovered segments hold, in log order."""
+        Returns the leader epochs the recovered segments hold, in log order, and their base offsets."""
+        recovered: set[int] = set()
         if not segments:
-            return []
+            return [], recovered
         first_to_recover = len(segments) if recovery_point is None else _segment_slot(segments, recovery_point)
         epochs: list[tuple[int, int]] = []
         previous_last = -1
@@ -167,6 +176,7 @@ class LogLoader:
                 previous_last = _last_offset_in(segment, previous_last)
                 continue
             result = segment.recover(previous_last)
+            recovered.add(segment.base_offset)
             epochs += result.leader_epochs
             previous_last = _last_offset_in(segment, previous_last)
             if result.truncated_bytes:
@@ -182,7 +192,23 @@ class LogLoader:
                     later.delete_files()
                 del segments[slot + 1 :]
                 break
-        return epochs
+        return epochs, recovered
+
+    def _rebuild_txn_indexes(self, segments: list[LogSegment], recovered: set[int], log_start_offset: int) -> None:
+        """Step 4's end: recovery emptied the transaction indexes of the `recovered` segments; a replay of the
+        producers' batches from the newest snapshot at or below the first of them to the log end (later snapshots
+        are left alone) writes their aborted transactions again."""
+        first = next((segment for segment in segments if segment.base_offset in recovered), None)
+        if first is None:
+            return
+        state = ProducerStateManager(self.directory)
+        start = max(state.load_snapshot_at_or_below(first.base_offset), log_start_offset)
+        rebuilt = sum(
+            1 for _ in _replay(state, segments, start, {s.base_offset for s in segments if s.base_offset in recovered})
+        )
+        log.info(
+            "%s: rebuilt the transaction indexes of %d segment(s) (%d aborted)", self.name, len(recovered), rebuilt
+        )
 
     def _check_partition_metadata(self) -> None:
         path = self.directory / checkpoints.PARTITION_METADATA
@@ -234,7 +260,7 @@ class LogLoader:
             if not SEGMENT_FILE.match(name):
                 log.warning("%s: stray file %s is not part of a Kafka log; leaving it alone", self.name, name)
                 continue
-            if name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX, ".txnindex")):
+            if name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)):
                 log_file = self.directory / segment_file_name(offset_from_file_name(name), LOG_SUFFIX)
                 if not log_file.exists():
                     log.info("%s: removing index %s that has no .log", self.name, name)
@@ -291,17 +317,66 @@ def rebuild_producer_state(
     """Newest snapshot at or below the log end (later ones are deleted), then the batches after it (after a clean
     shutdown there is nothing to replay). Loading calls it, and a truncation (partition_log.py)."""
     start = max(producer_state.load_latest_snapshot(log_end_offset), log_start_offset)
-    if start >= log_end_offset:
-        return
+    if start < log_end_offset:
+        for _ in _replay(producer_state, segments, start):
+            pass
+
+
+def _replay(
+    producer_state: ProducerStateManager, segments: list[LogSegment], start: int, index_bases: set[int] | None = None
+) -> Iterator[AbortedTxn]:
+    """Apply the batches from `start` to the log end to the producer state; the aborted transactions whose marker is
+    in a segment of `index_bases` are appended to its transaction index, and yielded."""
     for segment in segments[_segment_slot(segments, start) :]:
         position = 0
         if segment.base_offset <= start:
             found = segment.translate_offset(start)
             position = found.position if found is not None else segment.size
+        index = segment.txn_index if index_bases is not None and segment.base_offset in index_bases else None
         for location in segment.batch_locations(position):
             header = location.header
-            if header is not None and location.last_offset >= start:
-                producer_state.update(header, location.last_offset - header.last_offset_delta, header.max_timestamp)
+            if header is None or location.last_offset < start:
+                continue
+            data = segment.read_batch_bytes(location) if header.is_control else b""
+            aborted = apply_batch(producer_state, header, data, 0, index)
+            if aborted is not None:
+                yield aborted
+
+
+def apply_batch(
+    producer_state: ProducerStateManager,
+    header: BatchHeader,
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    txn_index: TransactionIndex | None,
+) -> AbortedTxn | None:
+    """Apply one stored batch to the producer state (Kafka's updateProducers): a data batch is recorded, an
+    end-transaction marker (the control batch at `pos` of `buf`; for a data batch `buf` is not read) completes
+    its producer's transaction; an aborted one is appended to `txn_index` if given, and returned."""
+    if header.producer_id < 0:
+        return None
+    if not header.is_control:
+        producer_state.update(header, header.base_offset, header.max_timestamp)
+        return None
+    marker = read_end_txn_marker(buf, pos, header)
+    if marker is None:
+        return None
+    completed = producer_state.complete_txn(
+        header.producer_id,
+        header.producer_epoch,
+        marker.coordinator_epoch,
+        marker.commit,
+        header.base_offset,
+        header.max_timestamp,
+    )
+    if completed is None or not completed.aborted:
+        return None
+    aborted = AbortedTxn(
+        completed.producer_id, completed.first_offset, completed.last_offset, completed.last_stable_offset
+    )
+    if txn_index is not None:
+        txn_index.append(aborted)
+    return aborted
 
 
 def _scan_leader_epochs(segments: list[LogSegment]) -> list[tuple[int, int]]:

@@ -8,6 +8,10 @@ except a follower's (`up_to_log_end`); it starts from replication-offset-checkpo
 A follower appends the leader's batches unchanged (`append_replica`: same offsets, epochs and bytes, and the same
 rolls, so its segment files are the leader's), and cuts its log back where it diverged (`truncate_to`,
 `truncate_fully_and_start_at`).
+Transactions: a producer's transactional batches open its transaction, an end-transaction marker (`append_marker`,
+or a leader's marker a follower appends) completes it, an aborted one goes into the transaction index of the
+segment holding its marker (txn_index.py); the last stable offset is min(first unstable offset of the producer
+state, high watermark), and a read with `max_offset` stops there as at the high watermark.
 Appends take batches as a producer sent them, check layout and CRC and (for a producer's batch) decode every
 record as Kafka's LogValidator does, assign offsets by rewriting baseOffset (outside the CRC) and write them with
 one pwritev, without copying the payload; a CreateTime batch whose maxTimestamp is not its records' largest
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from tidelog.atomic_files import fsync_directory, fsync_file
 from tidelog.codec.compression import Compression
+from tidelog.codec.control_record import ControlRecordType, build_control_batch
 from tidelog.codec.record_batch import (
     BatchHeader,
     check_crc,
@@ -59,6 +64,7 @@ from tidelog.storage.api import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     MAX_TIMESTAMP,
+    AbortedTransaction,
     AppendResult,
     FileSlice,
     FileSlices,
@@ -69,7 +75,7 @@ from tidelog.storage.api import (
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES, BatchCheckWorker, PendingCheck
 from tidelog.storage.kafka.leader_epoch_cache import EpochEndOffset
-from tidelog.storage.kafka.log_loader import LogLoader, rebuild_producer_state
+from tidelog.storage.kafka.log_loader import LogLoader, apply_batch, rebuild_producer_state
 from tidelog.storage.kafka.segment import SWAP_SUFFIX, LogSegment, now_ms
 
 log = logging.getLogger("tidelog.storage")
@@ -95,9 +101,10 @@ class _AppendedBatch:
 
 @dataclass(frozen=True, slots=True)
 class _Clip:
-    """Where reads below the high watermark stop: the start of the batch holding `high_watermark` in `segment`."""
+    """Where reads below an offset (the high watermark, the last stable offset) stop: the start of the batch holding
+    `offset` in `segment`."""
 
-    high_watermark: int
+    offset: int
     segment: LogSegment
     position: int
 
@@ -161,7 +168,8 @@ class PartitionLog(Partition):
         if replicated:
             start = self.log_start_offset if high_watermark is None else high_watermark
             self.high_watermark = min(max(start, self.log_start_offset), self.log_end_offset)
-        self._hw_clip: _Clip | None = None  # where reads below the high watermark stop (when it is below the end)
+        # where reads below the high watermark and the last stable offset stop (when below the end), newest last
+        self._clips: dict[int, _Clip] = {}
         self.producer_state = loaded.producer_state
         self.leader_epoch_cache = loaded.leader_epoch_cache
         # Called with the new log end after a truncation, outside the lock (the engine's key index follows the log).
@@ -329,7 +337,10 @@ class PartitionLog(Partition):
         self._advance_log_end(last_offset + 1)
         next_offset = base_offset
         for batch in batches:
-            self.producer_state.update(batch.header, next_offset, now if log_append_time else batch.max_timestamp)
+            stored = batch.header._replace(
+                base_offset=next_offset, max_timestamp=now if log_append_time else batch.max_timestamp
+            )
+            apply_batch(self.producer_state, stored, view, batch.position, segment.txn_index)
             next_offset += batch.header.last_offset_delta + 1
         self.leader_epoch_cache.assign(self.leader_epoch, base_offset)
         return AppendResult(
@@ -493,7 +504,7 @@ class PartitionLog(Partition):
                         header.max_timestamp,
                     )
                     self._advance_log_end(last_offset + 1)
-                    self.producer_state.update(header, header.base_offset, header.max_timestamp)
+                    apply_batch(self.producer_state, header, view, position, self.active_segment.txn_index)
                     if header.partition_leader_epoch >= 0:
                         self.leader_epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
                 log_start_offset = self.log_start_offset
@@ -560,11 +571,18 @@ class PartitionLog(Partition):
     # --- reads ------------------------------------------------------------------------------------------------
 
     def read(
-        self, offset: int, max_bytes: int, *, min_one_message: bool = True, up_to_log_end: bool = False
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        min_one_message: bool = True,
+        up_to_log_end: bool = False,
+        max_offset: int | None = None,
     ) -> FileSlices:
         """Whole batches from the one holding `offset`, the last possibly cut short by `max_bytes` (min_one_message:
         the first whole whatever its size). They stop before the batch holding the high watermark, or with
-        `up_to_log_end` (a follower's fetch) at the log end."""
+        `up_to_log_end` (a follower's fetch) at the log end; with `max_offset` (a read_committed fetch: the last
+        stable offset) before the batch holding it too, if that is lower."""
         with self._lock:
             self._check_open()
             if offset < self.log_start_offset or offset > self.log_end_offset:
@@ -574,8 +592,10 @@ class PartitionLog(Partition):
             slices: list[FileSlice] = []
             remaining = max_bytes
             end = self.log_end_offset if up_to_log_end else self.high_watermark
+            if max_offset is not None:
+                end = min(end, max_offset)
             if offset < end:
-                clip = self._high_watermark_clip() if end < self.log_end_offset else None
+                clip = self._clip(end) if end < self.log_end_offset else None
                 for segment in self.segments[self._segment_slot(offset) :]:
                     start = max(offset, segment.base_offset)
                     stop = clip.position if clip is not None and segment is clip.segment else None
@@ -587,19 +607,66 @@ class PartitionLog(Partition):
                         break
             return FileSlices(tuple(slices), self.log_start_offset, self.high_watermark)
 
-    def _high_watermark_clip(self) -> _Clip | None:
-        """Under the lock, the high watermark below the log end: the start of the batch holding it, looked up once
-        per high watermark (appends only add bytes after it; truncations and segment replacements forget it)."""
-        high_watermark = self.high_watermark
-        clip = self._hw_clip
-        if clip is not None and clip.high_watermark == high_watermark:
+    def _clip(self, offset: int) -> _Clip | None:
+        """Under the lock, `offset` below the log end: the start of the batch holding it, looked up once per offset
+        (appends only add bytes after it; truncations and segment replacements forget it). The two latest are kept:
+        the high watermark's and the last stable offset's."""
+        clip = self._clips.get(offset)
+        if clip is not None:
             return clip
-        for segment in self.segments[self._segment_slot(high_watermark) :]:
-            location = segment.translate_offset(high_watermark)
+        for segment in self.segments[self._segment_slot(offset) :]:
+            location = segment.translate_offset(offset)
             if location is not None:
-                self._hw_clip = _Clip(high_watermark, segment, location.position)
-                return self._hw_clip
+                if len(self._clips) >= 2:
+                    del self._clips[next(iter(self._clips))]
+                clip = self._clips[offset] = _Clip(offset, segment, location.position)
+                return clip
         return None
+
+    # --- transactions -----------------------------------------------------------------------------------------
+
+    @property
+    def last_stable_offset(self) -> int:
+        """min(first unstable offset, high watermark), the first unstable offset raised to the log start (a
+        transaction whose start was deleted by retention or DeleteRecords), as Kafka's UnifiedLog keeps it."""
+        with self._lock:
+            first = self.producer_state.first_unstable_offset(self.high_watermark)
+            if first is None:
+                return self.high_watermark
+            return min(max(first, self.log_start_offset), self.high_watermark)
+
+    def append_marker(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
+    ) -> AppendResult:
+        """Write the COMMIT or ABORT marker at the log end, as Kafka's leader writes a WriteTxnMarkers entry (the
+        batch built by control_record.py, stamped with the leader epoch and now); `append` applies it to the
+        producer state and the transaction index. The epoch checks run under the same lock as the write."""
+        control_type = ControlRecordType.COMMIT if commit else ControlRecordType.ABORT
+        with self._lock:
+            self._check_open()
+            self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            batch = build_control_batch(
+                control_type,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                coordinator_epoch=coordinator_epoch,
+                timestamp_ms=self.clock(),
+                partition_leader_epoch=self.leader_epoch,
+            )
+            return self.append(batch, from_client=False)
+
+    def aborted_transactions(self, start_offset: int, end_offset: int) -> list[AbortedTransaction]:
+        """Kafka's collectAbortedTransactions: the transaction indexes from the segment holding `start_offset` on,
+        until one says no later segment can add to the answer."""
+        found: list[AbortedTransaction] = []
+        with self._lock:
+            self._check_open()
+            for segment in self.segments[self._segment_slot(start_offset) :]:
+                search = segment.txn_index.collect(start_offset, end_offset)
+                found += (AbortedTransaction(txn.producer_id, txn.first_offset) for txn in search.aborted)
+                if search.complete:
+                    break
+        return found
 
     def active_producers(self) -> list[ProducerSummary]:
         with self._lock:
@@ -822,7 +889,7 @@ class PartitionLog(Partition):
         self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self.recovery_point = min(self.recovery_point, self.log_end_offset)
-        self._hw_clip = None
+        self._clips.clear()
         self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
         rebuild_producer_state(self.producer_state, self.segments, self.log_start_offset, self.log_end_offset)
         kept.flush()
@@ -837,7 +904,7 @@ class PartitionLog(Partition):
         self.segments = [LogSegment(self.directory, offset, self.config, now_ms=self.clock())]
         self._bases = [offset]
         self.log_start_offset = self.log_end_offset = self.high_watermark = self.recovery_point = offset
-        self._hw_clip = None
+        self._clips.clear()
         self.leader_epoch_cache.clear()
         self.producer_state.truncate_fully()
         self._make_truncation_durable()
@@ -890,7 +957,7 @@ class PartitionLog(Partition):
             fsync_directory(self.directory)
             self.segments[slot : slot + len(old)] = [new]
             self._bases = [s.base_offset for s in self.segments]
-            self._hw_clip = None
+            self._clips.clear()
         self._schedule_file_deletion(old)
         return True
 

@@ -1,4 +1,5 @@
-"""One segment of a partition log: `<base>.log` with its `<base>.index` and `<base>.timeindex` (Kafka's LogSegment).
+"""One segment of a partition log: `<base>.log` with its `<base>.index`, `<base>.timeindex` and, once it holds an
+ABORT marker, `<base>.txnindex` (Kafka's LogSegment; txn_index.py).
 
 The `.log` holds record batches back to back exactly as they were appended; file names carry the
 segment's base offset as 20 zero-padded digits. Appends add a sparse index entry (last offset of the
@@ -26,6 +27,8 @@ from tidelog.errors import CorruptIndexError, CorruptRecordError, KafkaStorageEr
 from tidelog.storage.api import FileSlice
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
+from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
+from tidelog.storage.kafka.txn_index import TransactionIndex
 
 log = logging.getLogger("tidelog.storage")
 
@@ -65,7 +68,7 @@ class LogSegment:
     def __init__(
         self, directory: Path, base_offset: int, config: LogConfig, *, now_ms: int, file_suffix: str = ""
     ) -> None:
-        """`file_suffix` (CLEANED_SUFFIX) is appended to the three file names of a segment being written aside."""
+        """`file_suffix` (CLEANED_SUFFIX) is appended to the file names of a segment being written aside."""
         self.directory = directory
         self.base_offset = base_offset
         self.config = config
@@ -83,6 +86,7 @@ class LogSegment:
             base_offset,
             config.segment_index_bytes,
         )
+        self.txn_index = TransactionIndex(directory / (segment_file_name(base_offset, TXN_INDEX_SUFFIX) + file_suffix))
         self.bytes_since_last_index_entry = 0
         self.max_timestamp_so_far = self.time_index.last_entry
         self.created_ms = now_ms
@@ -297,9 +301,11 @@ class LogSegment:
 
     def recover(self, previous_last_offset: int = -1) -> RecoveryResult:
         """Rescan the whole `.log`: check every batch (layout, CRC, offsets), rebuild both indexes,
-        and truncate at the first invalid byte. Returns what was cut and the leader epochs seen."""
+        and truncate at the first invalid byte. Returns what was cut and the leader epochs seen. The transaction
+        index is emptied: it needs the producers' state, so the loader rebuilds it (log_loader.py)."""
         self.index.reset()
         self.time_index.reset()
+        self.txn_index.reset()
         interval = self.config.index_interval_bytes
         file_size = os.fstat(self._fd).st_size
         max_ts, max_ts_offset = NO_TIMESTAMP, self.base_offset
@@ -353,6 +359,7 @@ class LogSegment:
             return 0
         self.index.truncate_to(offset)
         self.time_index.truncate_to(offset)
+        self.txn_index.truncate_to(offset)
         removed = self.size - location.position
         self.truncate_log_file(location.position)
         self.bytes_since_last_index_entry = 0
@@ -371,6 +378,7 @@ class LogSegment:
         late as the batches after the last offset-index entry (a cut time index loses its final max entry)."""
         self.index.sanity_check(self.size)
         self.time_index.sanity_check()
+        self.txn_index.sanity_check()
         position, last_offset, tail_max_timestamp = 0, self.base_offset - 1, NO_TIMESTAMP
         try:
             if self.index.entries:
@@ -418,6 +426,7 @@ class LogSegment:
         if indexes:
             self.index.flush()
             self.time_index.flush()
+            self.txn_index.flush()
 
     def last_modified_ms(self) -> int:
         return int(os.fstat(self._fd).st_mtime * 1000)
@@ -429,6 +438,7 @@ class LogSegment:
             log.warning("%s; the time index is rebuilt at the next open", exc)
         self.index.close()
         self.time_index.close()
+        self.txn_index.close()
         self.file.close()
 
     def rename_to_deleted(self) -> None:
@@ -436,9 +446,13 @@ class LogSegment:
         self.change_file_suffix(DELETED_SUFFIX)
 
     def change_file_suffix(self, suffix: str) -> None:
-        """Rename the .log and both indexes to `<base>.<kind><suffix>` ("" = the final names); open files stay
+        """Rename the .log and its indexes to `<base>.<kind><suffix>` ("" = the final names); open files stay
         open, so readers holding slices are unaffected. The .log goes last: it is what loading looks at."""
-        for index, kind in ((self.index, INDEX_SUFFIX), (self.time_index, TIME_INDEX_SUFFIX)):
+        for index, kind in (
+            (self.index, INDEX_SUFFIX),
+            (self.time_index, TIME_INDEX_SUFFIX),
+            (self.txn_index, TXN_INDEX_SUFFIX),
+        ):
             index.rename(self.directory / (segment_file_name(self.base_offset, kind) + suffix))
         new_log_path = self.directory / (segment_file_name(self.base_offset, LOG_SUFFIX) + suffix)
         os.rename(self.log_path, new_log_path)
@@ -450,6 +464,7 @@ class LogSegment:
     def delete_files(self) -> None:
         self.index.delete()
         self.time_index.delete()
+        self.txn_index.delete()
         self.file.close()
         self.log_path.unlink(missing_ok=True)
 

@@ -62,6 +62,7 @@ from tidelog.storage.api import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     MAX_TIMESTAMP,
+    AbortedTransaction,
     AppendResult,
     FileSlices,
     MemorySlice,
@@ -192,6 +193,11 @@ class MessageQueue(Partition):
         if self.consume_queue.max_offset < self.next_offset:
             self.engine.catch_up()
         return self.consume_queue.max_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """No transactions are stored (see `_validate`), so every readable record is stable."""
+        return self.high_watermark
 
     @property
     def flushed_offset(self) -> int:
@@ -426,13 +432,22 @@ class MessageQueue(Partition):
         return LogClosedError(f"{self.name} is closed")
 
     def read(
-        self, offset: int, max_bytes: int, *, min_one_message: bool = True, up_to_log_end: bool = False
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        min_one_message: bool = True,
+        up_to_log_end: bool = False,
+        max_offset: int | None = None,
     ) -> FileSlices:
         """Kafka batches re-encoded from the messages at `offset` on: one batch per original producer batch (or
-        the part of it at or after `offset`); whole batches only, the first even when it exceeds `max_bytes`."""
+        the part of it at or after `offset`); whole batches only, the first even when it exceeds `max_bytes`.
+        `max_offset` (the last stable offset of a read_committed fetch) is the high watermark here, or below it."""
         if self.closed:
             raise self._closed_error()
         high_watermark = self.high_watermark
+        if max_offset is not None and max_offset < high_watermark:
+            high_watermark = max(max_offset, offset)
         start = self.log_start_offset
         if offset < start or offset > self.next_offset:
             raise OffsetOutOfRangeError(f"offset {offset} is outside {self.name}'s range [{start}, {self.next_offset}]")
@@ -500,6 +515,16 @@ class MessageQueue(Partition):
     def active_producers(self) -> list[ProducerSummary]:
         with self._lock:
             return self.producer_state.summaries()
+
+    # --- transactions: not stored (see `_validate`) ------------------------------------------------------------
+
+    def append_marker(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
+    ) -> AppendResult:
+        raise InvalidRecordError(f"{self.name}: the RocketMQ engine stores no transactional or control batches")
+
+    def aborted_transactions(self, start_offset: int, end_offset: int) -> list[AbortedTransaction]:
+        return []
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
         """ListOffsets, with Kafka's meaning whatever order the record (born) timestamps come in: the earliest
