@@ -239,12 +239,6 @@ class TransactionCoordinatorFencedError(TidelogError):
     kafka_error_code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
-class TransactionsUnsupportedError(TidelogError):
-    """A transactional producer: tidelog has no transaction coordinator yet."""
-
-    kafka_error_code = ErrorCode.INVALID_REQUEST
-
-
 # --- the wire and the cluster ----------------------------------------------------------------------------------
 
 

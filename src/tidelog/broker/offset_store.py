@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from tidelog.codec import consumer_group_records as consumer_records
 from tidelog.codec import group_records as records
-from tidelog.codec.record_batch import ControlRecordType, Record, build_batch, parse_control_record
+from tidelog.codec.control_record import ControlRecordType, parse_control_record
+from tidelog.codec.record_batch import Record, build_batch
 from tidelog.codec.record_set import decode_batch, iter_batches
 from tidelog.errors import (
     CoordinatorNotAvailableError,
