@@ -179,3 +179,24 @@ def test_a_transaction_past_its_timeout_is_aborted(txn_broker: BrokerProcess) ->
         p.commit_transaction(10)
     assert end_offsets(txn_broker, "tx-timeout") == [2]  # the record and the ABORT marker
     assert read_all(txn_broker, "tx-timeout", "read_uncommitted") == [b"never-committed"]
+
+
+def test_a_restarted_broker_reloads_open_transactions(txn_broker: BrokerProcess) -> None:
+    """kill -9 with a transaction open: the restarted coordinator replays __transaction_state, and the next producer
+    of the id gets the open transaction aborted (its partition's ABORT marker) before it starts. Last in the module:
+    it restarts the broker."""
+    create_topic(txn_broker, "tx-restart")
+    p = producer(txn_broker, "tx-restart-id")
+    p.init_transactions(10)
+    p.begin_transaction()
+    p.produce("tx-restart", b"in-flight")
+    p.flush(10)
+    txn_broker.kill()
+    txn_broker.restart()
+    fresh = producer(txn_broker, "tx-restart-id")
+    fresh.init_transactions(20)
+    fresh.begin_transaction()
+    fresh.produce("tx-restart", b"after")
+    fresh.commit_transaction(10)
+    assert end_offsets(txn_broker, "tx-restart") == [4]  # in-flight, ABORT, after, COMMIT
+    assert read_all(txn_broker, "tx-restart", "read_uncommitted") == [b"in-flight", b"after"]

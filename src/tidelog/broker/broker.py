@@ -68,7 +68,7 @@ from tidelog.broker.controller import Controller
 from tidelog.broker.dynamic_config import DynamicBrokerConfig, FileStore
 from tidelog.broker.fetch import FetchApis
 from tidelog.broker.groups import GroupCoordinator
-from tidelog.broker.handler import HandlerTable
+from tidelog.broker.handler import Connection, HandlerTable
 from tidelog.broker.leadership import LeadershipApis
 from tidelog.broker.log_dirs import LogDirApis
 from tidelog.broker.metrics import Metrics
@@ -88,6 +88,7 @@ from tidelog.broker.topics import TopicApis
 from tidelog.broker.transaction_coordinator import TransactionCoordinator
 from tidelog.broker.transaction_log import TransactionLog
 from tidelog.broker.txn_markers import TxnMarkerApis
+from tidelog.errors import ErrorCode
 from tidelog.storage import open_engine
 
 log = logging.getLogger("tidelog.broker")
@@ -217,6 +218,8 @@ class Broker:
             self.metadata.partition_exists if self.metadata is not None else self._local_partition_exists,
             lambda: self.offset_store.partitions,
         )
+        if self.cluster is not None:  # the coordinator does not follow __transaction_state's leaders yet
+            self.transactions.find_coordinator = _no_transactions_in_a_cluster
         self.groups.transactions = self.transactions
         self.txn_markers.on_offsets_marker = self.groups.complete_transaction
         self.produce.verify_transaction = self.transactions.verify_partition
@@ -380,6 +383,19 @@ class Broker:
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.close)
         log.info("stopped cleanly")
+
+
+def _no_transactions_in_a_cluster(transactional_id: str, connection: Connection) -> dict[str, Any]:
+    """FindCoordinator for a transactional id in a cluster, until the coordinator moves with the leaders of
+    `__transaction_state`: an error clients stop on at once (docs/transactions.md)."""
+    log.warning("transactional id %r: transactions are not supported in a cluster yet", transactional_id)
+    return {
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+        "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        "error_message": "transactions are not supported by a tidelog cluster yet (a single broker has them)",
+    }
 
 
 def _cluster_membership(config: BrokerConfig) -> ClusterMembership | None:

@@ -334,8 +334,7 @@ class GroupCoordinator:
         if key_type == 1:
             if self.transactions is None:
                 return {**NO_NODE, "error_code": COORDINATOR_NOT_AVAILABLE, "error_message": None}
-            found = self.transactions.coordinator_for(key, connection)
-            return {**found, "error_message": None}
+            return {"error_message": None, **self.transactions.coordinator_for(key, connection)}
         if key_type != 0:  # Kafka 3.9's InvalidRequestException
             return {**NO_NODE, "error_code": INVALID_REQUEST, "error_message": f"unknown key type {key_type}"}
         if not self._may(connection, Operation.DESCRIBE, key):
