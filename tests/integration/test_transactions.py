@@ -98,6 +98,7 @@ def commit_abort_commit(broker: BrokerProcess, topic: str) -> None:
     p.commit_transaction(10)
 
 
+@pytest.mark.matrix("producer: transactions (commit and abort)", client="confluent")
 def test_commit_and_abort_write_a_marker_to_every_partition(txn_broker: BrokerProcess) -> None:
     commit_abort_commit(txn_broker, "tx-data")
     # partition 0: 2 records + COMMIT, 2 + ABORT, 1 + COMMIT; partition 1: 2 + COMMIT, 2 + ABORT (not in the third)
