@@ -4,6 +4,7 @@ coordinator's errors over the wire, DescribeTransactions/ListTransactions, and a
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,6 +15,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from broker_process import BrokerFactory, BrokerProcess
+from tidelog.errors import ErrorCode
+from tidelog.protocol.client import BrokerConnection
+from tidelog.protocol.messages import ApiKey
 
 OVERRIDES = {
     "transaction.state.log.num.partitions": 3,
@@ -180,6 +184,86 @@ def test_a_transaction_past_its_timeout_is_aborted(txn_broker: BrokerProcess) ->
         p.commit_transaction(10)
     assert end_offsets(txn_broker, "tx-timeout") == [2]  # the record and the ABORT marker
     assert read_all(txn_broker, "tx-timeout", "read_uncommitted") == [b"never-committed"]
+
+
+def test_bad_requests_get_kafkas_error_codes(txn_broker: BrokerProcess) -> None:
+    """Over the wire: EndTxn without a transaction, twice, an old epoch, AddPartitionsToTxn naming an unknown topic,
+    TxnOffsetCommit outside a transaction - each answered as Kafka answers, nothing added."""
+    create_topic(txn_broker, "tx-errors")
+
+    async def scenario() -> None:
+        conn = BrokerConnection("127.0.0.1", txn_broker.port or 0, "tx-errors-test")
+        try:
+            init = await conn.request(
+                ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "tx-errors-id", "transaction_timeout": 60_000}, 10
+            )
+            assert init.error_code == 0
+            pid, epoch = init.producer_id, init.producer_epoch
+            ident = {"transactional_id": "tx-errors-id", "producer_id": pid}
+
+            async def end(committed: bool, at_epoch: int = epoch) -> int:
+                body = {**ident, "producer_epoch": at_epoch, "committed": committed}
+                return int((await conn.request(ApiKey.END_TXN, 3, body, 10)).error_code)
+
+            assert await end(True) == ErrorCode.INVALID_TXN_STATE  # nothing open
+            added = await conn.request(
+                ApiKey.ADD_PARTITIONS_TO_TXN,
+                3,
+                {
+                    "v3_and_below_transactional_id": "tx-errors-id",
+                    "v3_and_below_producer_id": pid,
+                    "v3_and_below_producer_epoch": epoch,
+                    "v3_and_below_topics": [
+                        {"name": "tx-errors", "partitions": [0]},
+                        {"name": "tx-no-such-topic", "partitions": [0]},
+                    ],
+                },
+                10,
+            )
+            codes = {
+                (t.name, r.partition_index): r.partition_error_code
+                for t in added.results_by_topic_v3_and_below
+                for r in t.results_by_partition
+            }
+            assert codes == {
+                ("tx-errors", 0): ErrorCode.OPERATION_NOT_ATTEMPTED,
+                ("tx-no-such-topic", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            }
+            assert await end(False) == ErrorCode.INVALID_TXN_STATE  # still nothing open: nothing was added
+            offsets = await conn.request(
+                ApiKey.TXN_OFFSET_COMMIT,
+                3,
+                {
+                    **ident,
+                    "producer_epoch": epoch,
+                    "group_id": "tx-errors-group",
+                    "topics": [
+                        {
+                            "name": "tx-errors",
+                            "partitions": [{"partition_index": 0, "committed_offset": 1, "committed_metadata": ""}],
+                        }
+                    ],
+                },
+                10,
+            )
+            assert offsets.topics[0].partitions[0].error_code == ErrorCode.INVALID_TXN_STATE
+            body = {
+                "v3_and_below_transactional_id": "tx-errors-id",
+                "v3_and_below_producer_id": pid,
+                "v3_and_below_producer_epoch": epoch,
+                "v3_and_below_topics": [{"name": "tx-errors", "partitions": [0]}],
+            }
+            added = await conn.request(ApiKey.ADD_PARTITIONS_TO_TXN, 3, body, 10)
+            assert added.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == 0
+            assert await end(True, epoch - 1) == ErrorCode.PRODUCER_FENCED
+            assert await end(True) == 0
+            assert await end(False) == ErrorCode.INVALID_TXN_STATE  # abort after commit
+            await asyncio.sleep(0.5)  # the markers are written
+            assert await end(True) == 0  # a retried commit
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_restarted_broker_reloads_open_transactions(txn_broker: BrokerProcess) -> None:
