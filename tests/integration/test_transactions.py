@@ -1,6 +1,6 @@
 """Transactions (KIP-98) against a real broker with real clients: confluent-kafka's transactional producer (commit,
-abort, send_offsets_to_transaction, zombie fencing, a timed-out transaction), read_committed consumers, the
-coordinator's errors over the wire, DescribeTransactions/ListTransactions, and a kill -9 mid-transaction."""
+abort, send_offsets_to_transaction, zombie fencing, a timed-out transaction), read_committed consumers (an expected
+failure until the storage slice's Fetch), the coordinator's errors over the wire, and a kill -9 mid-transaction."""
 
 from __future__ import annotations
 
