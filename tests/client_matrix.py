@@ -55,7 +55,7 @@ FEATURES = [
     "producer: lz4",
     "producer: zstd",
     "producer: idempotence",
-    "producer: transactions refused at once (none yet)",
+    "producer: transactions (commit and abort)",
     "consumer: read a partition from an offset",
     "consumer: offsets for times, beginning and end",
     "group: subscribe, consume, commit",

@@ -285,17 +285,12 @@ def test_produce_idempotent(js: ClientDriver, reader: str, broker: BrokerProcess
     assert all(b.base_sequence >= 0 for b in batches)
 
 
-@pytest.mark.matrix("producer: transactions refused at once (none yet)")
-def test_transactions_refused_at_once(js: ClientDriver) -> None:
-    """Until tidelog has transactions, FindCoordinator for a transactional id answers an error clients stop on: at
-    its default retry settings KafkaJS gives up at once instead of retrying for about ten seconds."""
+@pytest.mark.matrix("producer: transactions (commit and abort)")
+def test_transactional_producer_commits(js: ClientDriver) -> None:
+    """KafkaJS's transactional producer: its records and the COMMIT marker are in the log."""
     create_topic(js, "js-transactional")
-    started = time.monotonic()
-    error = js.error_of("transaction", transactionalId="js-tx", topic="js-transactional", messages=[{"value": "v"}])
-    elapsed = time.monotonic() - started
-    assert elapsed < 3.0, f"KafkaJS kept retrying for {elapsed:.0f} s"
-    assert error.error["name"] == "KafkaJSGroupCoordinatorNotFound", error.error
-    assert offsets(js, "js-transactional") == {0: (0, 0)}
+    js.call("transaction", transactionalId="js-tx", topic="js-transactional", messages=[{"value": "v"}])
+    assert offsets(js, "js-transactional") == {0: (0, 2)}  # the record and the COMMIT marker
 
 
 # --- consumer groups -----------------------------------------------------------------------------------------

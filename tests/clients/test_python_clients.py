@@ -531,29 +531,52 @@ def test_kcat_without_api_version_request(broker: BrokerProcess) -> None:
     ]
 
 
-@pytest.mark.matrix("producer: transactions refused at once (none yet)", client=KP)
-def test_kafka_python_transactional_producer_fails_at_once(broker: BrokerProcess) -> None:
-    started = time.monotonic()
+@pytest.mark.matrix("producer: transactions (commit and abort)", client=KP)
+def test_kafka_python_transactional_producer(broker: BrokerProcess) -> None:
+    create_topic(broker, "kp-transactional")
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="kp-tx")
     try:
-        with pytest.raises(kafka.errors.TransactionalIdAuthorizationFailedError):
-            producer.init_transactions()
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("kp-transactional", b"committed")
+        producer.commit_transaction()
+        producer.begin_transaction()
+        producer.send("kp-transactional", b"aborted")
+        producer.flush()
+        producer.abort_transaction()
     finally:
         producer.close(timeout=5)
-    assert time.monotonic() - started < 5.0
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap)
+    try:
+        tp = KpTopicPartition("kp-transactional", 0)
+        assert consumer.end_offsets([tp]) == {tp: 4}  # two records, a COMMIT and an ABORT marker
+    finally:
+        consumer.close()
 
 
-@pytest.mark.matrix("producer: transactions refused at once (none yet)", client=AIO)
-def test_aiokafka_transactional_producer_fails_at_once(broker: BrokerProcess) -> None:
-    async def start() -> None:
+@pytest.mark.matrix("producer: transactions (commit and abort)", client=AIO)
+def test_aiokafka_transactional_producer(broker: BrokerProcess) -> None:
+    create_topic(broker, "aio-transactional")
+
+    async def scenario() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aio-tx")
+        await asyncio.wait_for(producer.start(), 10.0)
         try:
-            await asyncio.wait_for(producer.start(), 5.0)
+            async with producer.transaction():
+                await producer.send_and_wait("aio-transactional", b"committed")
+            await producer.begin_transaction()
+            await producer.send_and_wait("aio-transactional", b"aborted")
+            await producer.abort_transaction()
         finally:
             await producer.stop()
 
-    with pytest.raises(kafka_errors_of_aiokafka().TransactionalIdAuthorizationFailed):
-        asyncio.run(start())
+    asyncio.run(scenario())
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap)
+    try:
+        tp = KpTopicPartition("aio-transactional", 0)
+        assert consumer.end_offsets([tp]) == {tp: 4}
+    finally:
+        consumer.close()
 
 
 @pytest.mark.matrix("group: cooperative rebalancing", client=KP)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupState, ConsumerGroupType, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, ConsumerGroupState, ConsumerGroupType, KafkaError
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tidelog.protocol.client import BrokerConnection
@@ -37,7 +37,7 @@ INITIAL_DELAY_MS = 300
 EXPIRY_TICK_S = 0.25  # how often the coordinator looks for expired sessions (broker/groups.py)
 
 NONE, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS, MEMBER_ID_REQUIRED = 0, 25, 27, 79
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED, FENCED_INSTANCE_ID = 53, 82
+FENCED_INSTANCE_ID = 82
 OFFSET_COMMIT, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 10, 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
 
@@ -441,38 +441,21 @@ def listed_state(groups: dict[str, Any], group: str) -> str:
 # --- FindCoordinator for a transactional id ---------------------------------------------------------------------------
 
 
-@pytest.mark.matrix("producer: transactions refused at once (none yet)", client="confluent")
-def test_transactional_producer_fails_at_once_with_a_clear_error(sbroker) -> None:
-    for client_id in ("txn-client", "txn-client", "txn-other"):
-        producer = Producer(
-            {"bootstrap.servers": sbroker.bootstrap, "transactional.id": "tx-1", "client.id": client_id}
-        )
-        started = time.monotonic()
-        with pytest.raises(KafkaException) as failure:
-            producer.init_transactions(10)
-        took = time.monotonic() - started
-        error = failure.value.args[0]
-        assert took < 2.0, f"init_transactions() took {took:.1f} s to fail"
-        assert error.fatal(), error
-        assert error.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, error
-        assert "transactions are not supported by this broker" in error.str(), error
-    log_lines = [
-        line for line in sbroker.stderr_text().splitlines() if "looked for the transaction coordinator" in line
-    ]
-    assert len(log_lines) == 2 and "txn-client" in log_lines[0] and "txn-other" in log_lines[1], log_lines
-
+def test_find_coordinator_for_a_transactional_id_names_this_broker(sbroker) -> None:
+    """Key type TRANSACTION is the transaction coordinator's answer (tests/integration/test_transactions.py drives
+    it with real transactional producers): a single broker coordinates every transactional id."""
     raw = Raw(sbroker, "unused", "unused")
 
     async def scenario() -> None:
         conn = raw.connection()
         old = await conn.request(FIND_COORDINATOR, 3, {"key": "tx-1", "key_type": 1}, TIMEOUT_S)
-        assert (old.error_code, old.node_id) == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)
+        assert (old.error_code, old.port) == (NONE, sbroker.port)
         batch = await conn.request(
             FIND_COORDINATOR, 4, {"key_type": 1, "coordinator_keys": ["tx-1", "tx-2"]}, TIMEOUT_S
         )
-        assert [(c.key, c.error_code) for c in batch.coordinators] == [
-            ("tx-1", TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
-            ("tx-2", TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+        assert [(c.key, c.error_code, c.port) for c in batch.coordinators] == [
+            ("tx-1", NONE, sbroker.port),
+            ("tx-2", NONE, sbroker.port),
         ]
         groups = await conn.request(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["g"]}, TIMEOUT_S)
         assert (groups.coordinators[0].error_code, groups.coordinators[0].port) == (NONE, sbroker.port)

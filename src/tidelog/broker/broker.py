@@ -15,6 +15,12 @@ builds the one handler table, and starts and stops the parts in order. No part h
     log_dirs, producer_states, describe_cluster   DescribeLogDirs (log_dirs.py), DescribeProducers
                                      (producer_admin.py), DescribeCluster (cluster_describe.py, Metadata's brokers)
     offset_store (offset_store.py)   __consumer_offsets, which the group coordinator writes and replays
+    transactions (transaction_coordinator.py)  the transaction coordinator over __transaction_state
+                                     (transaction_log.py): InitProducerId (the producer-id allocator), AddPartitions-
+                                     and AddOffsetsToTxn, EndTxn, Describe/ListTransactions, FindCoordinator's
+                                     TRANSACTION answer (through groups); its markers written by
+    txn_markers (txn_markers.py)     WriteTxnMarkers: the control batches of a transaction's partitions, which also
+                                     end the pending TxnOffsetCommit offsets of the group coordinator
     server (server.py)               listeners, framing, routing through the table, sending
 
 With zookeeper.connect, a broker of a cluster (docs/cluster.md) also has:
@@ -37,7 +43,6 @@ With zookeeper.connect, a broker of a cluster (docs/cluster.md) also has:
     fetchers (replica_fetcher.py)    the follower's side: one connection per leader broker copying its logs
 
 The engine of a cluster broker is opened `replicated`: its high watermark is the replica manager's to move.
-What comes next plugs in here: a transaction coordinator (beside the group coordinator, over its own internal topic).
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ from tidelog.broker.dynamic_config import DynamicBrokerConfig, FileStore
 from tidelog.broker.fetch import FetchApis
 from tidelog.broker.fetch_sessions import FetchSessionCache
 from tidelog.broker.groups import GroupCoordinator
-from tidelog.broker.handler import HandlerTable
+from tidelog.broker.handler import Connection, HandlerTable
 from tidelog.broker.leadership import LeadershipApis
 from tidelog.broker.log_dirs import LogDirApis
 from tidelog.broker.metrics import Metrics
@@ -81,6 +86,10 @@ from tidelog.broker.sasl import SaslApis
 from tidelog.broker.scram_admin import ScramCredentialApis
 from tidelog.broker.server import KafkaServer
 from tidelog.broker.topics import TopicApis
+from tidelog.broker.transaction_coordinator import TransactionCoordinator
+from tidelog.broker.transaction_log import TransactionLog
+from tidelog.broker.txn_markers import TxnMarkerApis
+from tidelog.errors import ErrorCode
 from tidelog.storage import open_engine
 
 log = logging.getLogger("tidelog.broker")
@@ -161,11 +170,6 @@ class Broker:
             self.metrics,
             self.flusher,
             self.fetch.notifier,
-            ProducerIdAllocator(
-                ZooKeeperProducerIdBlocks(self.cluster.client, config.node_id).next_block
-                if self.cluster is not None
-                else FileProducerIdBlocks(log_dir).next_block
-            ),
             check_leader,
             self.replicas,
             self.quotas,
@@ -199,6 +203,28 @@ class Broker:
             self.metadata.partition_exists if self.metadata is not None else None,
             self.cluster_groups,
         )
+        self.txn_markers = TxnMarkerApis(
+            self.engine, self.authorizer, self.flusher, self.fetch.notifier, check_leader, self.replicas
+        )
+        self.transactions = TransactionCoordinator(
+            config.transactions,
+            config.node_id,
+            TransactionLog(self.engine, config.transactions, self.flusher, self.replicas),
+            ProducerIdAllocator(
+                ZooKeeperProducerIdBlocks(self.cluster.client, config.node_id).next_block
+                if self.cluster is not None
+                else FileProducerIdBlocks(log_dir).next_block
+            ),
+            self.authorizer,
+            self.txn_markers,
+            self.metadata.partition_exists if self.metadata is not None else self._local_partition_exists,
+            lambda: self.offset_store.partitions,
+        )
+        if self.cluster is not None:  # the coordinator does not follow __transaction_state's leaders yet
+            self.transactions.find_coordinator = _no_transactions_in_a_cluster
+        self.groups.transactions = self.transactions
+        self.txn_markers.on_offsets_marker = self.groups.complete_transaction
+        self.produce.verify_transaction = self.transactions.verify_partition
         if self.metadata is not None:  # a topic deleted from the cluster takes its committed offsets along
             self.metadata.on_topic_deleted = self.groups.forget_topic
         self.topics = TopicApis(
@@ -257,6 +283,8 @@ class Broker:
             self.log_dirs,
             self.producer_states,
             self.describe_cluster,
+            self.transactions,
+            self.txn_markers,
         ]
         if self.leadership is not None:
             areas.append(self.leadership)
@@ -280,6 +308,10 @@ class Broker:
             }
         return {name: (d.topic_id, d.partitions) for name, d in self.engine.topics().items()}
 
+    def _local_partition_exists(self, topic: str, partition: int) -> bool:
+        description = self.engine.topics().get(topic)
+        return description is not None and 0 <= partition < description.partitions
+
     def is_stopping(self) -> bool:
         return self.stopping
 
@@ -300,6 +332,8 @@ class Broker:
         if self.cluster is None:
             self.offset_store.open()  # in a cluster, the partitions this broker leads are loaded as it comes to
         self.groups.start()
+        if self.cluster is None:
+            self.transactions.start()  # in a cluster: the partitions of __transaction_state this broker comes to lead
         self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
         if self.metadata is not None and self.controller is not None and self.cluster_groups is not None:
             await self.metadata.start()  # the cluster's topics, and this broker's replicas of them
@@ -341,6 +375,7 @@ class Broker:
             await asyncio.to_thread(self.cluster.resign)
         self.server.stop_accepting()
         self.fetch.wake_all()
+        await self.transactions.stop()
         await self.groups.stop()  # answers joins and syncs parked in a rebalance, which would hold their connection
         await self.server.close_connections(self.config.shutdown_timeout_ms / 1000)
         self.metrics.close()
@@ -350,6 +385,19 @@ class Broker:
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.close)
         log.info("stopped cleanly")
+
+
+def _no_transactions_in_a_cluster(transactional_id: str, connection: Connection) -> dict[str, Any]:
+    """FindCoordinator for a transactional id in a cluster, until the coordinator moves with the leaders of
+    `__transaction_state`: an error clients stop on at once (docs/transactions.md)."""
+    log.warning("transactional id %r: transactions are not supported in a cluster yet", transactional_id)
+    return {
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+        "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        "error_message": "transactions are not supported by a tidelog cluster yet (a single broker has them)",
+    }
 
 
 def _cluster_membership(config: BrokerConfig) -> ClusterMembership | None:

@@ -313,6 +313,72 @@ SERVER_KEYS: dict[str, Key] = {
             doc="In a cluster: the replicas of a topic created with replication factor -1 or auto-created.",
         ),
         Key(
+            "transaction.state.log.num.partitions",
+            parse_int,
+            minimum=1,
+            default="50",
+            doc="Partitions of `__transaction_state`, where the transaction coordinator keeps each transactional "
+            "id's state (read when it is created).",
+        ),
+        Key(
+            "transaction.state.log.segment.bytes",
+            parse_int,
+            minimum=14,
+            maximum=INT_MAX,
+            default="104857600",
+            doc="`segment.bytes` of `__transaction_state`.",
+        ),
+        Key(
+            "transaction.state.log.replication.factor",
+            parse_int,
+            minimum=1,
+            maximum=32767,
+            default="3",
+            doc="In a cluster: the replicas of `__transaction_state` (at most the live brokers when the first "
+            "transactional producer creates it).",
+        ),
+        Key(
+            "transaction.state.log.min.isr",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="2",
+            doc="In a cluster: `min.insync.replicas` of `__transaction_state` (at most its replication factor).",
+        ),
+        Key(
+            "transaction.max.timeout.ms",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="900000",
+            doc="The longest `transaction.timeout.ms` a producer may ask for; InitProducerId with a longer one gets "
+            "INVALID_TRANSACTION_TIMEOUT.",
+        ),
+        Key(
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="10000",
+            doc="How often the coordinator looks for transactions open longer than their timeout, and aborts them.",
+        ),
+        Key(
+            "transactional.id.expiration.ms",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="604800000",
+            doc="A transactional id with no transaction open and no request for this long is forgotten.",
+        ),
+        Key(
+            "transaction.remove.expired.transaction.cleanup.interval.ms",
+            parse_int,
+            minimum=1,
+            maximum=INT_MAX,
+            default="3600000",
+            doc="How often the coordinator looks for expired transactional ids.",
+        ),
+        Key(
             "offsets.topic.replication.factor",
             parse_int,
             minimum=1,
@@ -752,6 +818,27 @@ class ConsumerGroupConfig:
 
 
 @dataclass(frozen=True)
+class TransactionConfig:
+    """The transaction coordinator's keys (Kafka's names)."""
+
+    transaction_state_log_num_partitions: int = 50
+    transaction_state_log_segment_bytes: int = 104_857_600
+    transaction_state_log_replication_factor: int = 3
+    transaction_state_log_min_isr: int = 2
+    transaction_max_timeout_ms: int = 900_000
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
+    transactional_id_expiration_ms: int = 604_800_000
+    transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
+
+    @classmethod
+    def from_server_keys(cls, server: Mapping[str, Any]) -> TransactionConfig:
+        defaults = cls()
+        return cls(
+            **{name: server.get(name.replace("_", "."), getattr(defaults, name)) for name in cls.__dataclass_fields__}
+        )
+
+
+@dataclass(frozen=True)
 class LeadershipConfig:
     """Where the leadership of partitions goes when a broker stops and comes back (Kafka's names)."""
 
@@ -797,6 +884,7 @@ class BrokerConfig:
     offsets_topic_replication_factor: int = 3
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     leadership: LeadershipConfig = field(default_factory=LeadershipConfig)
+    transactions: TransactionConfig = field(default_factory=TransactionConfig)
     quotas: QuotaConfig = field(default_factory=QuotaConfig)
     consumer_groups: ConsumerGroupConfig = field(default_factory=ConsumerGroupConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -899,6 +987,7 @@ class BrokerConfig:
             ),
             replication=ReplicationConfig.from_server_keys(server),
             leadership=LeadershipConfig.from_server_keys(server),
+            transactions=TransactionConfig.from_server_keys(server),
             quotas=QuotaConfig.from_server_keys(server),
             consumer_groups=consumer_groups,
             engine=EngineConfig.from_mapping(select(settings, storage), log_dir=defaults.engine.log_dirs[0]),

@@ -13,8 +13,13 @@ A group moves Empty -> PreparingRebalance -> CompletingRebalance -> Stable and b
   under a new member id, and the old id is fenced (FENCED_INSTANCE_ID on every group API). In a Stable group that
   costs no rebalance. A static member that misses a rebalance stays until its session ends. LeaveGroup v3+ removes
   a batch of members, by member id or by instance id alone, with an error per member.
-- FindCoordinator for a transactional id answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED until tidelog has a
-  transaction coordinator (clients stop on it at once).
+- FindCoordinator for a transactional id (key type TRANSACTION) is the transaction coordinator's answer
+  (transaction_coordinator.py). TxnOffsetCommit is served here: a transactional producer's offsets are written to
+  `__consumer_offsets` as a transactional batch and stay pending (offset_store.py) until the transaction's marker
+  reaches the partition - visible at commit, dropped at abort. The write must belong to the producer's ongoing
+  transaction, which must hold the group's partition (AddOffsetsToTxn first): else INVALID_TXN_STATE (Kafka 3.9's
+  verification), INVALID_PRODUCER_EPOCH for a fenced producer. OffsetFetch with require_stable (v7+) answers
+  UNSTABLE_OFFSET_COMMIT for a partition whose offset a transaction still holds.
 Committed offsets and each generation are written to `__consumer_offsets` (offset_store.py) and
 reloaded on start, members included, so a restarted broker keeps its groups.
 
@@ -59,6 +64,7 @@ if TYPE_CHECKING:
     from tidelog.broker.config import BrokerConfig
     from tidelog.broker.consumer_groups import ConsumerGroupCoordinator
     from tidelog.broker.offset_store import OffsetStore, StoreKey
+    from tidelog.broker.transaction_coordinator import TransactionCoordinator
 
 log = logging.getLogger("tidelog.broker")
 
@@ -79,6 +85,7 @@ GROUP_ID_NOT_FOUND = ErrorCode.GROUP_ID_NOT_FOUND
 MEMBER_ID_REQUIRED = ErrorCode.MEMBER_ID_REQUIRED
 FENCED_INSTANCE_ID = ErrorCode.FENCED_INSTANCE_ID
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+UNSTABLE_OFFSET_COMMIT = ErrorCode.UNSTABLE_OFFSET_COMMIT
 INVALID_REQUEST = ErrorCode.INVALID_REQUEST
 GROUP_SUBSCRIBED_TO_TOPIC = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
 UNKNOWN_SERVER_ERROR = ErrorCode.UNKNOWN_SERVER_ERROR
@@ -86,7 +93,6 @@ GROUP_AUTHORIZATION_FAILED = ErrorCode.GROUP_AUTHORIZATION_FAILED
 TOPIC_AUTHORIZATION_FAILED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 OFFSET_METADATA_MAX_BYTES = 4096
 NO_NODE: dict[str, Any] = {"node_id": -1, "host": "", "port": -1}  # FindCoordinator's answer without a coordinator
-TOLD_CLIENTS_MAX = 10_000  # client ids remembered for logging the missing transaction coordinator once each
 EXPIRY_CHECK_SECONDS = 0.25
 
 
@@ -188,7 +194,7 @@ class GroupCoordinator:
         self.groups: dict[str, Group] = {}
         self._expiry_task: asyncio.Task[None] | None = None
         self._offsets_task: asyncio.Task[None] | None = None
-        self._told_no_transactions: set[str | None] = set()
+        self.transactions: TransactionCoordinator | None = None  # set by the broker once both exist
 
     def handlers(self) -> HandlerTable:
         return {
@@ -203,6 +209,7 @@ class GroupCoordinator:
             ApiKey.LIST_GROUPS: ApiHandler(0, 5, self.handle_list_groups),
             ApiKey.DELETE_GROUPS: ApiHandler(0, 2, self.handle_delete_groups),
             ApiKey.OFFSET_DELETE: ApiHandler(0, 0, self.handle_offset_delete),
+            ApiKey.TXN_OFFSET_COMMIT: ApiHandler(0, 4, self.handle_txn_offset_commit),
         }
 
     # --- lifecycle --------------------------------------------------------------------------------------------
@@ -318,14 +325,16 @@ class GroupCoordinator:
         body = request.body
         key_type = getattr(body, "key_type", 0)
         keys = list(body.coordinator_keys) if request.api_version >= 4 else [body.key]
-        answers = [self._find_one(key, key_type, connection, request.client_id) for key in keys]
+        answers = [self._find_one(key, key_type, connection) for key in keys]
         if request.api_version >= 4:
             return {"throttle_time": 0, "coordinators": [{"key": k, **a} for k, a in zip(keys, answers, strict=True)]}
         return {"throttle_time": 0, **answers[0]}
 
-    def _find_one(self, key: str, key_type: int, connection: Connection, client_id: str | None) -> dict[str, Any]:
+    def _find_one(self, key: str, key_type: int, connection: Connection) -> dict[str, Any]:
         if key_type == 1:
-            return self._no_transaction_coordinator(key, client_id)
+            if self.transactions is None:
+                return {**NO_NODE, "error_code": COORDINATOR_NOT_AVAILABLE, "error_message": None}
+            return {"error_message": None, **self.transactions.coordinator_for(key, connection)}
         if key_type != 0:  # Kafka 3.9's InvalidRequestException
             return {**NO_NODE, "error_code": INVALID_REQUEST, "error_message": f"unknown key type {key_type}"}
         if not self._may(connection, Operation.DESCRIBE, key):
@@ -335,25 +344,6 @@ class GroupCoordinator:
             return {**found, "error_message": None if found["error_code"] == NONE else "no coordinator yet"}
         node = {"node_id": self.config.node_id, "host": connection.advertised_host, "port": connection.advertised_port}
         return {**node, "error_code": NONE, "error_message": None}
-
-    def _no_transaction_coordinator(self, transactional_id: str, client_id: str | None) -> dict[str, Any]:
-        """FindCoordinator for a transactional id (key type TRANSACTION), until tidelog has a transaction
-        coordinator: TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the error Kafka gives a client that may not use a
-        transactional id. librdkafka's `init_transactions()` and KafkaJS stop on it at once as a fatal error (they
-        would retry COORDINATOR_NOT_AVAILABLE until their timeout); the message says why. Logged once per client
-        id."""
-        if client_id not in self._told_no_transactions:
-            if len(self._told_no_transactions) >= TOLD_CLIENTS_MAX:
-                self._told_no_transactions.clear()
-            self._told_no_transactions.add(client_id)
-            log.warning(
-                "client %s looked for the transaction coordinator of transactional id %r: transactions are not "
-                "supported by this broker, answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
-                client_id,
-                transactional_id,
-            )
-        message = "transactions are not supported by this broker (tidelog has no transaction coordinator yet)"
-        return {**NO_NODE, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "error_message": message}
 
     # --- JoinGroup --------------------------------------------------------------------------------------------
 
@@ -936,6 +926,79 @@ class GroupCoordinator:
                             partition_result["error_code"] = code
         return {"throttle_time": 0, "topics": topics}
 
+    async def handle_txn_offset_commit(self, request: Request, connection: Connection) -> Response:
+        body = request.body
+        instance_id = getattr(body, "group_instance_id", None)
+        member_id = getattr(body, "member_id", "")
+        generation = getattr(body, "generation_id", -1)
+        group = self.groups.get(body.group_id)
+        error = NONE
+        if not self.authorizer.authorize(
+            connection, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id
+        ):
+            error = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        elif not self._may(connection, Operation.READ, body.group_id):
+            error = GROUP_AUTHORIZATION_FAILED
+        elif elsewhere := self._not_here(body.group_id):
+            error = elsewhere
+        elif self.transactions is not None and (
+            refused := self.transactions.verify_partition(
+                body.transactional_id,
+                body.producer_id,
+                body.producer_epoch,
+                (OFFSETS_TOPIC, self.store.partition_of(body.group_id)),
+            )
+        ):
+            error = ErrorCode.INVALID_TXN_STATE if refused == NOT_COORDINATOR else refused
+        elif self.consumer_groups.owns(body.group_id) and generation >= 0:
+            error = self.consumer_groups.offset_commit_error(
+                body.group_id, member_id, instance_id, generation, request.api_version
+            )
+        elif generation >= 0 or member_id:  # v3+: the member's generation is checked as OffsetCommit checks it
+            if group is None or (error := self._member_error(group, member_id, instance_id, "txn-offset-commit")):
+                error = UNKNOWN_MEMBER_ID if group is None else error
+            elif generation != group.generation:
+                error = ILLEGAL_GENERATION
+        now_ms = int(time.time() * 1000)
+        entries: list[tuple[StoreKey, bytes | None]] = []
+        topics = []
+        for topic in body.topics:
+            partitions = []
+            topic_denied = error == NONE and not self._may_topic(connection, Operation.READ, topic.name)
+            for partition in topic.partitions:
+                code = TOPIC_AUTHORIZATION_FAILED if topic_denied else error
+                metadata = partition.committed_metadata or ""
+                if code == NONE and not self._partition_exists(topic.name, partition.partition_index):
+                    code = UNKNOWN_TOPIC_OR_PARTITION
+                elif code == NONE and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                    code = OFFSET_METADATA_TOO_LARGE
+                if code == NONE:
+                    value = records.OffsetValue(
+                        partition.committed_offset, getattr(partition, "committed_leader_epoch", -1), metadata, now_ms
+                    )
+                    key = records.OffsetKey(body.group_id, topic.name, partition.partition_index)
+                    entries.append((key, records.encode_offset_value(value)))
+                partitions.append({"partition_index": partition.partition_index, "error_code": code})
+            topics.append({"name": topic.name, "partitions": partitions})
+        if entries:
+            try:
+                await self.store.write(body.group_id, entries, producer=(body.producer_id, body.producer_epoch))
+            except Exception as exc:
+                log.error("transactional offsets of group %s failed: %s", body.group_id, exc)
+                code = getattr(exc, "kafka_error_code", UNKNOWN_SERVER_ERROR)
+                for topic_result in topics:
+                    for partition_result in topic_result["partitions"]:
+                        if partition_result["error_code"] == NONE:
+                            partition_result["error_code"] = code
+        return {"throttle_time": 0, "topics": topics}
+
+    def complete_transaction(self, producer_id: int, partition: int, committed: bool) -> None:
+        """A transaction's marker reached `__consumer_offsets` partition `partition` (txn_markers.py): the
+        producer's pending offsets there become committed, or are dropped."""
+        for group_id in self.store.complete_transaction(producer_id, partition, committed):
+            if committed and not self.consumer_groups.owns(group_id):
+                self._group(group_id)
+
     def _partition_exists(self, topic: str, partition: int) -> bool:
         if self._cluster_has_partition is not None:
             return self._cluster_has_partition(topic, partition)
@@ -961,22 +1024,29 @@ class GroupCoordinator:
                 ):
                     groups.append({"group_id": g.group_id, "topics": [], "error_code": refused})
                 else:
-                    topics = self._fetch_offsets(connection, g.group_id, g.topics)
+                    topics = self._fetch_offsets(connection, g.group_id, g.topics, body.require_stable)
                     groups.append({"group_id": g.group_id, "topics": topics, "error_code": 0})
             return {"throttle_time": 0, "groups": groups}
         if not self._may(connection, Operation.DESCRIBE, body.group_id):
             return {"throttle_time": 0, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED}
         if elsewhere := self._not_here(body.group_id):
             return {"throttle_time": 0, "topics": [], "error_code": elsewhere}
-        topics = self._fetch_offsets(connection, body.group_id, body.topics)
+        topics = self._fetch_offsets(connection, body.group_id, body.topics, getattr(body, "require_stable", False))
         return {"throttle_time": 0, "topics": topics, "error_code": 0}
 
-    def _fetch_offsets(self, connection: Connection, group_id: str, requested: Any) -> list[dict[str, Any]]:
+    def _fetch_offsets(
+        self, connection: Connection, group_id: str, requested: Any, require_stable: bool = False
+    ) -> list[dict[str, Any]]:
         """Committed offsets; topics the client may not DESCRIBE answer TOPIC_AUTHORIZATION_FAILED when named,
-        and are left out when the request asks for all of the group's offsets (Kafka's rule)."""
+        and are left out when the request asks for all of the group's offsets (Kafka's rule). With
+        `require_stable`, a partition whose offset an open transaction holds answers UNSTABLE_OFFSET_COMMIT."""
         authorizer = self.authorizer
         stored = self.store.groups.get(group_id)
         offsets = stored.offsets if stored is not None else {}
+        unstable: set[tuple[str, int]] = set()
+        if require_stable:
+            for held in self.store.pending_offsets(group_id).values():
+                unstable.update(held)
         denied: set[str] = set()
         if requested is None:
             wanted: dict[str, list[int]] = {}
@@ -1008,7 +1078,7 @@ class GroupCoordinator:
                         "committed_offset": value.offset if value else -1,
                         "committed_leader_epoch": value.leader_epoch if value else -1,
                         "metadata": value.metadata if value else "",
-                        "error_code": NONE,
+                        "error_code": UNSTABLE_OFFSET_COMMIT if (topic, partition) in unstable else NONE,
                     }
                 )
             topics.append({"name": topic, "partitions": answers})

@@ -18,6 +18,13 @@ itself: when a partition has grown past one segment's worth, the live entries of
 the log start offset is moved past the old copies (DeleteRecords), which retention then deletes. Either way a
 restart replays at most about a segment of history per partition beyond the live entries.
 A topic made by an older tidelog (cleanup.policy=delete) is switched to compact at start.
+
+Transactional offset commits (TxnOffsetCommit) are written as Kafka writes them: a transactional batch carrying the
+producer's id and epoch. They stay pending - kept per producer, invisible to OffsetFetch - until the transaction's
+marker reaches the partition (`complete_transaction`): COMMIT applies them, ABORT drops them. Replaying a partition
+does the same with the markers it meets, so pending offsets survive a restart and aborted ones never appear. The
+store's own compaction keeps what is pending in place: it moves the log start no further than the first pending
+transactional batch.
 """
 
 from __future__ import annotations
@@ -27,11 +34,13 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidelog.codec import consumer_group_records as consumer_records
 from tidelog.codec import group_records as records
+from tidelog.codec.control_record import ControlRecordType, parse_control_record
 from tidelog.codec.record_batch import Record, build_batch
+from tidelog.codec.record_set import decode_batch, iter_batches
 from tidelog.errors import (
     CoordinatorNotAvailableError,
     NotCoordinatorError,
@@ -50,6 +59,7 @@ log = logging.getLogger("tidelog.broker")
 
 OFFSETS_TOPIC = "__consumer_offsets"
 OFFSETS_COMMIT_TIMEOUT_S = 5.0  # Kafka's offsets.commit.timeout.ms
+REPLAY_CHUNK_BYTES = 1 << 20
 
 
 @dataclass
@@ -96,6 +106,8 @@ class OffsetStore:
         self.flusher = flusher
         self.engine_compacts = engine_compacts
         self.groups: dict[str, StoredGroup] = {}
+        # producer id -> partition -> (first offset of its pending batches there, group -> (topic, partition) -> value)
+        self.pending: dict[int, dict[int, tuple[int, dict[str, dict[tuple[str, int], records.OffsetValue]]]]] = {}
         # a partition is compacted by the store above this size: one segment, or twice what its last compaction
         # left (so live entries larger than a segment are not rewritten on every commit)
         self._compact_above: dict[int, int] = {}
@@ -136,19 +148,95 @@ class OffsetStore:
 
     def load_partition(self, partition: int) -> int:
         """Replay one partition (its groups' offsets and metadata) to its log end, as Kafka's group coordinator
-        loads it (a new leader's high watermark may still be below records its ISR already holds); the number of
-        records read."""
-        count = 0
-        for record in self.engine.consume(OFFSETS_TOPIC, partition, up_to_log_end=True):
-            count += 1
-            self._apply(record.key, record.value)
+        loads it (a new leader's high watermark may still be below records its ISR already holds); transactional
+        offsets wait for their marker. The number of records read."""
+        handle = self.engine.partition(OFFSETS_TOPIC, partition)
+        offset, count = handle.log_start_offset, 0
+        while offset < handle.log_end_offset:
+            data = handle.read(offset, REPLAY_CHUNK_BYTES, up_to_log_end=True).read_bytes()
+            progressed = False
+            for info in iter_batches(data):
+                progressed = True
+                if info.last_offset >= offset:
+                    count += self._replay_batch(partition, data, info)
+                offset = max(offset, info.last_offset + 1)
+            if not progressed:
+                break
         return count
+
+    def _replay_batch(self, partition: int, data: bytes, info: Any) -> int:
+        header = info.header
+        transactional = getattr(header, "is_transactional", False)
+        try:
+            batch = decode_batch(data, info)
+        except TidelogError as exc:
+            log.warning("skipping an unreadable %s batch at offset %d: %s", OFFSETS_TOPIC, info.base_offset, exc)
+            return 0
+        if getattr(header, "is_control", False):
+            for record in batch:
+                try:
+                    marker, _epoch = parse_control_record(record)
+                except TidelogError:
+                    continue
+                if marker in (ControlRecordType.COMMIT, ControlRecordType.ABORT):
+                    self.complete_transaction(header.producer_id, partition, marker is ControlRecordType.COMMIT)
+            return 0
+        for record in batch:
+            if transactional:
+                self._hold(header.producer_id, partition, info.base_offset, record.key, record.value)
+            else:
+                self._apply(record.key, record.value)
+        return len(batch)
+
+    def _hold(
+        self, producer_id: int, partition: int, offset: int, key_bytes: bytes | None, value: bytes | None
+    ) -> None:
+        """A transactional offset commit: pending until its producer's marker."""
+        if key_bytes is None or value is None:
+            return
+        try:
+            key = records.decode_key(key_bytes)
+            if not isinstance(key, records.OffsetKey):
+                return
+            decoded = records.decode_offset_value(value)
+        except TidelogError as exc:
+            log.warning("skipping an unreadable transactional %s record: %s", OFFSETS_TOPIC, exc)
+            return
+        _first, held = self.pending.setdefault(producer_id, {}).setdefault(partition, (offset, {}))
+        held.setdefault(key.group, {})[(key.topic, key.partition)] = decoded
+
+    def complete_transaction(self, producer_id: int, partition: int, commit: bool) -> set[str]:
+        """The marker of `producer_id`'s transaction reached `partition`: its pending offsets there become the
+        committed ones (commit) or are dropped; the groups they belonged to."""
+        by_partition = self.pending.get(producer_id)
+        if by_partition is None or partition not in by_partition:
+            return set()
+        _first, held = by_partition.pop(partition)
+        if not by_partition:
+            del self.pending[producer_id]
+        if commit:
+            for group_id, offsets in held.items():
+                self.groups.setdefault(group_id, StoredGroup()).offsets.update(offsets)
+        return set(held)
+
+    def pending_offsets(self, group: str) -> dict[int, dict[tuple[str, int], records.OffsetValue]]:
+        """The group's offsets waiting for a transaction to end, per producer id."""
+        partition = self.partition_of(group)
+        return {
+            producer_id: by_partition[partition][1][group]
+            for producer_id, by_partition in self.pending.items()
+            if partition in by_partition and group in by_partition[partition][1]
+        }
 
     def unload_partition(self, partition: int) -> set[str]:
         """Forget the groups of one partition (this broker no longer coordinates them); their ids."""
         gone = {group for group in self.groups if self.partition_of(group) == partition}
         for group in gone:
             del self.groups[group]
+        for producer_id in list(self.pending):
+            self.pending[producer_id].pop(partition, None)
+            if not self.pending[producer_id]:
+                del self.pending[producer_id]
         self._compact_above.pop(partition, None)
         return gone
 
@@ -183,21 +271,35 @@ class OffsetStore:
     def partition_of(self, group: str) -> int:
         return records.partition_for_group(group, self.partitions)
 
-    async def write(self, group: str, entries: Iterable[tuple[StoreKey, bytes | None]]) -> None:
-        """Append the entries as one batch, wait for durability if the flush policy asks, then apply them."""
+    async def write(
+        self,
+        group: str,
+        entries: Iterable[tuple[StoreKey, bytes | None]],
+        producer: tuple[int, int] | None = None,
+    ) -> None:
+        """Append the entries as one batch, wait for durability if the flush policy asks, then apply them; with
+        `producer` (id, epoch: a TxnOffsetCommit) as a transactional batch whose offsets stay pending until the
+        transaction's marker."""
         encoded = [(encode_store_key(key), value) for key, value in entries]
         if not encoded:
             return
         partition = self.partition_of(group)
         partition_log = self.engine.partition(OFFSETS_TOPIC, partition)
-        batch = build_batch([Record(value=value, key=key) for key, value in encoded])
+        built = [Record(value=value, key=key) for key, value in encoded]
+        if producer is None:
+            batch = build_batch(built)
+        else:
+            batch = build_batch(built, producer_id=producer[0], producer_epoch=producer[1], is_transactional=True)
         result = partition_log.append(batch, from_client=False)
         if partition_log.flush_due():
             await self.flusher.wait_durable(partition_log, partition_log.log_end_offset)
         if self.replication is not None:
             await self._wait_replicated(partition, result.last_offset + 1)
         for key, value in encoded:
-            self._apply(key, value)
+            if producer is None:
+                self._apply(key, value)
+            else:
+                self._hold(producer[0], partition, result.base_offset, key, value)
         if not self.engine_compacts and partition_log.size_in_bytes > self._compact_above.get(
             partition, self.segment_bytes
         ):
@@ -232,7 +334,8 @@ class OffsetStore:
         for start in range(0, len(live), 500):
             partition_log.append(build_batch(live[start : start + 500]), from_client=False)
         await asyncio.to_thread(partition_log.flush)  # on disk before the old copies go
-        partition_log.delete_records(first_live)
+        pending_from = [by_p[partition][0] for by_p in self.pending.values() if partition in by_p]
+        partition_log.delete_records(min([first_live, *pending_from]))
         self._compact_above[partition] = max(self.segment_bytes, 2 * partition_log.size_in_bytes)
         log.info(
             "compacted %s-%d: %d live entries rewritten, log start now %d",

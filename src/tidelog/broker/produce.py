@@ -1,4 +1,4 @@
-"""Produce and InitProducerId.
+"""Produce (InitProducerId is the transaction coordinator's: transaction_coordinator.py).
 
 A Produce request's batch goes to the partition log as received (layout and CRC checked, offsets
 assigned by rewriting baseOffset, a retried idempotent batch answered with its original offsets).
@@ -13,6 +13,13 @@ smaller than min.insync.replicas. acks=1 is answered after the leader's append, 
 
 Produce v0-v2 (clients older than Kafka 0.11) carry magic 0/1 message sets: each is up-converted to one v2 batch
 before the append, as Kafka 3.x does (codec/legacy_write.py), and answered in the old response shape.
+
+A transactional batch needs the request's transactional id, WRITE on it (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+for every partition), and - Kafka 3.9's partition verification (KIP-890 part 1) - the partition added to the
+producer's ongoing transaction at its coordinator (`verify_transaction`): INVALID_TXN_STATE when it was not,
+INVALID_PRODUCER_EPOCH for a fenced producer; nothing is appended then. In a cluster a transactional id coordinated
+by another broker is not verified (that would be an AddPartitionsToTxn v4 verify_only request to it): the batch is
+appended and the epoch check of the partition's producer state still fences zombies.
 """
 
 from __future__ import annotations
@@ -33,12 +40,12 @@ from tidelog.codec.legacy_write import upconvert
 from tidelog.codec.record_batch import read_header
 from tidelog.errors import (
     ErrorCode,
+    InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTopicError,
     InvalidTxnStateError,
     KafkaStorageError,
     TidelogError,
-    TransactionsUnsupportedError,
 )
 from tidelog.protocol.messages import ApiKey, Request, millis
 from tidelog.storage.api import Partition, StorageEngine
@@ -174,10 +181,14 @@ class ProducerIdAllocator:
 
 LAST_LEGACY_PRODUCE_VERSION = 2  # v0-v2 carry magic 0/1 message sets; v3 brought the v2 record batch
 
+# (transactional id, producer id, epoch, (topic, partition)) -> the coordinator's verdict (transaction_coordinator.py)
+VerifyTransaction = Callable[[str, int, int, tuple[str, int]], ErrorCode]
+_UNVERIFIABLE = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS})
+
 
 class ProduceApis:
-    """Produce and InitProducerId: appends through the engine's data calls, fsyncs grouped by `flusher`, waiting
-    fetches woken through `notifier`."""
+    """Produce: appends through the engine's data calls, fsyncs grouped by `flusher`, waiting fetches woken through
+    `notifier`; transactional batches checked with `verify_transaction` (set by the broker)."""
 
     def __init__(
         self,
@@ -186,7 +197,6 @@ class ProduceApis:
         metrics: Metrics,
         flusher: Flusher,
         notifier: AppendNotifier,
-        producer_ids: ProducerIdAllocator,
         check_leader: LeaderCheck | None = None,
         replication: ReplicaManager | None = None,
         quotas: ClientQuotaManager | None = None,
@@ -199,12 +209,11 @@ class ProduceApis:
         self.metrics = metrics
         self.flusher = flusher
         self.notifier = notifier
-        self.producer_ids = producer_ids
+        self.verify_transaction: VerifyTransaction | None = None
 
     def handlers(self) -> HandlerTable:
         return {
             ApiKey.PRODUCE: ApiHandler(0, 11, self.handle_produce),
-            ApiKey.INIT_PRODUCER_ID: ApiHandler(0, 5, self.handle_init_producer_id),
         }
 
     async def handle_produce(self, request: Request, connection: Connection) -> Response:
@@ -215,6 +224,11 @@ class ProduceApis:
         for topic_data in body.topic_data:
             partition_responses = []
             authorized = self.authorizer.authorize(connection, Operation.WRITE, ResourceType.TOPIC, topic_data.name)
+            refused = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            if body.transactional_id is not None and not self.authorizer.authorize(
+                connection, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id
+            ):
+                authorized, refused = False, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             for partition_data in topic_data.partition_data:
                 answer: dict[str, Any] = {
                     "index": partition_data.index,
@@ -225,7 +239,7 @@ class ProduceApis:
                 }
                 partition_responses.append(answer)
                 if not authorized:
-                    answer["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    answer["error_code"] = refused
                     continue
                 try:
                     partition_log, end_offset = self._append(
@@ -312,8 +326,8 @@ class ProduceApis:
         if legacy:
             records = upconvert(records)
         header = read_header(records)
-        if header.is_transactional or transactional_id is not None:
-            raise InvalidTxnStateError("transactions are not supported by this broker yet")
+        if header.is_transactional:
+            self._verify(topic, partition, transactional_id, header.producer_id, header.producer_epoch)
         if self.check_leader is not None:
             self.check_leader(topic, partition, -1)
         if acks == -1 and self.replication is not None:
@@ -336,28 +350,17 @@ class ProduceApis:
             messages_in.inc(result.record_count)
         return partition_log, result.last_offset + 1
 
-    async def handle_init_producer_id(self, request: Request, connection: Connection) -> Response:
-        body = request.body
-        answer: dict[str, Any] = {"throttle_time": 0, "error_code": 0, "producer_id": -1, "producer_epoch": -1}
-        if body.transactional_id is not None:
-            answer["error_code"] = TransactionsUnsupportedError.kafka_error_code
-            log.info(
-                "client %s asked for transactional id %r: transactions are not supported yet",
-                request.client_id,
-                body.transactional_id,
+    def _verify(self, topic: str, partition: int, transactional_id: str | None, producer_id: int, epoch: int) -> None:
+        """A transactional batch belongs to its producer's ongoing transaction, which holds the partition."""
+        if transactional_id is None:
+            raise InvalidTxnStateError("a transactional batch in a produce request without a transactional id")
+        if self.verify_transaction is None:
+            return
+        code = self.verify_transaction(transactional_id, producer_id, epoch, (topic, partition))
+        if code == ErrorCode.INVALID_PRODUCER_EPOCH:
+            raise InvalidProducerEpochError(f"producer {producer_id} epoch {epoch} of {transactional_id!r} is fenced")
+        if code not in _UNVERIFIABLE and code != ErrorCode.NONE:
+            raise InvalidTxnStateError(
+                f"{topic}-{partition} is not in an ongoing transaction of {transactional_id!r} (producer {producer_id}"
+                f" epoch {epoch}): {code.name}"
             )
-            return answer
-        authorizer = self.authorizer
-        if not authorizer.authorize(
-            connection, Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, log_denied=False
-        ) and not authorizer.authorize_any(connection, Operation.WRITE, ResourceType.TOPIC):
-            answer["error_code"] = ErrorCode.CLUSTER_AUTHORIZATION_FAILED  # idempotence needs WRITE on some topic
-            return answer
-        producer_id = getattr(body, "producer_id", -1)
-        epoch = getattr(body, "producer_epoch", -1)
-        if producer_id >= 0 and 0 <= epoch < 32766:  # KIP-360: an idempotent producer bumps its epoch
-            answer.update(producer_id=producer_id, producer_epoch=epoch + 1)
-            log.info("client %s: producer %d bumps its epoch to %d", request.client_id, producer_id, epoch + 1)
-        else:
-            answer.update(producer_id=await self.producer_ids.allocate(), producer_epoch=0)
-        return answer

@@ -32,6 +32,8 @@ from tidelog.broker.sasl import SaslApis
 from tidelog.broker.scram_admin import ScramCredentialApis
 from tidelog.broker.server import API_VERSIONS_MAX_VERSION
 from tidelog.broker.topics import TopicApis
+from tidelog.broker.transaction_coordinator import TransactionCoordinator
+from tidelog.broker.txn_markers import TxnMarkerApis
 from tidelog.protocol.messages import ApiKey
 
 AREAS: tuple[type, ...] = (
@@ -50,6 +52,8 @@ AREAS: tuple[type, ...] = (
     AclApis,
     LeadershipApis,
     ReassignmentApis,
+    TransactionCoordinator,
+    TxnMarkerApis,
 )
 HEADING = "## API versions"
 
@@ -84,6 +88,11 @@ KAFKA_3_9: dict[int, tuple[int, int]] = {
     ApiKey.DELETE_RECORDS: (0, 2),
     ApiKey.INIT_PRODUCER_ID: (0, 5),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 4),
+    ApiKey.ADD_PARTITIONS_TO_TXN: (0, 4),
+    ApiKey.ADD_OFFSETS_TO_TXN: (0, 4),
+    ApiKey.END_TXN: (0, 4),
+    ApiKey.WRITE_TXN_MARKERS: (0, 1),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 4),
     ApiKey.DESCRIBE_ACLS: (0, 3),
     ApiKey.CREATE_ACLS: (0, 3),
     ApiKey.DELETE_ACLS: (0, 3),
@@ -97,6 +106,8 @@ KAFKA_3_9: dict[int, tuple[int, int]] = {
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
     ApiKey.DESCRIBE_PRODUCERS: (0, 0),
+    ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
+    ApiKey.LIST_TRANSACTIONS: (0, 1),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.DELETE_GROUPS: (0, 2),
@@ -112,6 +123,7 @@ KAFKA_3_9: dict[int, tuple[int, int]] = {
 SHORT_BECAUSE: dict[int, str] = {
     ApiKey.CONTROLLED_SHUTDOWN: "v0 has a request header without a client id; brokers of 2.2 and later send v1+",
     ApiKey.SASL_HANDSHAKE: "v0 is followed by raw SASL tokens outside Kafka requests; not offered",
+    ApiKey.WRITE_TXN_MARKERS: "inter-broker only; v0 (not flexible) is not offered: Kafka 3.x brokers send v1",
 }
 
 
