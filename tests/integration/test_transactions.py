@@ -115,7 +115,6 @@ def test_commit_and_abort_write_a_marker_to_every_partition(txn_broker: BrokerPr
     )
 
 
-@pytest.mark.xfail(strict=True, reason="read_committed Fetch (the LSO and the aborted list) is the storage slice's")
 def test_read_committed_readers_skip_aborted_records(txn_broker: BrokerProcess) -> None:
     commit_abort_commit(txn_broker, "tx-read-committed")
     committed = read_all(txn_broker, "tx-read-committed", "read_committed", 2)
@@ -129,7 +128,6 @@ def test_send_offsets_to_transaction(txn_broker: BrokerProcess) -> None:
     consumer = Consumer({"bootstrap.servers": txn_broker.bootstrap, "group.id": group, "enable.auto.commit": False})
     p = producer(txn_broker, "tx-offsets")
     p.init_transactions(10)
-    tp = TopicPartition("tx-offsets-in", 0)
 
     def committed() -> int:
         return consumer.committed([TopicPartition("tx-offsets-in", 0)], 10)[0].offset
@@ -144,7 +142,6 @@ def test_send_offsets_to_transaction(txn_broker: BrokerProcess) -> None:
     p.send_offsets_to_transaction([TopicPartition("tx-offsets-in", 0, 5)], consumer.consumer_group_metadata(), 10)
     p.commit_transaction(10)
     assert committed() == 5
-    del tp
     consumer.close()
 
 
