@@ -16,18 +16,29 @@ import pytest
 import tidelog
 from tidelog import Record
 from tidelog.codec.compression import Compression
+from tidelog.codec.control_record import ControlRecordType, build_control_batch, parse_control_record
 from tidelog.codec.record_batch import build_batch
 from tidelog.codec.record_set import decode_batch, iter_batches
 from tidelog.errors import (
     InvalidPartitionsError,
+    InvalidProducerEpochError,
     InvalidRecordError,
     InvalidReplicaAssignmentError,
+    InvalidTxnStateError,
     OffsetOutOfRangeError,
     TopicExistsError,
+    TransactionCoordinatorFencedError,
     UnknownTopicOrPartitionError,
 )
 from tidelog.kafka_uuid import new_kafka_uuid
-from tidelog.storage.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, StorageEngine
+from tidelog.storage.api import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
+    AbortedTransaction,
+    Partition,
+    StorageEngine,
+)
 
 TS = 1_700_000_000_000
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -478,10 +489,9 @@ def test_retention_deletes_whole_old_files_and_moves_the_log_start(open_log: Ope
     assert engine.log_end_offset("t", 0) == len(written) + 1
 
 
-def test_without_transactions_everything_readable_is_stable(open_log: Opener, engine_name: str) -> None:
-    """The transactional calls: no transaction, so the last stable offset is the high watermark and nothing is
-    aborted; a marker is written by the Kafka engine and refused by the RocketMQ engine, which stores no
-    transactional or control batches."""
+def test_without_transactions_everything_readable_is_stable(open_log: Opener) -> None:
+    """No transaction: the last stable offset is the high watermark and nothing is aborted; a marker for a
+    producer without an open transaction is still written (as Kafka writes it)."""
     engine = open_log()
     written = fill(engine, batches=6)
     partition = engine.partition("t", 0)
@@ -490,10 +500,155 @@ def test_without_transactions_everything_readable_is_stable(open_log: Opener, en
     assert as_tuples(read_records(engine, "t", 0)) == as_tuples(written)
     data = partition.read(0, 1 << 20, max_offset=3).read_bytes()
     assert [r.offset for info in iter_batches(data) for r in decode_batch(data, info)][-1] < 3
-    if engine_name == "kafka":
-        assert partition.append_marker(77, 0, 0, commit=True).base_offset == len(written)
-        assert partition.last_stable_offset == len(written) + 1
-    else:
-        with pytest.raises(InvalidRecordError, match="no transactional or control batches"):
-            partition.append_marker(77, 0, 0, commit=True)
-        assert partition.log_end_offset == len(written)
+    assert partition.append_marker(77, 0, 0, commit=True).base_offset == len(written)
+    assert partition.last_stable_offset == len(written) + 1
+
+
+# --- transactions (both engines: the RocketMQ engine keeps them in its own files, docs/storage.md) -----------------
+
+
+def txn_batch(producer_id: int, sequence: int, *, epoch: int = 0, count: int = 2, transactional: bool = True) -> bytes:
+    records = [Record(b"p%d-s%d" % (producer_id, sequence + i), timestamp_ms=TS + i) for i in range(count)]
+    return build_batch(
+        records, producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence, is_transactional=transactional
+    )
+
+
+def batch_kinds(partition: Partition, offset: int = 0, max_offset: int | None = None) -> list[tuple[int, ...]]:
+    """(base offset, last offset, producer id, transactional, control) of each batch read from `offset`."""
+    data = partition.read(offset, 1 << 20, max_offset=max_offset).read_bytes()
+    return [
+        (info.base_offset, info.last_offset, info.header.producer_id, info.header.is_transactional,
+         info.header.is_control)
+        for info in iter_batches(data)
+    ]  # fmt: skip
+
+
+def test_markers_close_transactions_and_move_the_last_stable_offset(open_log: Opener) -> None:
+    """Producer 1 commits (offsets 0-1, marker 6), 2 aborts (2-3, marker 7), 3 stays open from 4: the last stable
+    offset, the aborted list a read_committed fetch gets, the producers, and what a read returns (the producer and
+    attribute bits of each batch, the markers as control batches) are the same in both engines."""
+    engine = open_log()
+    engine.create_topic("t", 1)
+    partition = engine.partition("t", 0)
+    for producer in (1, 2, 3):
+        partition.append(txn_batch(producer, 0))
+    assert partition.last_stable_offset == 0
+    assert partition.append_marker(1, 0, coordinator_epoch=5, commit=True).base_offset == 6
+    assert partition.last_stable_offset == 2
+    partition.append_marker(2, 0, coordinator_epoch=5, commit=False)
+    assert (partition.log_end_offset, partition.high_watermark, partition.last_stable_offset) == (8, 8, 4)
+    assert partition.aborted_transactions(0, 8) == [AbortedTransaction(2, 2)]
+    assert partition.aborted_transactions(8, 9) == []  # its marker is below the fetch offset
+    assert partition.aborted_transactions(0, 2) == []  # it starts at the upper bound
+    producers = {p.producer_id: (p.coordinator_epoch, p.current_txn_start_offset) for p in partition.active_producers()}
+    assert producers == {1: (5, -1), 2: (5, -1), 3: (-1, 4)}
+    assert batch_kinds(partition) == [
+        (0, 1, 1, True, False), (2, 3, 2, True, False), (4, 5, 3, True, False), (6, 6, 1, True, True),
+        (7, 7, 2, True, True),
+    ]  # fmt: skip
+    assert batch_kinds(partition, 0, max_offset=partition.last_stable_offset) == batch_kinds(partition)[:2]
+    data = partition.read(6, 1 << 20).read_bytes()
+    [marker] = decode_batch(data, next(iter_batches(data)))
+    assert parse_control_record(marker) == (ControlRecordType.COMMIT, 5)
+    partition.append_marker(3, 0, coordinator_epoch=5, commit=False)
+    assert partition.last_stable_offset == partition.high_watermark == 9
+    assert partition.aborted_transactions(0, 9) == [AbortedTransaction(2, 2), AbortedTransaction(3, 4)]
+
+
+def test_kafkas_transaction_refusals_leave_the_log_unchanged(open_log: Opener) -> None:
+    engine = open_log()
+    engine.create_topic("t", 1)
+    partition = engine.partition("t", 0)
+    partition.append(txn_batch(1, 0, epoch=2))
+    partition.append_marker(1, 2, coordinator_epoch=4, commit=True)
+    partition.append(txn_batch(1, 2, epoch=2))
+    end = partition.log_end_offset
+    with pytest.raises(InvalidProducerEpochError):
+        partition.append(txn_batch(1, 0, epoch=1))
+    with pytest.raises(InvalidTxnStateError):
+        partition.append(txn_batch(1, 4, epoch=2, transactional=False))
+    with pytest.raises(InvalidProducerEpochError):
+        partition.append_marker(1, 1, coordinator_epoch=4, commit=False)
+    with pytest.raises(TransactionCoordinatorFencedError):
+        partition.append_marker(1, 2, coordinator_epoch=3, commit=False)
+    control = build_control_batch(ControlRecordType.COMMIT, producer_id=1, producer_epoch=2, timestamp_ms=TS)
+    with pytest.raises(InvalidRecordError, match="control"):
+        partition.append(control)
+    assert partition.log_end_offset == end and partition.last_stable_offset == 3
+
+
+TXN_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, sys.argv[3])
+    import tidelog
+    from tidelog import Record
+    from tidelog.codec.record_batch import build_batch
+    engine = tidelog.open(sys.argv[1], engine=sys.argv[2], config=eval(sys.argv[4]), background=False)
+    engine.create_topic("t", 1)
+    partition = engine.partition("t", 0)
+    def txn(producer, sequence):
+        records = [Record(b"p%d-s%d" % (producer, sequence + i), timestamp_ms=1_700_000_000_000) for i in range(2)]
+        return build_batch(records, producer_id=producer, producer_epoch=0, base_sequence=sequence,
+                           is_transactional=True)
+    def plain(batches):
+        for _ in range(batches):
+            partition.append(build_batch([Record(b"x" * 200, timestamp_ms=1_700_000_000_000)]))
+    plain(3)
+    partition.append(txn(1, 0))                  # 3-4: stays open
+    partition.append(txn(2, 0))                  # 5-6, aborted by marker 8
+    plain(1)
+    partition.append_marker(2, 0, 3, False)
+    partition.append(txn(4, 0))                  # 9-10, committed by marker 11
+    partition.append_marker(4, 0, 3, True)
+    plain(8)                                     # the Kafka engine rolls (and snapshots) on the way
+    if hasattr(partition, "snapshot_producer_state"):
+        partition.snapshot_producer_state(force=True)  # what the RocketMQ engine's scheduler does every second
+    partition.append(txn(5, 0))                  # 20-21, aborted by marker 22, after the snapshot
+    partition.append_marker(5, 0, 3, False)
+    plain(1)
+    engine.flush("t", 0)
+    os._exit(0)  # killed mid-transaction: no close
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["with-snapshot", "without-snapshot"])
+def test_a_crash_mid_transaction_keeps_it_open_and_the_aborts(
+    open_log: Opener, engine_name: str, tmp_path: Path, how: str
+) -> None:
+    """After a crash with producer 1's transaction open, the reopened log has the same last stable offset, aborted
+    transactions and open transaction, from the producer snapshot and the log after it, or (its snapshots deleted)
+    from the whole log; the transaction then goes on and is aborted."""
+    script = tmp_path / "child.py"
+    script.write_text(TXN_CHILD)
+    config = ENGINE_CONFIGS[engine_name]
+    subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "data"), engine_name, str(SRC), repr(config)],
+        check=True,
+        timeout=60,
+    )
+    snapshots = list((tmp_path / "data").glob("**/*.snapshot"))
+    assert snapshots
+    if how == "without-snapshot":
+        for snapshot in snapshots:
+            snapshot.unlink()
+    engine = open_log()
+    partition = engine.partition("t", 0)
+    assert (partition.log_end_offset, partition.last_stable_offset) == (24, 3)
+    assert partition.aborted_transactions(0, 24) == [AbortedTransaction(2, 5), AbortedTransaction(5, 20)]
+    assert {p.producer_id: p.current_txn_start_offset for p in partition.active_producers()} == {
+        1: 3, 2: -1, 4: -1, 5: -1
+    }  # fmt: skip
+    partition.append(txn_batch(1, 2))  # the same transaction goes on
+    partition.append_marker(1, 0, 3, commit=False)
+    assert partition.aborted_transactions(0, 100)[-1] == AbortedTransaction(1, 3)
+    assert partition.last_stable_offset == partition.log_end_offset == 27
+    engine.close()
+    engine = open_log()
+    partition = engine.partition("t", 0)
+    assert partition.last_stable_offset == 27
+    assert partition.aborted_transactions(0, 27) == [
+        AbortedTransaction(2, 5), AbortedTransaction(5, 20), AbortedTransaction(1, 3)
+    ]  # fmt: skip

@@ -35,8 +35,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tidelog.codec import rocketmq_message as rm
+from tidelog.codec.control_record import (
+    ControlRecordType,
+    EndTransactionMarker,
+    build_control_batch,
+    parse_control_record,
+    read_end_txn_marker,
+)
 from tidelog.codec.record_batch import (
+    CONTROL_MASK,
     NO_SEQUENCE,
+    TRANSACTIONAL_MASK,
     BatchHeader,
     Record,
     build_batch,
@@ -70,7 +79,8 @@ from tidelog.storage.api import (
     ProducerSummary,
     TimestampAndOffset,
 )
-from tidelog.storage.common.producer_state import ProducerStateManager
+from tidelog.storage.common.producer_state import CompletedTxn, ProducerStateManager
+from tidelog.storage.rocketmq.aborted_txns import AbortedTxn, AbortedTxnFile
 from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, QueueRun
 
@@ -85,17 +95,28 @@ READ_UNITS = 1024  # ConsumeQueue units read per round of a fetch
 TIME_BLOCK_UNITS = 1024  # queue offsets per block of the time summary (offset_for_timestamp)
 PRODUCER_SNAPSHOT_UNITS = 2048  # offsets appended since a queue's last producer snapshot before it takes another
 BLANK_UNIT_SIZE = 0x7FFFFFFF
+TXN_ATTRIBUTES = TRANSACTIONAL_MASK | CONTROL_MASK  # the Kafka batch attributes a message's FLAG carries
+_FLAG_BYTES = np.arange(rm.FLAG_POSITION, rm.FLAG_POSITION + 4)
+SEQUENCE_MODULUS = 1 << 31  # a producer's sequence wraps from Integer.MAX_VALUE to 0
 
 
 class _Encoded:
-    """A Kafka batch encoded as CommitLog messages, waiting for their offsets (patched in under the put lock)."""
+    """A Kafka batch encoded as CommitLog messages, waiting for their offsets (patched in under the put lock);
+    `marker` is the end-transaction marker of a control batch."""
 
-    __slots__ = ("header", "kafka_bytes", "messages")
+    __slots__ = ("header", "kafka_bytes", "marker", "messages")
 
-    def __init__(self, header: BatchHeader, messages: rm.EncodedMessages, kafka_bytes: int) -> None:
+    def __init__(
+        self,
+        header: BatchHeader,
+        messages: rm.EncodedMessages,
+        kafka_bytes: int,
+        marker: EndTransactionMarker | None = None,
+    ) -> None:
         self.header = header
         self.messages = messages
         self.kafka_bytes = kafka_bytes
+        self.marker = marker
 
     @property
     def count(self) -> int:
@@ -143,6 +164,28 @@ def _join(parts: list[rm.EncodedMessages]) -> rm.EncodedMessages:
     )
 
 
+def _rebuild_batch(records: list[Record], last: rm.Message) -> bytes:
+    """The Kafka batch of `records`, `last` the message of the last one. A transactional batch or a marker (its
+    FLAG) gets its producer from `last`'s KAFKA_PRODUCER and its attribute bits, so that read_committed readers can
+    drop aborted batches and see the markers; other batches are rebuilt without a producer."""
+    attributes = last.flag & TXN_ATTRIBUTES
+    info = rm.producer_info(last.properties_bytes) if attributes else None
+    if info is None:
+        return build_batch(records, base_offset=records[0].offset)
+    sequence = info.base_sequence
+    if sequence != NO_SEQUENCE:  # a read from inside the batch: the sequence of its first record read
+        sequence = (sequence + records[0].offset - (last.queue_offset - info.count + 1)) % SEQUENCE_MODULUS
+    return build_batch(
+        records,
+        base_offset=records[0].offset,
+        producer_id=info.producer_id,
+        producer_epoch=info.epoch,
+        base_sequence=sequence,
+        is_transactional=bool(attributes & TRANSACTIONAL_MASK),
+        is_control=bool(attributes & CONTROL_MASK),
+    )
+
+
 class MessageQueue(Partition):
     def __init__(
         self,
@@ -162,6 +205,8 @@ class MessageQueue(Partition):
         self.next_offset = consume_queue.max_offset
         self.start_floor = start_floor
         self.producer_state = ProducerStateManager(engine.producer_snapshot_dir(topic, queue_id))
+        self.aborted_txns = AbortedTxnFile(self.producer_state.directory)
+        self.has_transactions = self.aborted_txns.exists  # see aborted_txns.py: the file says the queue holds some
         self._producer_state_loaded = False
         self._snapshot_offset = 0  # the queue offset of the newest producer snapshot (once the state is loaded)
         self._lock = threading.Lock()
@@ -196,8 +241,17 @@ class MessageQueue(Partition):
 
     @property
     def last_stable_offset(self) -> int:
-        """No transactions are stored (see `_validate`), so every readable record is stable."""
-        return self.high_watermark
+        """min(first unstable offset, high watermark), the first unstable offset raised to the log start, as the
+        Kafka engine keeps it; a queue that never held a transaction: the high watermark."""
+        high_watermark = self.high_watermark
+        if not self.has_transactions:
+            return high_watermark
+        self._ensure_producer_state()
+        with self._lock:
+            first = self.producer_state.first_unstable_offset(high_watermark)
+        if first is None:
+            return high_watermark
+        return min(max(first, self.log_start_offset), high_watermark)
 
     @property
     def flushed_offset(self) -> int:
@@ -236,7 +290,10 @@ class MessageQueue(Partition):
     # --- append -----------------------------------------------------------------------------------------------
 
     def append(self, data: bytes | bytearray | memoryview, *, from_client: bool = True) -> AppendResult:
-        """Validate the batch(es), encode every record as a CommitLog message and put them in one go."""
+        """Validate the batch(es), encode every record as a CommitLog message and put them in one go. A
+        transactional batch opens its producer's transaction, an end-transaction marker (a control batch, never a
+        client's) closes it, an aborted one is added to `aborted_txns`; the queue's first transactional batch
+        creates that file before it is put."""
         if from_client:  # internal writes (committed offsets, retention's copies of compacted keys) still go
             self.engine.check_writable()
         view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
@@ -253,14 +310,23 @@ class MessageQueue(Partition):
             if self.closed:
                 raise self._closed_error()
             first = batches[0].header
-            if from_client and first.producer_id >= 0:
+            if self.has_transactions or any(b.header.producer_id >= 0 for b in batches):
                 self._load_producer_state()
+            if from_client and first.producer_id >= 0:
                 duplicate = self.producer_state.check(first)
                 if duplicate is not None:
                     return AppendResult(
                         duplicate.first_offset, duplicate.last_offset, first.records_count, -1,
                         self.log_start_offset, 0,
                     )  # fmt: skip
+            for batch in batches:
+                if batch.marker is not None:
+                    self.producer_state.check_marker(
+                        batch.header.producer_id, batch.header.producer_epoch, batch.marker.coordinator_epoch
+                    )
+            if not self.has_transactions and any(b.header.is_transactional for b in batches):
+                self.aborted_txns.create()
+                self.has_transactions = True
             now = max(engine.clock(), commitlog.last_store_timestamp)
             base_offset = self.next_offset
             queue_offsets = base_offset + step
@@ -293,9 +359,14 @@ class MessageQueue(Partition):
             with self._lock:
                 self._pending_flush.append((physical_offset + size, self.next_offset))
             first_offset = base_offset
-            for batch in batches:
-                self.producer_state.update(batch.header, first_offset, now)
-                first_offset += batch.count
+            with self._lock:
+                for batch in batches:
+                    header = batch.header
+                    if batch.marker is not None:
+                        self._complete_txn(header.producer_id, header.producer_epoch, batch.marker, first_offset, now)
+                    elif not header.is_control:
+                        self.producer_state.update(header, first_offset, now)
+                    first_offset += batch.count
         engine.appended()
         log_append_time = self.config.message_timestamp_type == "LogAppendTime"
         return AppendResult(
@@ -316,9 +387,7 @@ class MessageQueue(Partition):
             check_crc(header, compute_crc(view, position, header.size_in_bytes), position)
             check_header_fields(header, position)
             if from_client:
-                check_producer_batch(header)
-            if header.is_transactional or header.is_control:
-                raise InvalidRecordError(f"{self.name}: the RocketMQ engine stores no transactional or control batches")
+                check_producer_batch(header)  # a client's control batch is refused
             if header.size_in_bytes > self.config.max_message_bytes:
                 raise RecordTooLargeError(
                     f"batch of {header.size_in_bytes} bytes exceeds max.message.bytes "
@@ -346,7 +415,8 @@ class MessageQueue(Partition):
         else:
             born_timestamps = records.timestamp
         uniq_prefix, uniq_first = engine.unique_ids.next_block(count, now)
-        idempotent = header.producer_id >= 0 and header.base_sequence != NO_SEQUENCE
+        # the producer of an idempotent or transactional batch (a marker's: sequence -1) on its last message
+        carries_producer = header.producer_id >= 0 and (header.base_sequence != NO_SEQUENCE or header.is_transactional)
         max_body = engine.store_config.max_message_size
         try:
             messages = rm.encode_records(
@@ -357,7 +427,9 @@ class MessageQueue(Partition):
                 uniq_prefix=uniq_prefix,
                 uniq_first=uniq_first,
                 producer=(
-                    f"{header.producer_id}/{header.producer_epoch}/{header.base_sequence}/{count}" if idempotent else ""
+                    f"{header.producer_id}/{header.producer_epoch}/{header.base_sequence}/{count}"
+                    if carries_producer
+                    else ""
                 ),
                 store_host=engine.store_host,
                 max_body=max_body,
@@ -374,27 +446,80 @@ class MessageQueue(Partition):
                 f"{rm.MAX_PROPERTIES_SIZE:,} (Short.MAX_VALUE); a key that is not plain text is stored base64-"
                 "encoded, so it may have about 24 KB"
             ) from None
-        return _Encoded(header, messages, header.size_in_bytes)
+        attributes = header.attributes & TXN_ATTRIBUTES
+        if attributes:  # every message of a transactional batch (or a marker) says so in its FLAG
+            flags = np.frombuffer(messages.data, dtype=np.uint8)
+            flags[messages.starts[:, None] + _FLAG_BYTES] = np.frombuffer(attributes.to_bytes(4, "big"), np.uint8)
+        marker = read_end_txn_marker(view, position, header) if header.is_control else None
+        return _Encoded(header, messages, header.size_in_bytes, marker)
+
+    def _complete_txn(
+        self, producer_id: int, producer_epoch: int, marker: EndTransactionMarker, offset: int, timestamp: int
+    ) -> CompletedTxn | None:
+        """Apply the marker at `offset` to the producer state; an aborted transaction goes into `aborted_txns`."""
+        completed = self.producer_state.complete_txn(
+            producer_id, producer_epoch, marker.coordinator_epoch, marker.commit, offset, timestamp
+        )
+        if completed is not None and completed.aborted:
+            self.aborted_txns.append(
+                AbortedTxn(completed.producer_id, completed.first_offset, offset, completed.last_stable_offset)
+            )
+        return completed
+
+    def _ensure_producer_state(self) -> None:
+        if not self._producer_state_loaded:
+            with self.engine.commitlog.put_lock:
+                self._load_producer_state()
 
     def _load_producer_state(self) -> None:
-        """After a restart: the newest producer snapshot, then the `KAFKA_PRODUCER` properties of the messages after
-        it (of the whole queue when there is no snapshot: a batch stored long ago may still be retried)."""
+        """After a restart (under the put lock, before anything else touches the state): the newest producer
+        snapshot, then the `KAFKA_PRODUCER` properties of the messages after it (of the whole queue when there is
+        no snapshot: a batch stored long ago may still be retried), the FLAG of each saying whether its batch was
+        transactional or an end-transaction marker. The aborted transactions: the file's entries below where the
+        replay starts, the replay's after it; an ABORT marker whose transaction began below the log start (the
+        replay cannot see its start) keeps the file's entry."""
         if self._producer_state_loaded:
             return
-        self._producer_state_loaded = True
+        try:
+            self._replay_producers()
+        finally:
+            self._producer_state_loaded = True  # set last: a reader outside the put lock sees a finished state
+
+    def _replay_producers(self) -> None:
         end = self.consume_queue.max_offset
         self._snapshot_offset = self.producer_state.load_latest_snapshot(end)
         start = max(self.log_start_offset, self._snapshot_offset)
+        replayed: dict[int, AbortedTxn] = {}
+        if self.has_transactions:
+            stored = self.aborted_txns.load()
+            kept = [entry for entry in stored if entry.last_offset < start]
+            replayed = {entry.last_offset: entry for entry in stored[len(kept) :]}
+            if replayed:
+                self.aborted_txns.replace(kept)
+            else:
+                self.aborted_txns.hold(kept)
         for queue_offset, physical_offset, size in self.units(start, end):
             message = self.engine.read_message(physical_offset, size)
             info = rm.producer_info(message.properties_bytes)
             if info is None:
                 continue
-            header = BatchHeader(
-                queue_offset - info.count + 1, 0, -1, 2, 0, 0, info.count - 1, message.born_timestamp,
-                message.born_timestamp, info.producer_id, info.epoch, info.base_sequence, info.count,
-            )  # fmt: skip
-            self.producer_state.update(header, queue_offset - info.count + 1, message.store_timestamp)
+            first_offset = queue_offset - info.count + 1
+            attributes = message.flag & TXN_ATTRIBUTES
+            if not attributes & CONTROL_MASK:
+                header = BatchHeader(
+                    first_offset, 0, -1, 2, 0, attributes, info.count - 1, message.born_timestamp,
+                    message.born_timestamp, info.producer_id, info.epoch, info.base_sequence, info.count,
+                )  # fmt: skip
+                self.producer_state.update(header, first_offset, message.store_timestamp)
+                continue
+            control_type, coordinator_epoch = parse_control_record(rm.message_to_record(message))
+            if coordinator_epoch is None:
+                continue
+            marker = EndTransactionMarker(control_type is ControlRecordType.COMMIT, coordinator_epoch)
+            completed = self._complete_txn(info.producer_id, info.epoch, marker, queue_offset, message.store_timestamp)
+            earlier = replayed.get(queue_offset)
+            if completed is None and earlier is not None and earlier.producer_id == info.producer_id:
+                self.aborted_txns.append(earlier)
 
     def snapshot_producer_state(self, *, force: bool = False) -> bool:
         """Write the producer state as `<log end offset>.snapshot` when PRODUCER_SNAPSHOT_UNITS offsets were
@@ -408,7 +533,12 @@ class MessageQueue(Partition):
             if not self.producer_state.producers or appended <= 0 or (not force and appended < PRODUCER_SNAPSHOT_UNITS):
                 return False
             data = self.producer_state.snapshot_bytes()
+            if self.has_transactions:
+                self.aborted_txns.repair()
+                self.aborted_txns.drop_before(self.log_start_offset)
         self.producer_state.directory.mkdir(parents=True, exist_ok=True)
+        if self.has_transactions:
+            self.aborted_txns.sync()  # the aborts of markers below `end` on disk before the snapshot says so
         self.producer_state.write_snapshot(end, data)
         self._snapshot_offset = end
         return True
@@ -454,6 +584,7 @@ class MessageQueue(Partition):
         slices: list[MemorySlice] = []
         remaining = max_bytes
         group: list[Record] = []
+        group_flag = 0  # the FLAG of the group's messages
         position = offset
         while position < high_watermark and (remaining > 0 or (min_one_message and not slices)):
             units = self.units(position, min(high_watermark, position + READ_UNITS))
@@ -467,8 +598,9 @@ class MessageQueue(Partition):
                         f"offset {message.queue_offset} (CommitLog offset {physical_offset})"
                     )
                 group.append(rm.message_to_record(message))
+                group_flag = message.flag
                 if rm.ends_batch(message.properties):
-                    batch = MemorySlice(build_batch(group, base_offset=group[0].offset))
+                    batch = MemorySlice(_rebuild_batch(group, message))
                     group = []
                     if slices and len(batch) > remaining:
                         return FileSlices(tuple(slices), start, high_watermark)
@@ -479,7 +611,7 @@ class MessageQueue(Partition):
                     if remaining <= 0:
                         return FileSlices(tuple(slices), start, high_watermark)
                 position = queue_offset + 1
-        if group:  # a batch whose end is not dispatched yet: hand out what is
+        if group and not group_flag & TXN_ATTRIBUTES:  # a batch whose end is not dispatched yet: hand out what is
             batch = MemorySlice(build_batch(group, base_offset=group[0].offset))
             if not slices or len(batch) <= remaining:
                 slices.append(batch)
@@ -513,18 +645,52 @@ class MessageQueue(Partition):
         return -1
 
     def active_producers(self) -> list[ProducerSummary]:
+        if self.has_transactions:
+            self._ensure_producer_state()
         with self._lock:
             return self.producer_state.summaries()
 
-    # --- transactions: not stored (see `_validate`) ------------------------------------------------------------
+    # --- transactions -----------------------------------------------------------------------------------------
 
     def append_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
     ) -> AppendResult:
-        raise InvalidRecordError(f"{self.name}: the RocketMQ engine stores no transactional or control batches")
+        """Write the COMMIT or ABORT marker at the log end: the control batch Kafka's leader writes
+        (control_record.py), stored as one message whose FLAG says control; `append` checks its epochs against
+        the producer state under the put lock and applies it."""
+        batch = build_control_batch(
+            ControlRecordType.COMMIT if commit else ControlRecordType.ABORT,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            coordinator_epoch=coordinator_epoch,
+            timestamp_ms=self.engine.clock(),
+        )
+        return self.append(batch, from_client=False)
 
     def aborted_transactions(self, start_offset: int, end_offset: int) -> list[AbortedTransaction]:
-        return []
+        """The aborted transactions whose marker is at or after `start_offset` and which began below
+        `end_offset` (aborted_txns.py)."""
+        if not self.has_transactions:
+            return []
+        self._ensure_producer_state()
+        with self._lock:
+            found = self.aborted_txns.collect(start_offset, end_offset)
+        return [AbortedTransaction(entry.producer_id, entry.first_offset) for entry in found]
+
+    def is_committed(self, last: rm.Message) -> bool:
+        """Is the transactional batch whose last message is `last` committed? False for a marker and for a batch
+        of a transaction aborted or still open (retention keeps only committed values). Under the put lock."""
+        info = rm.producer_info(last.properties_bytes)
+        if last.flag & CONTROL_MASK or info is None:
+            return False
+        self._load_producer_state()
+        offset = last.queue_offset
+        with self._lock:
+            open_from = self.producer_state.ongoing.get(info.producer_id)
+            if open_from is not None and offset >= open_from:
+                return False
+            aborted = self.aborted_txns.collect(offset, offset + 1)
+        return not any(entry.producer_id == info.producer_id for entry in aborted)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
         """ListOffsets, with Kafka's meaning whatever order the record (born) timestamps come in: the earliest

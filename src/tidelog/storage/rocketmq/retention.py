@@ -21,7 +21,8 @@ import time
 from typing import TYPE_CHECKING
 
 from tidelog.codec.record_batch import Record, build_batch
-from tidelog.codec.rocketmq_message import message_to_record
+from tidelog.codec.rocketmq_message import ends_batch, message_to_record
+from tidelog.storage.rocketmq.message_queue import TXN_ATTRIBUTES
 
 if TYPE_CHECKING:
     from tidelog.storage.rocketmq.engine import RocketMQEngine
@@ -111,16 +112,25 @@ def keep_compacted_records(engine: RocketMQEngine, below: int) -> int:
 
 
 def _copy_newest_values(engine: RocketMQEngine, queue: MessageQueue, below: int) -> int:
+    """The newest committed value of each key: transaction markers, and records of aborted or still open
+    transactions, are not values (a batch's messages are judged together, at its last one)."""
     units = queue.units(queue.log_start_offset, queue.high_watermark)
     if not units or units[0][1] >= below:
         return 0
     newest: dict[bytes | None, Record] = {}
+    batch: list[tuple[Record, int]] = []
     for _queue_offset, physical_offset, size in units:
-        record = message_to_record(engine.read_message(physical_offset, size))
-        if physical_offset < below:
-            newest[record.key] = record
-        else:
-            newest.pop(record.key, None)  # a newer record of the key stays anyway
+        message = engine.read_message(physical_offset, size)
+        batch.append((message_to_record(message), physical_offset))
+        if not ends_batch(message.properties):
+            continue
+        if not message.flag & TXN_ATTRIBUTES or queue.is_committed(message):
+            for record, at in batch:
+                if at < below:
+                    newest[record.key] = record
+                else:
+                    newest.pop(record.key, None)  # a newer record of the key stays anyway
+        batch = []
     live = [
         Record(r.value, r.key, r.timestamp_ms, r.headers)
         for r in newest.values()
