@@ -6,7 +6,8 @@ The store directory (`log.dirs`, exactly one) holds RocketMQ's layout - `commitl
 and RocketMQ keeps elsewhere or not at all: `tidelog-topics.json` (topic ids, partition counts, configs and the
 CommitLog offset each topic was created at, so messages of a deleted namesake are never dispatched into it),
 `tidelog-log-start-offsets` (DeleteRecords, in Kafka's offset-checkpoint format) and
-`tidelog-producer-snapshots/<topic>-<queue>/` (idempotent-producer state, Kafka's `<offset>.snapshot` files).
+`tidelog-producer-snapshots/<topic>-<queue>/` (producer state, Kafka's `<offset>.snapshot` files, and the queue's
+aborted transactions, `aborted.txnindex`: aborted_txns.py).
 
 Start-up (DefaultMessageStore.load/recover): take the lock, note whether `abort` was left by a crash and create it;
 load CommitLog and ConsumeQueue files; normal recovery starts at the file holding the dispatched end, abnormal

@@ -21,6 +21,15 @@ a read turns ConsumeQueue units back into Kafka v2 batches built in memory. The 
   engine); `set_high_watermark` changes nothing (the high watermark stays the dispatched end), `read`'s
   `up_to_log_end` reads what it reads anyway (up to the dispatched end), and `end_offset_for_epoch` / `latest_epoch`
   answer as Kafka does for a log without leader epochs: (-1, -1) and -1. `EngineConfig.replicated` changes nothing;
+- transactions (KIP-98): each message of a transactional batch has Kafka's transactional attribute bit in its FLAG
+  (its SYSFLAG transaction type stays 0: RocketMQ would not dispatch a PREPARED or ROLLBACK message, and Kafka
+  readers see an open transaction's records at once), the batch's last message names the producer
+  (`KAFKA_PRODUCER`, also without a sequence); an end-transaction marker is the control batch's one record as a
+  message with FLAG 0x30. Reads rebuild such batches with their producer and attribute bits. The producer state
+  (open transactions) and `aborted_txns` (aborted.txnindex) give the last stable offset and the aborted list; a
+  queue without that file never held a transaction (last stable offset = high watermark, nothing loaded). The state
+  is loaded, and the file's entries after the snapshot derived again from the CommitLog, before the first use after
+  a start;
 - a time lookup has Kafka's meaning (the earliest offset whose record timestamp is at least the target, in whatever
   order timestamps come) through an in-memory summary: the largest timestamp of each block of offsets.
 """

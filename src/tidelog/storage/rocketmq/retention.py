@@ -10,7 +10,7 @@ never past the first file that must stay:
 At most `deleteFileBatchMax` files per round, `deleteCommitLogFilesInterval` ms apart. Then each ConsumeQueue
 drops its files whose last unit points below the new CommitLog minimum and moves its minimum offset to the first
 unit still in the CommitLog (the Kafka log start offset follows); the engine's other derived files (IndexFiles) are
-cut the same way. Topics with retention.ms=-1 keep the newest value of each key (see keep_compacted_records).
+cut the same way. Topics with retention.ms=-1 keep the newest committed value of each key (see keep_compacted_records).
 """
 
 from __future__ import annotations
