@@ -543,8 +543,9 @@ class MessageQueue(Partition):
                 return False
             data = self.producer_state.snapshot_bytes()
             if self.has_transactions:
-                self.aborted_txns.repair()
-                self.aborted_txns.drop_before(self.log_start_offset)
+                with self._lock:  # readers of the entries take this lock
+                    self.aborted_txns.repair()
+                    self.aborted_txns.drop_before(self.log_start_offset)
         self.producer_state.directory.mkdir(parents=True, exist_ok=True)
         if self.has_transactions:
             self.aborted_txns.sync()  # the aborts of markers below `end` on disk before the snapshot says so
