@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import Operation, ResourceType
@@ -77,7 +77,7 @@ NO_NODE: dict[str, Any] = {"node_id": -1, "host": "", "port": -1}
 PartitionExists = Callable[[str, int], bool]
 # one transaction's markers to the partitions led elsewhere: (producer id, epoch, coordinator epoch, commit,
 # partitions) -> the error code of each partition
-RemoteMarkers = Callable[[int, int, int, bool, list[TopicPartition]], "asyncio.Future[dict[TopicPartition, ErrorCode]]"]
+RemoteMarkers = Callable[[int, int, int, bool, list[TopicPartition]], Awaitable[dict[TopicPartition, ErrorCode]]]
 
 # errors after which a marker is sent again; any other drops the partition from the transaction (Kafka's
 # TransactionMarkerRequestCompletionHandler: a deleted topic, a fenced epoch)
@@ -167,14 +167,17 @@ class TransactionCoordinator:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("transaction coordinator task failed: %r", exc, exc_info=exc)
 
-    def load_partition(self, partition: int) -> None:
-        """This broker coordinates the ids of `partition`: replay it, then complete the transactions it left in
-        PrepareCommit or PrepareAbort."""
+    def load_partition(self, partition: int, coordinator_epoch: int | None = None) -> None:
+        """This broker coordinates the ids of `partition` (in a cluster: as its leader at `coordinator_epoch`, the
+        partition's leader epoch): replay it, then complete the transactions it left in PrepareCommit or
+        PrepareAbort."""
         started = time.monotonic()
         self.loading.add(partition)
         try:
             loaded = self.log.load_partition(partition)
-            self.coordinator_epochs[partition] = self.log.coordinator_epoch(partition)
+            self.coordinator_epochs[partition] = (
+                self.log.coordinator_epoch(partition) if coordinator_epoch is None else coordinator_epoch
+            )
         finally:
             self.loading.discard(partition)
         self.transactions.update(loaded)
@@ -186,16 +189,21 @@ class TransactionCoordinator:
                 self._spawn(self._complete(metadata))
         if loaded:
             log.info(
-                "coordinating %d transactional id(s) of %s-%d (%d transaction(s) to complete) in %.2f s",
+                "coordinating %d transactional id(s) of %s-%d at coordinator epoch %d (%d transaction(s) to "
+                "complete) in %.2f s",
                 len(loaded),
                 TRANSACTION_STATE_TOPIC,
                 partition,
+                self.coordinator_epochs[partition],
                 resumed,
                 time.monotonic() - started,
             )
 
     def unload_partition(self, partition: int) -> None:
+        """Another broker coordinates the ids of `partition` now: forget them (their transactions in progress stop
+        here; the new coordinator completes them)."""
         self.loaded.discard(partition)
+        self.coordinator_epochs.pop(partition, None)
         for transactional_id in [t for t in self.transactions if self.log.partition_of(t) == partition]:
             del self.transactions[transactional_id]
 
@@ -222,6 +230,9 @@ class TransactionCoordinator:
 
     async def _write(self, metadata: TransactionMetadata, transit: Transit) -> ErrorCode:
         """Make the prepared `transit` durable and the state; on failure cancel it and answer the error."""
+        if self.transactions.get(metadata.transactional_id) is not metadata:  # unloaded (and maybe loaded again)
+            metadata.cancel()
+            return ErrorCode.NOT_COORDINATOR
         try:
             await self.log.write(metadata.transactional_id, transit.log_value())
         except TidelogError as exc:
@@ -292,6 +303,8 @@ class TransactionCoordinator:
         metadata = self.transactions.get(transactional_id)
         if metadata is None:
             producer_id = await self.producer_ids.allocate()
+            if code := self._error_for(transactional_id):  # unloaded meanwhile
+                return code, -1, -1
             metadata = self.transactions.setdefault(
                 transactional_id, TransactionMetadata(transactional_id, producer_id, NO_PRODUCER_EPOCH, timeout_ms)
             )
@@ -525,11 +538,15 @@ class TransactionCoordinator:
     ) -> dict[TopicPartition, ErrorCode]:
         local = [tp for tp in partitions if self.leads(*tp)]
         elsewhere = [tp for tp in partitions if not self.leads(*tp)]
-        codes: dict[TopicPartition, ErrorCode] = {}
-        for topic, partition in local:
-            codes[(topic, partition)] = await self.markers.write_marker(
-                metadata.producer_id, metadata.producer_epoch, coordinator_epoch, commit, topic, partition
+        written = await asyncio.gather(  # appended one after the other, waited for together
+            *(
+                self.markers.write_marker(
+                    metadata.producer_id, metadata.producer_epoch, coordinator_epoch, commit, topic, partition
+                )
+                for topic, partition in local
             )
+        )
+        codes = dict(zip(local, written, strict=True))
         if elsewhere:
             if self.remote_markers is None:
                 codes.update(dict.fromkeys(elsewhere, ErrorCode.NOT_LEADER_OR_FOLLOWER))
@@ -578,6 +595,8 @@ class TransactionCoordinator:
         """Forget the ids idle for transactional.id.expiration.ms with no transaction open (a tombstone each)."""
         expired = 0
         for metadata in list(self.transactions.values()):
+            if self.transactions.get(metadata.transactional_id) is not metadata:
+                continue  # unloaded meanwhile
             if (
                 metadata.state.expiration_allowed
                 and metadata.pending is None
