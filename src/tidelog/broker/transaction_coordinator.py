@@ -18,10 +18,11 @@ leading the id's partition coordinates it. What the coordinator does, as Kafka d
   `__consumer_offsets` partition) move the transaction to Ongoing once the new state is durable. An unknown topic
   or partition answers UNKNOWN_TOPIC_OR_PARTITION and the others OPERATION_NOT_ATTEMPTED; nothing is added.
 - EndTxn writes PrepareCommit or PrepareAbort and answers; then markers go to every partition of the transaction
-  (txn_markers.py: locally on this broker, WriteTxnMarkers to the leaders in a cluster), then CompleteCommit or
-  CompleteAbort is written. Until then the transactional id's requests answer CONCURRENT_TRANSACTIONS. EndTxn
-  repeated after the transaction completed with the same result answers NONE; the other result, or EndTxn without
-  an open transaction, INVALID_TXN_STATE.
+  (txn_markers.py for those this broker leads; in a cluster txn_marker_channel.py sends WriteTxnMarkers to the
+  leaders of the others), sent again after a retriable error until written (the partitions of a deleted topic are
+  dropped), then CompleteCommit or CompleteAbort is written. Until then the transactional id's requests answer
+  CONCURRENT_TRANSACTIONS. EndTxn repeated after the transaction completed with the same result answers NONE; the
+  other result, or EndTxn without an open transaction, INVALID_TXN_STATE.
 - The wrong producer id answers INVALID_PRODUCER_ID_MAPPING, an older epoch PRODUCER_FENCED (INVALID_PRODUCER_EPOCH
   to AddPartitionsToTxn v0-v1, AddOffsetsToTxn v0-v1 and EndTxn v0-v1, which predate the code).
 - Every `transaction.abort.timed.out.transaction.cleanup.interval.ms` the transactions open longer than their
@@ -31,7 +32,8 @@ leading the id's partition coordinates it. What the coordinator does, as Kafka d
 - On start (a single broker), or when this broker comes to lead a partition of `__transaction_state` (a cluster),
   the partition is replayed; a transaction found in PrepareCommit or PrepareAbort gets its markers and completes.
   While a partition loads its ids answer COORDINATOR_LOAD_IN_PROGRESS; ids of partitions led elsewhere
-  NOT_COORDINATOR.
+  NOT_COORDINATOR. In a cluster, cluster_transactions.py places the ids and sets the hooks (`leads`,
+  `remote_markers`, `find_coordinator`) and the coordinator epoch of a loaded partition is its leader epoch.
 
 Everything runs on the event loop; a state change is prepared (the id is then busy), written, and completed or
 cancelled, so concurrent requests for one id never interleave their writes.
@@ -79,10 +81,12 @@ PartitionExists = Callable[[str, int], bool]
 # partitions) -> the error code of each partition
 RemoteMarkers = Callable[[int, int, int, bool, list[TopicPartition]], Awaitable[dict[TopicPartition, ErrorCode]]]
 
-# errors after which a marker is sent again; any other drops the partition from the transaction (Kafka's
-# TransactionMarkerRequestCompletionHandler: a deleted topic, a fenced epoch)
+# errors after which a marker is sent again (Kafka's TransactionMarkerRequestCompletionHandler; an unknown partition
+# too: a leader that does not know it yet); any other drops the partition from the transaction (a fenced epoch).
+# A partition whose topic is gone is dropped before sending, as Kafka's marker channel drops it.
 _RETRY_MARKER = frozenset(
     {
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
         ErrorCode.NOT_ENOUGH_REPLICAS,
         ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
@@ -513,6 +517,9 @@ class TransactionCoordinator:
         while remaining:
             if self.transactions.get(metadata.transactional_id) is not metadata:
                 return  # no longer coordinated here: the new coordinator completes it
+            for tp in [tp for tp in remaining if not self.partition_exists(*tp)]:
+                remaining.discard(tp)
+                log.warning("transactional id %r: %s-%d no longer exists, no marker", metadata.transactional_id, *tp)
             codes = await self._send_markers(metadata, coordinator_epoch, commit, sorted(remaining))
             for tp, code in codes.items():
                 if code not in _RETRY_MARKER:

@@ -4,10 +4,10 @@ or ABORT marker; for partitions led elsewhere that is a WriteTxnMarkers request 
 
 - `send(producer_id, epoch, coordinator_epoch, commit, partitions)` resolves each partition's leader in the
   metadata cache's current view and answers one error code per partition. A partition this broker leads (the view
-  changed since the coordinator looked) is written here, through `TxnMarkerApis.write_marker`. A partition of a
-  topic the cluster no longer has answers UNKNOWN_TOPIC_OR_PARTITION (the coordinator drops it, as Kafka drops the
-  markers of a deleted topic); one without a leader, or whose leader has no endpoint of the inter-broker listener,
-  NOT_LEADER_OR_FOLLOWER.
+  changed since the coordinator looked) is written here, through `TxnMarkerApis.write_marker`. A partition the
+  cluster no longer has answers UNKNOWN_TOPIC_OR_PARTITION (the coordinator drops the partitions of deleted topics
+  before sending, as Kafka's channel does, and sends the others again); one without a leader, or whose leader has
+  no endpoint of the inter-broker listener, NOT_LEADER_OR_FOLLOWER.
 - One queue and one connection per destination broker (`protocol/client.py`, one request in flight): the markers
   queued while a request is out go together in the next one, one entry per transaction, as Kafka drains its queue
   per node. Entries of the answer are matched to the request's by position.
