@@ -2,8 +2,9 @@
 transactional producer and read_committed consumers: `__transaction_state` is created replicated at the first
 FindCoordinator and the coordinator is the leader of the id's partition (the others answer NOT_COORDINATOR);
 markers reach partitions led by other brokers (WriteTxnMarkers) and replicate, also when a data partition's leader
-is killed between produce and commit; a killed coordinator's successor aborts the open transaction and a new
-producer of the id fences the old one."""
+is killed between produce and commit, and offsets sent to a group coordinated elsewhere commit with the
+transaction; a killed coordinator's successor aborts the open transaction and a new producer of the id fences the
+old one."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from kazoo.client import KazooClient
 
 import kafka_wire
 from broker_process import BrokerProcess
+from tidelog.codec.group_records import partition_for_group
 from tidelog.protocol.messages import ApiKey
 from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker
 
@@ -29,7 +31,7 @@ TXN_TOPIC = "__transaction_state"
 NONE, NOT_COORDINATOR = 0, 16
 SETTINGS = {
     "transaction.state.log.num.partitions": 1,
-    "offsets.topic.num.partitions": 1,
+    "offsets.topic.num.partitions": 3,
     "replica.lag.time.max.ms": 4000,
     "group.initial.rebalance.delay.ms": 0,
 }
@@ -55,6 +57,16 @@ def transaction_coordinator(bootstrap: str, transactional_id: str) -> tuple[int,
     """(error code, node id) of FindCoordinator v3 with key type TRANSACTION."""
     answer = kafka_wire.request(bootstrap, ApiKey.FIND_COORDINATOR, 3, {"key": transactional_id, "key_type": 1})
     return int(answer.error_code), int(answer.node_id)
+
+
+def group_led_elsewhere(zk: KazooClient, bootstrap: str, coordinator: int) -> str:
+    """A group whose coordinator (the leader of its __consumer_offsets partition) is not the broker `coordinator`."""
+    kafka_wire.find_coordinator(bootstrap, "any")  # creates __consumer_offsets
+    wait_for(lambda: zk.exists("/brokers/topics/__consumer_offsets/partitions/2/state"), what="__consumer_offsets")
+    for name in (f"offsets-{i}" for i in range(20)):
+        if state(zk, "__consumer_offsets", partition_for_group(name, 3))["leader"] != coordinator:
+            return name
+    raise AssertionError("every __consumer_offsets partition is led by the transaction coordinator")
 
 
 def init_producer_id_error(bootstrap: str, transactional_id: str) -> int:
@@ -132,6 +144,7 @@ def test_markers_reach_every_leader_and_survive_a_data_leader_kill(
     others = [broker_id for broker_id in brokers if broker_id != coordinator]
     assert {init_producer_id_error(brokers[other].bootstrap, "cluster-txn") for other in others} == {NOT_COORDINATOR}
     leaders = {p: state(zk_client, "txn-data", p)["leader"] for p in range(3)}
+    group = group_led_elsewhere(zk_client, brokers[1].bootstrap, coordinator)
     assert set(leaders.values()) - {coordinator}, "every data partition is led by the coordinator"
 
     txn.begin_transaction()
@@ -146,9 +159,14 @@ def test_markers_reach_every_leader_and_survive_a_data_leader_kill(
     victim = leaders[victim_partition]
     brokers[victim].kill()  # SIGKILL between the produce and the commit
     txn.commit_transaction(FAILOVER_S)  # answered once PrepareCommit is replicated; markers follow the new leader
+    member = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     txn.begin_transaction()
     committed += produce(txn, "txn-data", "c4", 3, 10)
+    offsets = [TopicPartition("txn-data", 0, 42)]  # TxnOffsetCommit to a group coordinator on another broker
+    txn.send_offsets_to_transaction(offsets, member.consumer_group_metadata(), 60)
     txn.commit_transaction(60)
+    assert [tp.offset for tp in member.committed([TopicPartition("txn-data", 0)], timeout=30)] == [42]
+    member.close()
     assert state(zk_client, "txn-data", victim_partition)["leader"] not in (victim, -1)
 
     survivors = ",".join(b.bootstrap for broker_id, b in brokers.items() if broker_id != victim)
