@@ -38,6 +38,8 @@ With zookeeper.connect, a broker of a cluster (docs/cluster.md) also has:
     cluster_topics (cluster_topics.py)  CreateTopics, DeleteTopics, CreatePartitions written to ZooKeeper
     cluster_groups (cluster_groups.py)  __consumer_offsets as a cluster topic: each group's coordinator is the
                                      leader of its partition, whose groups it loads when it comes to lead it
+    cluster_transactions (cluster_transactions.py)  the same for __transaction_state and transactional ids; the
+                                     markers of partitions led elsewhere sent by txn_marker_channel.py
     replicas (replica_manager.py)    the leader's side of replication: followers' progress, the high watermark,
                                      the ISR, acks=all; it follows `metadata`'s views and stamps leader epochs
     fetchers (replica_fetcher.py)    the follower's side: one connection per leader broker copying its logs
@@ -61,6 +63,7 @@ from tidelog.broker.cluster_membership import ClusterMembership
 from tidelog.broker.cluster_metadata import MetadataCache
 from tidelog.broker.cluster_producer_ids import ZooKeeperProducerIdBlocks
 from tidelog.broker.cluster_topics import ClusterTopics
+from tidelog.broker.cluster_transactions import ClusterTransactions
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.config_admin import ConfigApis
 from tidelog.broker.consumer_groups import ConsumerGroupCoordinator
@@ -69,7 +72,7 @@ from tidelog.broker.dynamic_config import DynamicBrokerConfig, FileStore
 from tidelog.broker.fetch import FetchApis
 from tidelog.broker.fetch_sessions import FetchSessionCache
 from tidelog.broker.groups import GroupCoordinator
-from tidelog.broker.handler import Connection, HandlerTable
+from tidelog.broker.handler import HandlerTable
 from tidelog.broker.leadership import LeadershipApis
 from tidelog.broker.log_dirs import LogDirApis
 from tidelog.broker.metrics import Metrics
@@ -88,8 +91,8 @@ from tidelog.broker.server import KafkaServer
 from tidelog.broker.topics import TopicApis
 from tidelog.broker.transaction_coordinator import TransactionCoordinator
 from tidelog.broker.transaction_log import TransactionLog
+from tidelog.broker.txn_marker_channel import TxnMarkerChannel
 from tidelog.broker.txn_markers import TxnMarkerApis
-from tidelog.errors import ErrorCode
 from tidelog.storage import open_engine
 
 log = logging.getLogger("tidelog.broker")
@@ -206,10 +209,11 @@ class Broker:
         self.txn_markers = TxnMarkerApis(
             self.engine, self.authorizer, self.flusher, self.fetch.notifier, check_leader, self.replicas
         )
+        txn_log = TransactionLog(self.engine, config.transactions, self.flusher, self.replicas, check_leader)
         self.transactions = TransactionCoordinator(
             config.transactions,
             config.node_id,
-            TransactionLog(self.engine, config.transactions, self.flusher, self.replicas),
+            txn_log,
             ProducerIdAllocator(
                 ZooKeeperProducerIdBlocks(self.cluster.client, config.node_id).next_block
                 if self.cluster is not None
@@ -220,8 +224,23 @@ class Broker:
             self.metadata.partition_exists if self.metadata is not None else self._local_partition_exists,
             lambda: self.offset_store.partitions,
         )
-        if self.cluster is not None:  # the coordinator does not follow __transaction_state's leaders yet
-            self.transactions.find_coordinator = _no_transactions_in_a_cluster
+        self.cluster_transactions: ClusterTransactions | None = None
+        if self.cluster is not None and self.metadata is not None and cluster_topics is not None:
+            membership = self.cluster
+            self.cluster_transactions = ClusterTransactions(
+                self.cluster,
+                self.metadata,
+                cluster_topics,
+                txn_log,
+                config.transactions,
+                TxnMarkerChannel(
+                    config.node_id,
+                    self.metadata,
+                    lambda: membership.live_brokers,
+                    config.inter_broker_listener.name,
+                    self.txn_markers,
+                ),
+            )
         self.groups.transactions = self.transactions
         self.txn_markers.on_offsets_marker = self.groups.complete_transaction
         self.produce.verify_transaction = self.transactions.verify_partition
@@ -341,6 +360,8 @@ class Broker:
                 self.replicas.start()  # leads and follows what the views say from now on
             self.controller.start()  # before the registration, which runs the election
             self.cluster_groups.start(self.groups)
+            if self.cluster_transactions is not None:
+                self.cluster_transactions.start(self.transactions)
         await self.server.start()
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.register, self.server.endpoints())
@@ -376,6 +397,8 @@ class Broker:
         self.server.stop_accepting()
         self.fetch.wake_all()
         await self.transactions.stop()
+        if self.cluster_transactions is not None:
+            await self.cluster_transactions.close()
         await self.groups.stop()  # answers joins and syncs parked in a rebalance, which would hold their connection
         await self.server.close_connections(self.config.shutdown_timeout_ms / 1000)
         self.metrics.close()
@@ -385,19 +408,6 @@ class Broker:
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.close)
         log.info("stopped cleanly")
-
-
-def _no_transactions_in_a_cluster(transactional_id: str, connection: Connection) -> dict[str, Any]:
-    """FindCoordinator for a transactional id in a cluster, until the coordinator moves with the leaders of
-    `__transaction_state`: an error clients stop on at once (docs/transactions.md)."""
-    log.warning("transactional id %r: transactions are not supported in a cluster yet", transactional_id)
-    return {
-        "node_id": -1,
-        "host": "",
-        "port": -1,
-        "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-        "error_message": "transactions are not supported by a tidelog cluster yet (a single broker has them)",
-    }
 
 
 def _cluster_membership(config: BrokerConfig) -> ClusterMembership | None:

@@ -18,7 +18,8 @@ A group moves Empty -> PreparingRebalance -> CompletingRebalance -> Stable and b
   `__consumer_offsets` as a transactional batch and stay pending (offset_store.py) until the transaction's marker
   reaches the partition - visible at commit, dropped at abort. The write must belong to the producer's ongoing
   transaction, which must hold the group's partition (AddOffsetsToTxn first): else INVALID_TXN_STATE (Kafka 3.9's
-  verification), INVALID_PRODUCER_EPOCH for a fenced producer. OffsetFetch with require_stable (v7+) answers
+  verification), INVALID_PRODUCER_EPOCH for a fenced producer; in a cluster, a transactional id coordinated by
+  another broker is not verified (as produce.py). OffsetFetch with require_stable (v7+) answers
   UNSTABLE_OFFSET_COMMIT for a partition whose offset a transaction still holds.
 Committed offsets and each generation are written to `__consumer_offsets` (offset_store.py) and
 reloaded on start, members included, so a restarted broker keeps its groups.
@@ -926,6 +927,21 @@ class GroupCoordinator:
                             partition_result["error_code"] = code
         return {"throttle_time": 0, "topics": topics}
 
+    def _outside_transaction(self, body: Any) -> ErrorCode:
+        """Why a TxnOffsetCommit does not belong to its producer's ongoing transaction, or NONE (also when the
+        transactional id is coordinated by another broker of the cluster, which is not asked)."""
+        if self.transactions is None:
+            return NONE
+        refused = self.transactions.verify_partition(
+            body.transactional_id,
+            body.producer_id,
+            body.producer_epoch,
+            (OFFSETS_TOPIC, self.store.partition_of(body.group_id)),
+        )
+        if refused in (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) and self.placement is not None:
+            return NONE
+        return ErrorCode.INVALID_TXN_STATE if refused == NOT_COORDINATOR else refused
+
     async def handle_txn_offset_commit(self, request: Request, connection: Connection) -> Response:
         body = request.body
         instance_id = getattr(body, "group_instance_id", None)
@@ -941,15 +957,8 @@ class GroupCoordinator:
             error = GROUP_AUTHORIZATION_FAILED
         elif elsewhere := self._not_here(body.group_id):
             error = elsewhere
-        elif self.transactions is not None and (
-            refused := self.transactions.verify_partition(
-                body.transactional_id,
-                body.producer_id,
-                body.producer_epoch,
-                (OFFSETS_TOPIC, self.store.partition_of(body.group_id)),
-            )
-        ):
-            error = ErrorCode.INVALID_TXN_STATE if refused == NOT_COORDINATOR else refused
+        elif refused := self._outside_transaction(body):
+            error = refused
         elif self.consumer_groups.owns(body.group_id) and generation >= 0:
             error = self.consumer_groups.offset_commit_error(
                 body.group_id, member_id, instance_id, generation, request.api_version

@@ -18,10 +18,11 @@ leading the id's partition coordinates it. What the coordinator does, as Kafka d
   `__consumer_offsets` partition) move the transaction to Ongoing once the new state is durable. An unknown topic
   or partition answers UNKNOWN_TOPIC_OR_PARTITION and the others OPERATION_NOT_ATTEMPTED; nothing is added.
 - EndTxn writes PrepareCommit or PrepareAbort and answers; then markers go to every partition of the transaction
-  (txn_markers.py: locally on this broker, WriteTxnMarkers to the leaders in a cluster), then CompleteCommit or
-  CompleteAbort is written. Until then the transactional id's requests answer CONCURRENT_TRANSACTIONS. EndTxn
-  repeated after the transaction completed with the same result answers NONE; the other result, or EndTxn without
-  an open transaction, INVALID_TXN_STATE.
+  (txn_markers.py for those this broker leads; in a cluster txn_marker_channel.py sends WriteTxnMarkers to the
+  leaders of the others), sent again after a retriable error until written (the partitions of a deleted topic are
+  dropped), then CompleteCommit or CompleteAbort is written. Until then the transactional id's requests answer
+  CONCURRENT_TRANSACTIONS. EndTxn repeated after the transaction completed with the same result answers NONE; the
+  other result, or EndTxn without an open transaction, INVALID_TXN_STATE.
 - The wrong producer id answers INVALID_PRODUCER_ID_MAPPING, an older epoch PRODUCER_FENCED (INVALID_PRODUCER_EPOCH
   to AddPartitionsToTxn v0-v1, AddOffsetsToTxn v0-v1 and EndTxn v0-v1, which predate the code).
 - Every `transaction.abort.timed.out.transaction.cleanup.interval.ms` the transactions open longer than their
@@ -31,7 +32,8 @@ leading the id's partition coordinates it. What the coordinator does, as Kafka d
 - On start (a single broker), or when this broker comes to lead a partition of `__transaction_state` (a cluster),
   the partition is replayed; a transaction found in PrepareCommit or PrepareAbort gets its markers and completes.
   While a partition loads its ids answer COORDINATOR_LOAD_IN_PROGRESS; ids of partitions led elsewhere
-  NOT_COORDINATOR.
+  NOT_COORDINATOR. In a cluster, cluster_transactions.py places the ids and sets the hooks (`leads`,
+  `remote_markers`, `find_coordinator`) and the coordinator epoch of a loaded partition is its leader epoch.
 
 Everything runs on the event loop; a state change is prepared (the id is then busy), written, and completed or
 cancelled, so concurrent requests for one id never interleave their writes.
@@ -43,7 +45,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.acl import Operation, ResourceType
@@ -77,12 +79,14 @@ NO_NODE: dict[str, Any] = {"node_id": -1, "host": "", "port": -1}
 PartitionExists = Callable[[str, int], bool]
 # one transaction's markers to the partitions led elsewhere: (producer id, epoch, coordinator epoch, commit,
 # partitions) -> the error code of each partition
-RemoteMarkers = Callable[[int, int, int, bool, list[TopicPartition]], "asyncio.Future[dict[TopicPartition, ErrorCode]]"]
+RemoteMarkers = Callable[[int, int, int, bool, list[TopicPartition]], Awaitable[dict[TopicPartition, ErrorCode]]]
 
-# errors after which a marker is sent again; any other drops the partition from the transaction (Kafka's
-# TransactionMarkerRequestCompletionHandler: a deleted topic, a fenced epoch)
+# errors after which a marker is sent again (Kafka's TransactionMarkerRequestCompletionHandler; an unknown partition
+# too: a leader that does not know it yet); any other drops the partition from the transaction (a fenced epoch).
+# A partition whose topic is gone is dropped before sending, as Kafka's marker channel drops it.
 _RETRY_MARKER = frozenset(
     {
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
         ErrorCode.NOT_ENOUGH_REPLICAS,
         ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
@@ -167,14 +171,17 @@ class TransactionCoordinator:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("transaction coordinator task failed: %r", exc, exc_info=exc)
 
-    def load_partition(self, partition: int) -> None:
-        """This broker coordinates the ids of `partition`: replay it, then complete the transactions it left in
-        PrepareCommit or PrepareAbort."""
+    def load_partition(self, partition: int, coordinator_epoch: int | None = None) -> None:
+        """This broker coordinates the ids of `partition` (in a cluster: as its leader at `coordinator_epoch`, the
+        partition's leader epoch): replay it, then complete the transactions it left in PrepareCommit or
+        PrepareAbort."""
         started = time.monotonic()
         self.loading.add(partition)
         try:
             loaded = self.log.load_partition(partition)
-            self.coordinator_epochs[partition] = self.log.coordinator_epoch(partition)
+            self.coordinator_epochs[partition] = (
+                self.log.coordinator_epoch(partition) if coordinator_epoch is None else coordinator_epoch
+            )
         finally:
             self.loading.discard(partition)
         self.transactions.update(loaded)
@@ -186,16 +193,21 @@ class TransactionCoordinator:
                 self._spawn(self._complete(metadata))
         if loaded:
             log.info(
-                "coordinating %d transactional id(s) of %s-%d (%d transaction(s) to complete) in %.2f s",
+                "coordinating %d transactional id(s) of %s-%d at coordinator epoch %d (%d transaction(s) to "
+                "complete) in %.2f s",
                 len(loaded),
                 TRANSACTION_STATE_TOPIC,
                 partition,
+                self.coordinator_epochs[partition],
                 resumed,
                 time.monotonic() - started,
             )
 
     def unload_partition(self, partition: int) -> None:
+        """Another broker coordinates the ids of `partition` now: forget them (their transactions in progress stop
+        here; the new coordinator completes them)."""
         self.loaded.discard(partition)
+        self.coordinator_epochs.pop(partition, None)
         for transactional_id in [t for t in self.transactions if self.log.partition_of(t) == partition]:
             del self.transactions[transactional_id]
 
@@ -222,6 +234,9 @@ class TransactionCoordinator:
 
     async def _write(self, metadata: TransactionMetadata, transit: Transit) -> ErrorCode:
         """Make the prepared `transit` durable and the state; on failure cancel it and answer the error."""
+        if self.transactions.get(metadata.transactional_id) is not metadata:  # unloaded (and maybe loaded again)
+            metadata.cancel()
+            return ErrorCode.NOT_COORDINATOR
         try:
             await self.log.write(metadata.transactional_id, transit.log_value())
         except TidelogError as exc:
@@ -292,6 +307,8 @@ class TransactionCoordinator:
         metadata = self.transactions.get(transactional_id)
         if metadata is None:
             producer_id = await self.producer_ids.allocate()
+            if code := self._error_for(transactional_id):  # unloaded meanwhile
+                return code, -1, -1
             metadata = self.transactions.setdefault(
                 transactional_id, TransactionMetadata(transactional_id, producer_id, NO_PRODUCER_EPOCH, timeout_ms)
             )
@@ -500,6 +517,9 @@ class TransactionCoordinator:
         while remaining:
             if self.transactions.get(metadata.transactional_id) is not metadata:
                 return  # no longer coordinated here: the new coordinator completes it
+            for tp in [tp for tp in remaining if not self.partition_exists(*tp)]:
+                remaining.discard(tp)
+                log.warning("transactional id %r: %s-%d no longer exists, no marker", metadata.transactional_id, *tp)
             codes = await self._send_markers(metadata, coordinator_epoch, commit, sorted(remaining))
             for tp, code in codes.items():
                 if code not in _RETRY_MARKER:
@@ -525,11 +545,15 @@ class TransactionCoordinator:
     ) -> dict[TopicPartition, ErrorCode]:
         local = [tp for tp in partitions if self.leads(*tp)]
         elsewhere = [tp for tp in partitions if not self.leads(*tp)]
-        codes: dict[TopicPartition, ErrorCode] = {}
-        for topic, partition in local:
-            codes[(topic, partition)] = await self.markers.write_marker(
-                metadata.producer_id, metadata.producer_epoch, coordinator_epoch, commit, topic, partition
+        written = await asyncio.gather(  # appended one after the other, waited for together
+            *(
+                self.markers.write_marker(
+                    metadata.producer_id, metadata.producer_epoch, coordinator_epoch, commit, topic, partition
+                )
+                for topic, partition in local
             )
+        )
+        codes = dict(zip(local, written, strict=True))
         if elsewhere:
             if self.remote_markers is None:
                 codes.update(dict.fromkeys(elsewhere, ErrorCode.NOT_LEADER_OR_FOLLOWER))
@@ -578,6 +602,8 @@ class TransactionCoordinator:
         """Forget the ids idle for transactional.id.expiration.ms with no transaction open (a tombstone each)."""
         expired = 0
         for metadata in list(self.transactions.values()):
+            if self.transactions.get(metadata.transactional_id) is not metadata:
+                continue  # unloaded meanwhile
             if (
                 metadata.state.expiration_allowed
                 and metadata.pending is None

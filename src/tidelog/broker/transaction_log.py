@@ -7,11 +7,13 @@ transactional id's latest state (last value per key wins, a tombstone forgets th
 
 The topic is created as Kafka creates it: `cleanup.policy=compact`, `segment.bytes=transaction.state.log.segment.bytes`,
 `retention.ms=-1`, and in a cluster `min.insync.replicas=min(transaction.state.log.min.isr, replication factor)`. On
-a single broker it is created at start; in a cluster (transaction_coordinator.ClusterTransactions) at the first
-FindCoordinator for a transactional id. On the Kafka engine the log cleaner compacts it; on an engine without a
-cleaner it only grows by the records of state changes (a few per transaction) until retention by size is set.
+a single broker it is created at start; in a cluster (cluster_transactions.py) at the first FindCoordinator for a
+transactional id, and `partitions` is then the cluster topic's count. On the Kafka engine the log cleaner compacts
+it; on an engine without a cleaner it only grows by the records of state changes (a few per transaction) until
+retention by size is set.
 
-A write is one batch appended like a produced one; it waits for the group commit when the flush policy asks for
+A write is one batch appended like a produced one, in a cluster only while this broker leads the partition (else
+NOT_COORDINATOR and nothing is appended); it waits for the group commit when the flush policy asks for
 it, and in a cluster until the partition's in-sync replicas have it (Kafka writes with acks=-1), within 5 s
 (`transaction.state.log...` has no timeout key in Kafka: its request.timeout.ms applies). A write that does not get
 there fails with NOT_COORDINATOR (leadership moved) or COORDINATOR_NOT_AVAILABLE, and the change is not applied.
@@ -33,11 +35,13 @@ from tidelog.errors import (
     NotLeaderOrFollowerError,
     RequestTimedOutError,
     TidelogError,
+    UnknownTopicOrPartitionError,
 )
 from tidelog.storage.api import StorageEngine
 
 if TYPE_CHECKING:
     from tidelog.broker.config import TransactionConfig
+    from tidelog.broker.handler import LeaderCheck
     from tidelog.broker.produce import Flusher
     from tidelog.broker.replica_manager import ReplicaManager
 
@@ -54,11 +58,13 @@ class TransactionLog:
         config: TransactionConfig,
         flusher: Flusher,
         replication: ReplicaManager | None = None,
+        check_leader: LeaderCheck | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
         self.flusher = flusher
         self.replication = replication  # a cluster's: writes wait for the ISR
+        self.check_leader = check_leader  # a cluster's: writes only while this broker leads the partition
         self.partitions = config.transaction_state_log_num_partitions
 
     def topic_configs(self, replication_factor: int = 1) -> dict[str, str]:
@@ -116,6 +122,11 @@ class TransactionLog:
         """Append one state (None: the tombstone) and wait until it is durable as the flush policy and, in a
         cluster, the ISR ask."""
         partition = self.partition_of(transactional_id)
+        if self.check_leader is not None:
+            try:
+                self.check_leader(TRANSACTION_STATE_TOPIC, partition, -1)
+            except (NotLeaderOrFollowerError, UnknownTopicOrPartitionError) as exc:
+                raise NotCoordinatorError(str(exc)) from exc
         partition_log = self.engine.partition(TRANSACTION_STATE_TOPIC, partition)
         record = Record(
             key=records.encode_key(transactional_id), value=None if value is None else records.encode_value(value)

@@ -2,22 +2,25 @@
 leader of each partition of a transaction it ends.
 
 For each partition named, the leader appends one control batch (`Partition.append_marker`: COMMIT or ABORT, the
-producer id and epoch, the coordinator epoch) and answers per partition. A marker of a `__consumer_offsets` partition
-also ends the producer's pending transactional offset commits there: the group coordinator makes them visible
-(commit) or drops them (abort), through `on_offsets_marker`. Markers are written as Kafka writes them, acks=-1: the
+producer id and epoch, the coordinator epoch) and answers per partition; a request's markers are appended in its
+order, then waited for together. A marker of a `__consumer_offsets` partition also ends the producer's pending
+transactional offset commits there: the group coordinator makes them visible (commit) or drops them (abort), through
+`on_offsets_marker`. Markers are written as Kafka writes them, acks=-1: the
 answer waits for the group commit when the flush policy asks, and in a cluster for the in-sync replicas.
 
 Only brokers send it: CLUSTER_ACTION on the cluster is required (else CLUSTER_AUTHORIZATION_FAILED per partition).
 A partition this broker does not lead answers NOT_LEADER_OR_FOLLOWER, an unknown one UNKNOWN_TOPIC_OR_PARTITION; a
 marker whose epoch is older than the producer's answers INVALID_PRODUCER_EPOCH (the storage engine's check), and a
 coordinator epoch older than the partition last saw TRANSACTION_COORDINATOR_FENCED. The coordinator of this broker
-writes its own partitions' markers through `write_marker` directly, not over the network.
+writes its own partitions' markers through `write_marker` directly, not over the network; txn_marker_channel.py
+sends the others'.
 
 Version 1 only (flexible), what Kafka 3.x brokers send; v0 is not offered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -66,26 +69,40 @@ class TxnMarkerApis:
 
     async def handle_write_txn_markers(self, request: Request, connection: Connection) -> Response:
         allowed = self.authorizer.authorize(connection, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
-        markers = []
-        for marker in request.body.markers:
-            topics = []
-            for topic in marker.topics:
-                partitions = []
-                for partition in topic.partition_indexes:
-                    code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-                    if allowed:
-                        code = await self.write_marker(
-                            marker.producer_id,
-                            marker.producer_epoch,
-                            marker.coordinator_epoch,
-                            marker.transaction_result,
-                            topic.name,
-                            partition,
-                        )
-                    partitions.append({"partition_index": partition, "error_code": code})
-                topics.append({"name": topic.name, "partitions": partitions})
-            markers.append({"producer_id": marker.producer_id, "topics": topics})
-        return {"markers": markers}
+        writes = [
+            self.write_marker(
+                marker.producer_id,
+                marker.producer_epoch,
+                marker.coordinator_epoch,
+                marker.transaction_result,
+                topic.name,
+                partition,
+            )
+            if allowed
+            else _refused()
+            for marker in request.body.markers
+            for topic in marker.topics
+            for partition in topic.partition_indexes
+        ]
+        codes = iter(await asyncio.gather(*writes))  # appended in order, replicated together
+        return {
+            "markers": [
+                {
+                    "producer_id": marker.producer_id,
+                    "topics": [
+                        {
+                            "name": topic.name,
+                            "partitions": [
+                                {"partition_index": partition, "error_code": next(codes)}
+                                for partition in topic.partition_indexes
+                            ],
+                        }
+                        for topic in marker.topics
+                    ],
+                }
+                for marker in request.body.markers
+            ]
+        }
 
     async def write_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool, topic: str, partition: int
@@ -130,3 +147,7 @@ class TxnMarkerApis:
                 }
             ]
         }
+
+
+async def _refused() -> ErrorCode:
+    return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
