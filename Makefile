@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall bench-replication fuzz-long soak-long docs-config docs-compat docs-clients clean
+.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall bench-replication bench-transactions crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -80,12 +80,17 @@ lint-imports: $(STAMP)
 crash-long: $(STAMP)
 	$(PY) -m pytest -q -s -m slow tests/crash
 
+# exactly once through kill -9 (tests/crash/test_transactions_kill9.py, marker `slow`): a consume-transform-produce
+# loop and the broker killed 60 times in turn (about 3 minutes); part of crash-long too
+crash-transactions-long: $(STAMP)
+	$(PY) -m pytest -q -s -m slow tests/crash/test_transactions_kill9.py
+
 # the long cluster fault suite (tests/cluster, marker `slow`): the leader killed with SIGKILL 100 times under load
 test-cluster-faults: $(STAMP) system-deps java
 	$(PY) -m pytest -q -s -m slow tests/cluster
 
 bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines \
-	bench-admin-stall bench-replication
+	bench-admin-stall bench-replication bench-transactions
 
 bench-append: $(STAMP)
 	$(PY) bench/append_throughput.py
@@ -131,6 +136,10 @@ fuzz-long: $(STAMP)
 # Soak: 200+ client connections against one broker for 10 minutes; memory, descriptors and every record checked.
 soak-long: $(STAMP)
 	$(PY) -m pytest -q -s -m slow tests/soak/test_soak.py::test_soak_long
+
+# one broker: transactional vs idempotent produce, read_committed vs read_uncommitted; writes its docs section
+bench-transactions: $(STAMP)
+	$(PY) bench/transactions.py --write-report
 
 bench-compaction: $(STAMP)
 	$(PY) bench/compaction.py

@@ -293,6 +293,27 @@ def test_transactional_producer_commits(js: ClientDriver) -> None:
     assert offsets(js, "js-transactional") == {0: (0, 2)}  # the record and the COMMIT marker
 
 
+@pytest.mark.matrix("producer: transactions (commit and abort)")
+def test_transactions_commit_and_abort_seen_by_read_committed(js: ClientDriver) -> None:
+    """KafkaJS commits, aborts, commits; its own consumer (read_committed, KafkaJS's default) gets the committed
+    records only, one with readUncommitted gets all of them."""
+    create_topic(js, "js-txn-abort")
+    for values, commit in ((["c1", "c2"], True), (["a1", "a2"], False), (["c3"], True)):
+        messages = [{"key": "k", "value": value} for value in values]
+        js.call("transaction", transactionalId="js-tx-abort", topic="js-txn-abort", messages=messages, commit=commit)
+    assert offsets(js, "js-txn-abort") == {0: (0, 8)}  # five records and three markers
+    expected = {"committed": ["c1", "c2", "c3"], "uncommitted": ["c1", "c2", "a1", "a2", "c3"]}
+    for name, wanted in expected.items():
+        js.call("consumerStart", name=name, groupId=f"js-txn-{name}", topics=["js-txn-abort"],
+                readUncommitted=name == "uncommitted")  # fmt: skip
+        try:
+            got = js.call("consumerTake", name=name, topic="js-txn-abort", count=len(wanted), timeoutMs=10000)
+            assert [m["value"] for m in got["messages"]] == wanted
+            assert js.call("consumerTake", name=name, topic="js-txn-abort", count=1, timeoutMs=500)["messages"] == []
+        finally:
+            js.call("consumerStop", name=name)
+
+
 # --- consumer groups -----------------------------------------------------------------------------------------
 
 

@@ -579,6 +579,59 @@ def test_aiokafka_transactional_producer(broker: BrokerProcess) -> None:
         consumer.close()
 
 
+def test_aiokafka_consume_transform_produce(broker: BrokerProcess) -> None:
+    """aiokafka's read-process-write loop: a transaction carrying the output and the consumed offsets is aborted
+    (neither shows: no committed offset, nothing for read_committed), the loop seeks back and commits the next one
+    (every record once in the output, the offset committed)."""
+    source, sink, group = "aio-ctp-in", "aio-ctp-out", "aio-ctp"
+    create_topic(broker, source)
+    create_topic(broker, sink)
+    produce(broker, source, 10)
+    tp = AioTopicPartition(source, 0)
+
+    async def process(producer: AIOKafkaProducer, consumer: AIOKafkaConsumer, commit: bool) -> None:
+        batch = (await consumer.getmany(tp, timeout_ms=5000, max_records=10))[tp]
+        assert len(batch) == 10
+        await producer.begin_transaction()
+        for message in batch:
+            await producer.send(sink, b"out:" + message.value, partition=0)
+        await producer.send_offsets_to_transaction({tp: batch[-1].offset + 1}, group)
+        await (producer.commit_transaction() if commit else producer.abort_transaction())
+
+    async def scenario() -> list[bytes]:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aio-ctp-tx")
+        consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False,
+                                    isolation_level="read_committed", auto_offset_reset="earliest")  # fmt: skip
+        reader = AIOKafkaConsumer(sink, bootstrap_servers=broker.bootstrap, isolation_level="read_committed",
+                                  auto_offset_reset="earliest")  # fmt: skip
+        await asyncio.wait_for(producer.start(), 10.0)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            await process(producer, consumer, commit=False)
+            assert committed(broker, group, source) == [-1001]  # the aborted offsets never show
+            consumer.seek(tp, 0)  # back to the committed position, as the loop's restart would be
+            await process(producer, consumer, commit=True)
+        finally:
+            await producer.stop()
+            await consumer.stop()
+        await reader.start()
+        try:
+            got: list[bytes] = []
+            deadline = time.monotonic() + TIMEOUT_S
+            while len(got) < 10 and time.monotonic() < deadline:
+                for messages in (await reader.getmany(timeout_ms=500)).values():
+                    got += [m.value for m in messages]
+            got += [m.value for ms in (await reader.getmany(timeout_ms=500)).values() for m in ms]  # nothing more
+            return got
+        finally:
+            await reader.stop()
+
+    assert asyncio.run(scenario()) == [f"out:{source}-{i}".encode() for i in range(10)]
+    assert committed(broker, group, source) == [10]
+    assert watermarks(broker, sink) == (0, 22)  # twice ten records, an ABORT and a COMMIT marker
+
+
 @pytest.mark.matrix("group: cooperative rebalancing", client=KP)
 def test_kafka_python_cooperative_members_revoke_only_what_moves(broker: BrokerProcess) -> None:
     """kafka-python's cooperative-sticky assignor: the second member takes two of four partitions from the first,

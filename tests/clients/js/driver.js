@@ -7,10 +7,11 @@
 //
 //   admin        {method, args}: admin[method](...args) on one connected admin client
 //   produce      {topic, messages, compression, idempotent, acks}: one producer per request, one send
-//   transaction  {transactionalId, topic, messages}: a transactional producer's send and commit (at KafkaJS's
-//                default retry settings)
-//   consumerStart {name, groupId, topics, fromBeginning, sessionTimeout, rebalanceTimeout}: a group member that
-//                keeps every message it is given and commits after each batch (KafkaJS's autoCommit)
+//   transaction  {transactionalId, topic, messages, commit}: a transactional producer's send, then commit (or abort
+//                when `commit` is false), at KafkaJS's default retry settings
+//   consumerStart {name, groupId, topics, fromBeginning, sessionTimeout, rebalanceTimeout, readUncommitted}: a
+//                group member that keeps every message it is given and commits after each batch (KafkaJS's
+//                autoCommit); it reads committed records only (KafkaJS's default) unless `readUncommitted`
 //   consumerSeek {name, topic, partition, offset}
 //   consumerTake {name, topic, count, timeoutMs}: waits until `count` messages of `topic` are kept (or the
 //                timeout), returns and forgets them
@@ -104,7 +105,7 @@ async function produce ({ topic, messages, compression = 'none', idempotent = fa
   }
 }
 
-async function transaction ({ transactionalId, topic, messages }) {
+async function transaction ({ transactionalId, topic, messages, commit = true }) {
   // a client of KafkaJS's default retry settings: how long it keeps trying is what the broker's answer decides
   const defaults = new Kafka({ clientId: 'tidelog-kafkajs-tests', brokers: [bootstrap], logCreator: stderrLog })
   const producer = defaults.producer({ transactionalId, idempotent: true, maxInFlightRequests: 1 })
@@ -112,15 +113,18 @@ async function transaction ({ transactionalId, topic, messages }) {
   try {
     const txn = await producer.transaction()
     await txn.send({ topic, messages })
-    return await txn.commit()
+    return await (commit ? txn.commit() : txn.abort())
   } finally {
     await producer.disconnect()
   }
 }
 
-async function consumerStart ({ name, groupId, topics, fromBeginning = true, sessionTimeout, rebalanceTimeout }) {
+async function consumerStart ({
+  name, groupId, topics, fromBeginning = true, sessionTimeout, rebalanceTimeout, readUncommitted = false,
+}) {
   const consumer = kafka.consumer({
     groupId,
+    readUncommitted,
     sessionTimeout: sessionTimeout || 6000,
     rebalanceTimeout: rebalanceTimeout || 6000,
     heartbeatInterval: 500,

@@ -2,8 +2,8 @@
 
 Choosing a log (LogCleanerManager): only logs whose `cleanup.policy` holds `compact`. The dirty range is
 [firstDirtyOffset, firstUncleanableOffset): the first comes from `cleaner-offset-checkpoint` (reset to the log
-start when out of range), the second is min(active segment base, high watermark, base of the first segment
-younger than `min.compaction.lag.ms`) - the active segment is never cleaned. A log qualifies when
+start when out of range), the second is min(active segment base, high watermark, last stable offset, base of the
+first segment younger than `min.compaction.lag.ms`) - the active segment is never cleaned. A log qualifies when
 cleanableBytes / (cleanBytes + cleanableBytes) >= `min.cleanable.dirty.ratio`, or when it must be cleaned now
 (its first dirty batch is older than `max.compaction.lag.ms`, or a delete horizon it carries has passed); the
 filthiest qualifying log goes first.
@@ -23,12 +23,24 @@ is copied byte for byte; otherwise it is re-encoded with the same codec and head
 lastOffsetDelta even if its last record went, producer id, epoch, base sequence, leader epoch), timestamp deltas
 re-based. The first pass that keeps a tombstone of a batch sets attribute bit 6 and baseTimestamp = now +
 `delete.retention.ms` (KIP-534); a later pass after that time drops the tombstones. A batch emptied entirely is
-dropped - unless it is the last batch of a producer the log still tracks: then a header-only batch (count 0,
-same offsets and sequence) stays (RETAIN_EMPTY), so the producer's sequence continues after cleaning. Control
-batches (transaction markers), transactional batches and legacy (v0/v1) entries are copied as they are, and the
-keys of transactional batches are not mapped (an aborted record must not hide an older committed one): Kafka's
-removal of aborted data and of markers after delete.retention.ms is not done yet. A cleaned segment takes over
-the transaction-index entries of the segments it replaces.
+dropped - unless it is the last batch of a producer the log still tracks (or, for a producer whose last entry is a
+marker of a newer epoch, that marker): then a header-only batch (count 0, same offsets and sequence) stays
+(RETAIN_EMPTY), so the producer's sequence and epoch continue after cleaning. Legacy (v0/v1) entries are copied.
+
+Transactions (Kafka's CleanedTransactionMetadata, `CleanedTransactions` here), followed batch by batch in offset
+order with the aborted transactions of the range from the `.txnindex` files:
+- the dirty range ends at the last stable offset too, so no batch of an open transaction is ever mapped, and the
+  ones a recopied segment holds beyond the range stay (their offsets are past the map's);
+- a data batch of an aborted transaction (its producer's, from the transaction's first offset up to its ABORT
+  marker) loses all its records, and its keys are not mapped (an aborted record never hides a committed one); a
+  committed transaction's records are compacted like any others;
+- an ABORT marker stays, with its `.txnindex` entry, while the pass met a batch of its transaction; a COMMIT
+  marker while the pass met a batch of its transaction. A marker with no batch left is kept one more
+  `delete.retention.ms`: the pass stamps its batch with a delete horizon as it stamps tombstones, and the first
+  pass after the horizon removes it. The cleaned segment's `.txnindex` holds only the entries of the ABORT markers
+  kept for their data (read_committed readers need no entry for a transaction with no record left).
+  Control records other than markers stay; an empty control batch (a RETAIN_EMPTY left) goes when it is not the
+  last of its producer.
 
 Per-record work is vectorised (record_layout decodes a chunk of batches at once, key_digests hashes their keys);
 Python steps run per batch, plus one C-level dict operation per keyed record and an encode per record kept in a
@@ -48,16 +60,17 @@ import numpy as np
 
 from tidelog.codec.batch_chain import ChainReader, batch_table
 from tidelog.codec.batch_table import BatchTable
+from tidelog.codec.control_record import read_end_txn_marker
 from tidelog.codec.record_batch import (
     COMPRESSION_MASK,
-    CONTROL_MASK,
     DELETE_HORIZON_MASK,
     NO_TIMESTAMP,
     TIMESTAMP_TYPE_MASK,
-    TRANSACTIONAL_MASK,
     assemble_batch,
     check_crc,
     compute_crc,
+    decode_records,
+    encode_record,
     read_header,
 )
 from tidelog.codec.record_framing import PADDING
@@ -76,9 +89,10 @@ from tidelog.storage.kafka.segment import (
     segment_file_name,
 )
 from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
+from tidelog.storage.kafka.txn_index import AbortedTxn
 
 if TYPE_CHECKING:
-    from tidelog.storage.kafka.partition_log import PartitionLog
+    from tidelog.storage.kafka.partition_log import PartitionLog, ProducerLastRecord
 
 log = logging.getLogger("tidelog.storage")
 
@@ -125,6 +139,86 @@ def segment_chunks(segment: LogSegment, position: int = 0) -> Iterator[tuple[byt
         raise CorruptRecordError(f"{segment.log_path}: {chain.stopped}")
 
 
+class CleanedTransactions:
+    """Kafka's CleanedTransactionMetadata: the transactions a pass meets, batch by batch in offset order.
+
+    Built from the aborted transactions (`.txnindex` entries) whose ABORT marker is at or after the first offset
+    the pass reads. A transaction is under way from its first offset; a transactional data batch of its producer
+    then belongs to it (aborted: its records go), any other transactional data batch to a committed transaction.
+    A marker ends its producer's transaction; whether it may go depends on whether this pass met a batch of that
+    transaction (in any group of segments: one instance follows the whole pass). `take_retained` gives the aborted
+    transactions whose marker stays for their data, in marker order, since it was last called (the cleaned
+    segment's `.txnindex`)."""
+
+    def __init__(self, aborted: list[AbortedTxn]) -> None:
+        self._pending = sorted(aborted, key=lambda txn: txn.first_offset, reverse=True)  # next one last
+        self._aborting: dict[int, tuple[AbortedTxn, list[bool]]] = {}  # producer -> (txn, [met a batch])
+        self._committing: set[int] = set()  # producers whose committed transaction this pass met a batch of
+        self._retained: list[AbortedTxn] = []
+
+    def take_retained(self) -> list[AbortedTxn]:
+        retained, self._retained = self._retained, []
+        return retained
+
+    def _start_up_to(self, offset: int) -> None:
+        while self._pending and self._pending[-1].first_offset <= offset:
+            txn = self._pending.pop()
+            self._aborting.setdefault(txn.producer_id, (txn, [False]))
+
+    def data_batch(self, producer_id: int, last_offset: int) -> bool:
+        """A transactional data batch: True if it belongs to an aborted transaction."""
+        self._start_up_to(last_offset)
+        aborting = self._aborting.get(producer_id)
+        if aborting is not None:
+            aborting[1][0] = True
+            return True
+        self._committing.add(producer_id)
+        return False
+
+    def control_batch(self, chunk: bytes | memoryview, position: int, producer_id: int, last_offset: int) -> bool:
+        """The control batch at `position`: True if it may go (once its delete horizon has passed)."""
+        self._start_up_to(last_offset)
+        header = read_header(chunk, position)
+        if header.records_count <= 0:
+            return True  # emptied by an earlier pass
+        marker = read_end_txn_marker(chunk, position, header)
+        if marker is None:
+            return False  # a control record that is no transaction marker
+        if marker.commit:
+            met = producer_id in self._committing
+            self._committing.discard(producer_id)
+            return not met
+        txn, met_batch = self._aborting.pop(producer_id, (None, [False]))
+        if txn is not None and met_batch[0]:
+            self._retained.append(txn)
+            return False
+        return True
+
+
+def aborted_since(segments: list[LogSegment], offset: int) -> list[AbortedTxn]:
+    """The aborted transactions of the segments' `.txnindex` files whose ABORT marker is at or after `offset`."""
+    return [txn for segment in segments for txn in list(segment.txn_index.entries) if txn.last_offset >= offset]
+
+
+def transaction_rows(
+    chunk: bytes | memoryview, table: BatchTable, transactions: CleanedTransactions
+) -> tuple[np.ndarray, np.ndarray]:
+    """Feed the chunk's transactional batches to `transactions` in offset order: (rows of aborted data, rows of
+    control batches that may go)."""
+    aborted = np.zeros(len(table), dtype=bool)
+    may_go = np.zeros(len(table), dtype=bool)
+    is_control = table.is_control
+    producer_ids = table.header["producer_id"].tolist()
+    positions = table.position.tolist()
+    last_offsets = table.last_offset.tolist()
+    for row in np.nonzero(table.is_transactional | is_control)[0].tolist():
+        if is_control[row]:
+            may_go[row] = transactions.control_batch(chunk, positions[row], producer_ids[row], last_offsets[row])
+        else:
+            aborted[row] = transactions.data_batch(producer_ids[row], last_offsets[row])
+    return aborted, may_go
+
+
 class CleaningAborted(Exception):
     """The engine is closing: the pass stops where it is (what was swapped in stays, the rest is untouched)."""
 
@@ -155,10 +249,11 @@ class Cleaner:
         offset_map.freeze()
         config = partition_log.config
         to_recopy = [s for s in segments[:-1] if s.base_offset < end_offset]
-        producer_last_offsets = partition_log.producer_last_offsets()
+        producer_last = partition_log.producer_last_records()
+        transactions = CleanedTransactions(aborted_since(segments, 0))  # carried from group to group
         for group in group_segments_by_size(to_recopy, config.segment_bytes, config.segment_index_bytes, end_offset):
             cleaned = self._clean_group(partition_log.directory, group, partition_log, offset_map, now,
-                                        producer_last_offsets, stats)  # fmt: skip
+                                        producer_last, transactions, stats)  # fmt: skip
             if not partition_log.replace_segments(group, cleaned):
                 log.info("%s: the log changed while it was cleaned; this pass stops here", partition_log.name)
                 break
@@ -183,6 +278,7 @@ class Cleaner:
         stats: CleanStats,
     ) -> int:  # fmt: skip
         """Map the dirty range; returns where the pass ends (first_uncleanable, or sooner if the map filled)."""
+        transactions = CleanedTransactions(aborted_since(segments, first_dirty))
         for slot, segment in enumerate(segments):
             upper = segments[slot + 1].base_offset if slot + 1 < len(segments) else None
             if segment.base_offset >= first_uncleanable:
@@ -199,13 +295,17 @@ class Cleaner:
                         break
                     continue
                 table = table.take(np.nonzero(wanted)[0])
-                if self._map_chunk(chunk, table, offset_map):
+                if self._map_chunk(chunk, table, offset_map, transactions):
                     return offset_map.latest_offset + 1
         return first_uncleanable
 
-    def _map_chunk(self, chunk: bytes | memoryview, table: BatchTable, offset_map: OffsetMap) -> bool:
-        """Put the keys of the chunk's data batches in the map; True when the map filled (after a whole batch)."""
-        data_rows = np.nonzero((table.magic == 2) & ~table.is_control & ~table.is_transactional)[0]
+    def _map_chunk(
+        self, chunk: bytes | memoryview, table: BatchTable, offset_map: OffsetMap, transactions: CleanedTransactions
+    ) -> bool:
+        """Put the keys of the chunk's data batches (not aborted ones) in the map; True when the map filled (after a
+        whole batch)."""
+        aborted, _ = transaction_rows(chunk, table, transactions)
+        data_rows = np.nonzero((table.magic == 2) & ~table.is_control & ~aborted)[0]
         layout = record_layout(chunk, table.take(data_rows))
         keyed = np.nonzero(layout.key_length >= 0)[0]
         last_offsets = table.last_offset
@@ -232,7 +332,8 @@ class Cleaner:
         partition_log: PartitionLog,
         offset_map: OffsetMap,
         now: int,
-        producer_last_offsets: dict[int, int],
+        producer_last: dict[int, ProducerLastRecord],
+        transactions: CleanedTransactions,
         stats: CleanStats,
     ) -> LogSegment:
         # leftovers of an earlier pass that failed
@@ -246,9 +347,9 @@ class Cleaner:
                     self._check_aborted()
                     stats.bytes_read += table.end
                     self._clean_chunk(chunk, table, cleaned, partition_log, offset_map, now,
-                                      producer_last_offsets, stats)  # fmt: skip
-                for aborted in segment.txn_index.entries:
-                    cleaned.txn_index.append(aborted)
+                                      producer_last, transactions, stats)  # fmt: skip
+            for aborted in transactions.take_retained():
+                cleaned.txn_index.append(aborted)
             cleaned.on_become_inactive()
             cleaned.flush()
             cleaned.set_last_modified_ms(group[-1].last_modified_ms())
@@ -266,12 +367,15 @@ class Cleaner:
         partition_log: PartitionLog,
         offset_map: OffsetMap,
         now: int,
-        producer_last_offsets: dict[int, int],
+        producer_last: dict[int, ProducerLastRecord],
+        transactions: CleanedTransactions,
         stats: CleanStats,
     ) -> None:
         header = table.header
         attributes = header["attributes"].astype(np.int64)
-        is_data = (table.magic == 2) & ((attributes & (CONTROL_MASK | TRANSACTIONAL_MASK)) == 0)
+        aborted, marker_may_go = transaction_rows(chunk, table, transactions)
+        is_control = table.is_control
+        is_data = (table.magic == 2) & ~is_control
         data_rows = np.nonzero(is_data)[0]
         layout = record_layout(chunk, table.take(data_rows))
         record_row = data_rows[layout.batch]  # row in `table` of each record
@@ -283,8 +387,9 @@ class Cleaner:
         keyed_rows = np.nonzero(keyed)[0]
         found[keyed_rows] = offset_map.get_many(key_digest_array(layout, keyed_rows))
         is_tombstone = layout.value_length < 0
-        keep = (layout.offset > offset_map.latest_offset) | (
-            keyed & (layout.offset >= found) & (~is_tombstone | tombstones_stay[record_row])
+        keep = ~aborted[record_row] & (
+            (layout.offset > offset_map.latest_offset)
+            | (keyed & (layout.offset >= found) & (~is_tombstone | tombstones_stay[record_row]))
         )
         kept_count = np.bincount(record_row[keep], minlength=len(table))
         kept_tombstones = np.bincount(record_row[keep & is_tombstone], minlength=len(table))
@@ -295,9 +400,26 @@ class Cleaner:
         positions = table.position.tolist()
         sizes = table.size.tolist()
         last_offsets = table.last_offset.tolist()
+        producer_ids = header["producer_id"].tolist()
+        producer_epochs = header["producer_epoch"].tolist()
+
+        def last_of_producer(row: int) -> bool:
+            """Kafka's isBatchLastRecordOfProducer: the batch holding the producer's last sequence, or (its last
+            entry a marker of a newer epoch) that marker; such a batch stays, if only as its header."""
+            last = producer_last.get(producer_ids[row])
+            if last is None:
+                return False
+            if last.last_data_offset is not None:
+                return bool(last_offsets[row] == last.last_data_offset)
+            return bool(is_control[row]) and producer_epochs[row] == last.epoch
+
         for row in range(len(table)):
             position, size = positions[row], sizes[row]
             original = memoryview(chunk)[position : position + size]
+            if is_control[row]:
+                self._clean_control(cleaned, chunk, position, original, bool(marker_may_go[row]), last_of_producer(row),
+                                    now, partition_log.config.delete_retention_ms, stats)  # fmt: skip
+                continue
             if not is_data[row]:
                 self._append(cleaned, original, last_offsets[row], int(header["max_timestamp"][row]))
                 continue
@@ -314,12 +436,70 @@ class Cleaner:
                 batch = self._rebuild(chunk, position, layout, rows, horizon)
                 stats.batches_rewritten += 1
             else:
-                producer_id = int(header["producer_id"][row])
-                if producer_id < 0 or producer_last_offsets.get(producer_id) != last_offsets[row]:
+                if not last_of_producer(row):
                     continue  # nothing left and no producer state to keep: the batch goes
                 batch = self._empty_batch(chunk, position)
                 stats.batches_rewritten += 1
             self._append(cleaned, batch, last_offsets[row], read_header(batch).max_timestamp)
+
+    def _clean_control(
+        self,
+        cleaned: LogSegment,
+        chunk: bytes | memoryview,
+        position: int,
+        original: memoryview,
+        may_go: bool,
+        last_of_producer: bool,
+        now: int,
+        delete_retention_ms: int,
+        stats: CleanStats,
+    ) -> None:
+        """A control batch: kept; or stamped with a delete horizon (the first pass that finds it may go); or, once
+        that horizon has passed, removed - or emptied, when it is its producer's last entry (RETAIN_EMPTY)."""
+        header = read_header(chunk, position)
+        has_horizon = bool(header.attributes & DELETE_HORIZON_MASK)
+        batch: bytes | memoryview = original
+        if header.records_count <= 0:
+            if not last_of_producer:
+                return
+        elif may_go and has_horizon and header.base_timestamp <= now:
+            if not last_of_producer:
+                return
+            batch = self._empty_batch(chunk, position)
+            stats.batches_rewritten += 1
+        elif may_go and not has_horizon:
+            horizon = now + delete_retention_ms
+            batch = self._stamp_horizon(chunk, position, horizon)
+            stats.delete_horizons.append(horizon)
+            stats.batches_rewritten += 1
+        elif may_go:
+            stats.delete_horizons.append(header.base_timestamp)
+        self._append(cleaned, batch, header.base_offset + header.last_offset_delta, read_header(batch).max_timestamp)
+
+    @staticmethod
+    def _stamp_horizon(chunk: bytes | memoryview, position: int, horizon: int) -> bytes:
+        """The control batch at `position` with its delete horizon set (attribute bit 6, baseTimestamp = horizon,
+        the records' timestamp deltas re-based), as Kafka rewrites a batch whose marker may go."""
+        original = read_header(chunk, position)
+        check_crc(original, compute_crc(chunk, position, original.size_in_bytes), position)
+        records = decode_records(chunk, position, original)
+        body = b"".join(
+            encode_record(record.offset - original.base_offset, (record.timestamp_ms or 0) - horizon, record)
+            for record in records
+        )
+        return assemble_batch(
+            body,
+            records_count=len(records),
+            attributes=original.attributes | DELETE_HORIZON_MASK,
+            base_offset=original.base_offset,
+            last_offset_delta=original.last_offset_delta,
+            base_timestamp=horizon,
+            max_timestamp=original.max_timestamp,
+            producer_id=original.producer_id,
+            producer_epoch=original.producer_epoch,
+            base_sequence=original.base_sequence,
+            partition_leader_epoch=original.partition_leader_epoch,
+        )
 
     @staticmethod
     def _append(cleaned: LogSegment, batch: bytes | memoryview, last_offset: int, max_timestamp: int) -> None:
@@ -453,7 +633,7 @@ class LogCleaner:
                 log.warning("%s: checkpointed first dirty offset %d is outside [%d, %d]; cleaning from the start",
                             partition_log.name, first_dirty, log_start, log_end)  # fmt: skip
             first_dirty = log_start
-        first_uncleanable = min(segments[-1].base_offset, high_watermark)
+        first_uncleanable = min(segments[-1].base_offset, high_watermark, partition_log.last_stable_offset)
         if config.min_compaction_lag_ms > 0:
             too_young = now - config.min_compaction_lag_ms
             for segment in segments[:-1]:

@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from tidelog.atomic_files import fsync_directory, fsync_file
 from tidelog.codec.compression import Compression
@@ -97,6 +98,14 @@ class _AppendedBatch:
     check_on_worker: bool = False  # a large batch: CRC and records checked on the worker while it is written
     from_client: bool = True
     pending: PendingCheck | None = None  # that check, once started (_start_checks)
+
+
+class ProducerLastRecord(NamedTuple):
+    """What the log cleaner keeps of a producer (Kafka's LastRecord): the last offset of its last data batch (None
+    when it has none at its current epoch, its last entry a marker) and its epoch."""
+
+    last_data_offset: int | None
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -928,13 +937,12 @@ class PartitionLog(Partition):
         with self._lock:
             return list(self.segments), self.log_start_offset, self.high_watermark
 
-    def producer_last_offsets(self) -> dict[int, int]:
-        """Producer id -> last offset of its latest batch, for every producer the log tracks (RETAIN_EMPTY)."""
+    def producer_last_records(self) -> dict[int, ProducerLastRecord]:
+        """Producer id -> its last data offset and epoch, for every producer the log tracks (RETAIN_EMPTY)."""
         with self._lock:
             return {
-                pid: entry.batches[-1].last_offset
+                pid: ProducerLastRecord(entry.batches[-1].last_offset if entry.batches else None, entry.epoch)
                 for pid, entry in self.producer_state.producers.items()
-                if entry.batches
             }
 
     def replace_segments(self, old: list[LogSegment], new: LogSegment) -> bool:
