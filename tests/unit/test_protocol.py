@@ -29,8 +29,12 @@ from tidelog.protocol.messages import (
     build,
     decode_request,
     encode_response,
+    request_class,
     response_header,
+    writer,
 )
+from tidelog.protocol.replica_fetch_request import VERSION as REPLICA_FETCH_VERSION
+from tidelog.protocol.replica_fetch_request import encode_replica_fetch
 from tidelog.storage.api import FileSlice
 
 SUPPORTED = {ApiKey.API_VERSIONS: (0, 4), ApiKey.METADATA: (0, 12), ApiKey.PRODUCE: (3, 11), ApiKey.FETCH: (4, 12)}
@@ -304,3 +308,60 @@ def test_a_response_field_no_version_has_is_an_error_not_dropped() -> None:
         build(create_topics_v2, {"topcs": []})
     with pytest.raises(ValueError, match="CreatableTopicResult: no version has field"):
         build(create_topics_v2, {"topics": [{"nme": "t"}]})
+
+
+@pytest.mark.parametrize(
+    ("topics", "forgotten"),
+    [
+        ({}, {}),  # an incremental request with nothing changed
+        ({"t": [(0, 3, 42, 0)]}, {}),
+        ({"__consumer_offsets": [(p, 1, 1000 + p, 7) for p in range(17)], "t": [(2, 5, 1 << 40, -1)]}, {}),
+        ({"ünïcode-topic": [(1, 0, 5, 5)]}, {"t": [0, 2], "gone": [9]}),
+    ],
+)
+def test_the_hand_written_replica_fetch_matches_kio_byte_for_byte(
+    topics: dict[str, list[tuple[int, int, int, int]]], forgotten: dict[str, list[int]]
+) -> None:
+    ours = encode_replica_fetch(
+        3,
+        max_wait_ms=500,
+        min_bytes=1,
+        max_bytes=10_485_760,
+        partition_max_bytes=1_048_576,
+        session_id=123456,
+        session_epoch=7,
+        topics=topics,
+        forgotten=forgotten,
+    )
+    body = {
+        "replica_id": 3,
+        "max_wait": 500,
+        "min_bytes": 1,
+        "max_bytes": 10_485_760,
+        "isolation_level": 0,
+        "session_id": 123456,
+        "session_epoch": 7,
+        "topics": [
+            {
+                "topic": topic,
+                "partitions": [
+                    {
+                        "partition": partition,
+                        "current_leader_epoch": epoch,
+                        "fetch_offset": offset,
+                        "last_fetched_epoch": -1,
+                        "log_start_offset": start,
+                        "partition_max_bytes": 1_048_576,
+                    }
+                    for partition, epoch, offset, start in partitions
+                ],
+            }
+            for topic, partitions in topics.items()
+        ],
+        "forgotten_topics_data": [{"topic": t, "partitions": p} for t, p in forgotten.items()],
+        "rack_id": "",
+    }
+    request_cls = request_class(ApiKey.FETCH, REPLICA_FETCH_VERSION)
+    buffer = io.BytesIO()
+    writer(request_cls)(buffer, build(request_cls, body))
+    assert ours == buffer.getvalue()
