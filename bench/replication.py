@@ -680,6 +680,7 @@ class LatencyRun:
     ack: np.ndarray
     missing: int
     broker_cpu: float
+    client_cpu: float
 
 
 def measure_latency(cluster: BenchCluster, topic: str, args: argparse.Namespace) -> LatencyRun:
@@ -691,9 +692,9 @@ def measure_latency(cluster: BenchCluster, topic: str, args: argparse.Namespace)
             time.sleep(1.0)  # the consumer finds the end of the partitions
             producer.start()
             time.sleep(args.warmup)
-            cpu0, start = sum(cluster.broker_cpu().values()), time.perf_counter_ns()
+            cpu0, client0, start = sum(cluster.broker_cpu().values()), time.process_time(), time.perf_counter_ns()
             time.sleep(args.seconds)
-            end, cpu1 = time.perf_counter_ns(), sum(cluster.broker_cpu().values())
+            end, client1, cpu1 = time.perf_counter_ns(), time.process_time(), sum(cluster.broker_cpu().values())
             skipped_in_window = producer.skipped
         finally:
             producer.stop()
@@ -718,6 +719,7 @@ def measure_latency(cluster: BenchCluster, topic: str, args: argparse.Namespace)
         ack=np.fromiter((a - s for s, a in window_acks), dtype=np.int64),
         missing=len(wanted - received.keys()),
         broker_cpu=cpu1 - cpu0,
+        client_cpu=client1 - client0,
     )
 
 
@@ -740,6 +742,7 @@ def phase_latency(cluster: BenchCluster, args: argparse.Namespace) -> PhaseResul
                 fmt_ms(float(e2e.max()) / 1e6 if len(e2e) else float("nan")),
                 f"{fmt_ms(pct(run.ack, 50))} / {fmt_ms(pct(run.ack, 99))}",
                 f"{run.broker_cpu:.1f}",
+                f"{run.client_cpu:.1f}",
             ]
         )
     ref, rf3 = runs
@@ -765,6 +768,11 @@ def phase_latency(cluster: BenchCluster, args: argparse.Namespace) -> PhaseResul
         "max ms",
         "ack p50 / p99 ms",
         "brokers CPU s",
+        "client CPU s",
+    )
+    notes.append(
+        "brokers CPU s / client CPU s: the three brokers' utime + stime in the window, and this process's (the "
+        "paced producer, the consumer and librdkafka's threads); all share the machine's cores, ZooKeeper too"
     )
     title = (
         f"End-to-end latency at {args.rate:,.0f} msg/s (acks=all, linger.ms={LATENCY_LINGER_MS}, 100 B), "

@@ -1780,3 +1780,35 @@ def test_kafka_written_v2_batches_append_as_a_producer_sent_them(data_dir: Path,
                 stored = engine.read("t", 0, result.base_offset, 1 << 20).read_bytes()
                 assert stored[16 : info.size] == batch[16:]
     assert appended >= 8
+
+
+# =================================================================================================================
+# reads at the tail
+# =================================================================================================================
+
+
+def slices_of(engine: StorageEngine, end: int) -> list[list[tuple[int, int]]]:
+    """For every offset below `end`: the (position, length) of each slice a read from it returns."""
+    return [[(s.position, s.length) for s in engine.read("t", 0, offset, 1 << 20).slices] for offset in range(end)]
+
+
+def test_reads_from_recent_append_ends_match_the_index_path_also_after_a_truncation(data_dir: Path) -> None:
+    """A read from where a recent append ended skips the index (segment.py's append ends); it must find what the
+    index and the walk find, which a reopened log (no remembered ends) shows, also after a truncation rewrote
+    the tail with differently sized batches."""
+    with open_engine(data_dir, **{"log.index.interval.bytes": 4096}) as engine:
+        engine.create_topic("t", 1)
+        for i in range(40):
+            engine.produce("t", 0, values(3, prefix=f"b{i}-"))
+        remembered = slices_of(engine, 120)
+    with open_engine(data_dir) as reopened:
+        assert slices_of(reopened, 120) == remembered
+        for i in range(10):
+            reopened.produce("t", 0, values(3, prefix=f"d{i}-"))
+        reopened.partition("t", 0).truncate_to(130)  # inside a batch: the one holding 130 goes, from 129
+        for i in range(10):
+            reopened.produce("t", 0, values(1 + i % 4, prefix=f"c{i}-", size=10 + 7 * i))
+        end = reopened.log_end_offset("t", 0)
+        after = slices_of(reopened, end)
+    with open_engine(data_dir) as again:
+        assert slices_of(again, end) == after

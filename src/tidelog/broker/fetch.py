@@ -147,7 +147,8 @@ class AppendNotifier:
         for key in keys:
             waiters[key].add(waiter)
         try:
-            await asyncio.wait_for(waiter, timeout)
+            async with asyncio.timeout(timeout):  # woken by the future itself (wait_for adds two loop passes)
+                await waiter
         except TimeoutError:
             pass
         finally:

@@ -44,12 +44,13 @@ from tidelog.codec.record_batch import LOG_OVERHEAD, peek_offset_and_length
 from tidelog.errors import ErrorCode, TidelogError, UnknownTopicOrPartitionError
 from tidelog.protocol.client import BrokerConnection, BrokerConnectionError
 from tidelog.protocol.messages import ApiKey
+from tidelog.protocol.replica_fetch_request import VERSION as REPLICA_FETCH_VERSION
+from tidelog.protocol.replica_fetch_request import encode_replica_fetch
 from tidelog.storage.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Partition, StorageEngine
 
 log = logging.getLogger("tidelog.replication")
 
 PartitionKey = tuple[str, int]
-FETCH_VERSION = 12
 OFFSET_FOR_LEADER_EPOCH_VERSION = 4
 LIST_OFFSETS_VERSION = 7
 UNDEFINED_EPOCH = -1
@@ -373,34 +374,26 @@ class _Fetcher:
         wanted = {key: _Asked(h.log_end_offset, h.log_start_offset, state.leader_epoch) for key, state, h in ready}
         session = self._session
         changed, forgotten = session.changes(wanted)
-        topics: dict[str, list[dict[str, Any]]] = {}
+        topics: dict[str, list[tuple[int, int, int, int]]] = {}
         for (topic, partition), asked in changed.items():
             topics.setdefault(topic, []).append(
-                {
-                    "partition": partition,
-                    "current_leader_epoch": asked.leader_epoch,
-                    "fetch_offset": asked.fetch_offset,
-                    "last_fetched_epoch": -1,
-                    "log_start_offset": asked.log_start_offset,
-                    "partition_max_bytes": config.replica_fetch_max_bytes,
-                }
+                (partition, asked.leader_epoch, asked.fetch_offset, asked.log_start_offset)
             )
         dropped: dict[str, list[int]] = {}
         for topic, partition in forgotten:
             dropped.setdefault(topic, []).append(partition)
-        body = {
-            "replica_id": self.owner.broker_id,
-            "max_wait": config.replica_fetch_wait_max_ms,
-            "min_bytes": 1,
-            "max_bytes": config.replica_fetch_response_max_bytes,
-            "isolation_level": 0,
-            "session_id": session.id,
-            "session_epoch": session.epoch,
-            "topics": [{"topic": topic, "partitions": partitions} for topic, partitions in topics.items()],
-            "forgotten_topics_data": [{"topic": t, "partitions": p} for t, p in dropped.items()],
-            "rack_id": "",
-        }
-        response = await connection.request(ApiKey.FETCH, FETCH_VERSION, body, self._timeout_s())
+        body = encode_replica_fetch(
+            self.owner.broker_id,
+            max_wait_ms=config.replica_fetch_wait_max_ms,
+            min_bytes=1,
+            max_bytes=config.replica_fetch_response_max_bytes,
+            partition_max_bytes=config.replica_fetch_max_bytes,
+            session_id=session.id,
+            session_epoch=session.epoch,
+            topics=topics,
+            forgotten=dropped,
+        )
+        response = await connection.request(ApiKey.FETCH, REPLICA_FETCH_VERSION, body, self._timeout_s())
         error = int(response.error_code)
         if error in SESSION_ERRORS:  # the leader lost the session (it restarted, or evicted it): start a new one
             log.info("%s: Fetch answered %s; starting a new fetch session", self.name, _error_name(error))

@@ -318,7 +318,8 @@ class ReplicaManager:
         waiter = _Waiter(end_offset, asyncio.get_running_loop().create_future())
         state.waiters.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), timeout_s)
+            async with asyncio.timeout(timeout_s):  # woken by the future itself (no shield or wait_for hops)
+                await waiter.future
         except TimeoutError:
             raise RequestTimedOutError(
                 f"{topic}-{partition}: offsets below {end_offset} not replicated to the ISR {list(state.isr)} within "

@@ -18,7 +18,8 @@ a buffered write. sendfile first drains the transport and costs a loop round tri
 size here; pread+write costs 4 us at 1 KiB and 42 us at 64 KiB; the two cross between 64 and 128 KiB (2 cores,
 loopback, one connection). So small fetches (a consumer at the tail) skip the round trip, large ones copy nothing.
 A response smaller than that altogether goes out as one buffer: one send and one wake-up of the receiver, not one
-per part (a follower's Fetch answer is a header, a slice and the rest of the partitions).
+per part; and when nothing else is owed on its connection and the socket's buffer is empty, the reader writes it
+itself instead of waking the sender task (a loop pass less per request).
 Security: SSL and SASL_SSL listeners wrap connections in TLS; each connection carries its principal, set by
 sasl.py (SASL listeners start unauthenticated and may only authenticate) or from the client certificate, and
 handlers check it with their authorizer (authorizer.py).
@@ -214,7 +215,12 @@ class KafkaServer:
                 if not await _acquire_unless_done(window, sender):
                     break  # the sender failed (the socket is gone): stop reading
                 connection.in_flight += 1
-                responses.put_nowait(await self._handle(payload, connection))
+                response = await self._handle(payload, connection)
+                if connection.in_flight == 1 and _write_at_once(writer, response):
+                    connection.in_flight -= 1  # nothing owed before it: written here, the sender not woken
+                    window.release()
+                else:
+                    responses.put_nowait(response)
                 if connection.closing:
                     break  # e.g. failed authentication: send what is owed, then close
             responses.put_nowait(_END_OF_REQUESTS)
@@ -315,15 +321,11 @@ class KafkaServer:
     async def _send(self, writer: asyncio.StreamWriter, response: bytes | RawResponse, *, zero_copy: bool) -> None:
         """Write one response. File slices go by sendfile on plain TCP; over TLS (no sendfile: the bytes must be
         encrypted in user space) they are pread and written in chunks, draining between chunks."""
-        if isinstance(response, bytes):
-            writer.write(response)
+        if isinstance(response, bytes) or response.size < SENDFILE_MIN_BYTES:
+            writer.write(_small_response_bytes(response))
             await writer.drain()
             return
         loop = asyncio.get_running_loop()
-        if response.size < SENDFILE_MIN_BYTES:  # small: one buffer, one send, one wake-up over there
-            writer.write(b"".join(part.read() if isinstance(part, FileSlice) else part for part in response.parts))
-            await writer.drain()
-            return
         for part in response.parts:
             if isinstance(part, FileSlice) and not zero_copy:
                 for start in range(0, part.length, TLS_WRITE_CHUNK_BYTES):
@@ -357,6 +359,26 @@ class KafkaServer:
 
     async def _api_versions(self, request: Request, connection: Connection) -> Response:
         return self._versions_body()
+
+
+def _small_response_bytes(response: bytes | RawResponse) -> bytes:
+    """A response under SENDFILE_MIN_BYTES as one buffer: one send, one wake-up of the receiver (not one per part:
+    a follower's Fetch answer is a header, a slice and the rest of the partitions)."""
+    if isinstance(response, bytes):
+        return response
+    return b"".join(part.read() if isinstance(part, FileSlice) else part for part in response.parts)
+
+
+def _write_at_once(writer: asyncio.StreamWriter, response: _Pending) -> bool:
+    """Write a ready response now when it is small and the transport holds nothing unsent (so the write cannot
+    pile up: the next one waits for an empty buffer again); False leaves it to the sender task. Used when nothing
+    else is owed on the connection: one loop pass sooner than waking the sender."""
+    if response is None or isinstance(response, asyncio.Task) or writer.transport.get_write_buffer_size():
+        return False
+    if not isinstance(response, bytes) and response.size >= SENDFILE_MIN_BYTES:
+        return False
+    writer.write(_small_response_bytes(response))
+    return True
 
 
 def _api_name(key: int) -> str:

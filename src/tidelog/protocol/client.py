@@ -1,8 +1,9 @@
 """A broker's own Kafka client: one asyncio TCP connection to another broker, one request in flight at a time.
 
 What a follower's fetcher (broker/replica_fetcher.py) speaks to its leader. A request is `size | header | body`:
-the header (v1, or v2 with tagged fields) and the body are kio entities built from plain dicts by `messages.build`,
-the same dict -> entity code the broker answers clients with; the response `size | header | body` is read by kio.
+the header (v1, or v2 with tagged fields) is packed here; the body is a kio entity built from a plain dict by
+`messages.build` (the same dict -> entity code the broker answers clients with), or bytes a caller encoded itself
+(the follower's Fetch, replica_fetch_request.py); the response `size | header | body` is read by kio.
 Record sets stay bytes (a Fetch response's `records`), which the caller hands to the storage engine unchanged.
 
 Errors: a connection that breaks, closes or does not answer within the request's timeout raises
@@ -21,6 +22,7 @@ from tidelog.errors import TidelogError
 from tidelog.protocol.messages import build, reader, request_class, response_class, writer
 
 _SIZE = struct.Struct(">i")
+_HEADER = struct.Struct(">ihhih")  # size (filled in last), api key, version, correlation id, client id length
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024  # a size above this is a stream out of step, not a response
 
 
@@ -53,25 +55,25 @@ class BrokerConnection:
         except (OSError, TimeoutError) as exc:
             raise BrokerConnectionError(f"cannot connect to {self.address}: {exc or 'timed out'}") from exc
 
-    async def request(self, api_key: int, version: int, body: dict[str, Any], timeout_s: float) -> Any:
-        """Send one request and return the response entity (kio's class for `api_key` and `version`)."""
+    async def request(self, api_key: int, version: int, body: dict[str, Any] | bytes, timeout_s: float) -> Any:
+        """Send one request and return the response entity (kio's class for `api_key` and `version`); `body` is a
+        dict kio encodes, or the body's bytes already encoded (replica_fetch_request.py)."""
         if self._reader is None or self._writer is None:
             await self.connect(timeout_s)
         assert self._reader is not None and self._writer is not None
         self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
         correlation_id = self._correlation_id
         request_cls = request_class(api_key, version)
-        header_cls = request_cls.__header_schema__
+        client_id = self.client_id.encode()
         buffer = io.BytesIO()
-        buffer.write(b"\x00\x00\x00\x00")
-        header = {
-            "request_api_key": api_key,
-            "request_api_version": version,
-            "correlation_id": correlation_id,
-            "client_id": self.client_id,
-        }
-        writer(header_cls)(buffer, build(header_cls, header))
-        writer(request_cls)(buffer, build(request_cls, body))
+        buffer.write(_HEADER.pack(0, api_key, version, correlation_id, len(client_id)))
+        buffer.write(client_id)
+        if request_cls.__header_schema__.__module__.split(".")[-2] == "v2":  # a flexible request's header
+            buffer.write(b"\x00")  # no tagged fields
+        if isinstance(body, bytes):
+            buffer.write(body)
+        else:
+            writer(request_cls)(buffer, build(request_cls, body))
         data = buffer.getbuffer()
         _SIZE.pack_into(data, 0, len(data) - 4)
         try:

@@ -30,6 +30,11 @@ from kio.serial import entity_reader, entity_writer
 from tidelog.errors import MalformedRequestError, UnsupportedVersionError
 from tidelog.protocol.bounds import check_sizes_and_strip_unknown_tags
 from tidelog.protocol.legacy_schemas import added_field_names, request_schema, response_schema
+from tidelog.protocol.produce_request import FIRST_VERSION as PRODUCE_BY_HAND_FROM
+from tidelog.protocol.produce_request import decode_produce_request
+from tidelog.protocol.produce_response import encode_produce_response
+
+_SIZE = struct.Struct(">i")  # a frame size, a correlation id
 
 _API_KEY_VERSION = struct.Struct(">hh")
 MAX_SCHEMA_VERSION = 20  # above the highest version of any message kio generates
@@ -94,7 +99,7 @@ class Request:
     api_version: int
     correlation_id: int
     client_id: str | None
-    body: Any  # the kio request entity of this version
+    body: Any  # the kio request entity of this version (Produce v3+: produce_request.ProduceRequestBody)
 
 
 def peek_api(payload: bytes) -> tuple[int, int, int]:
@@ -126,6 +131,9 @@ def decode_request(payload: bytes, supported: Mapping[int, tuple[int, int]]) -> 
         raise UnsupportedVersionError(
             f"API key {api_key} version {api_version} is not supported", api_key, api_version, correlation_id
         )
+    if api_key == ApiKey.PRODUCE and api_version >= PRODUCE_BY_HAND_FROM:  # the busiest request (produce_request.py)
+        produce = decode_produce_request(payload, api_version)
+        return Request(api_key, api_version, correlation_id, produce.client_id, produce.body)
     request_cls = request_class(api_key, api_version)
     # before kio's reader allocates anything, and without the tagged fields kio would refuse
     payload = check_sizes_and_strip_unknown_tags(payload, (request_cls.__header_schema__, request_cls))
@@ -147,12 +155,16 @@ def decode_request(payload: bytes, supported: Mapping[int, tuple[int, int]]) -> 
 
 
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any]) -> bytes:
-    """The framed response: size | header (v0, or v1 with tagged fields) | body."""
+    """The framed response: size | header (v0, or v1 with tagged fields) | body. Produce's body is encoded by hand
+    (produce_response.py: the busiest answer), every other one by kio from the dict."""
+    header = response_header(api_key, api_version, correlation_id)
+    if api_key == ApiKey.PRODUCE:
+        encoded = encode_produce_response(api_version, body)
+        return _SIZE.pack(len(header) + len(encoded)) + header + encoded
     response_cls = response_class(api_key, api_version)
-    header_cls = response_cls.__header_schema__
     buffer = io.BytesIO()
     buffer.write(b"\x00\x00\x00\x00")
-    writer(header_cls)(buffer, build(header_cls, {"correlation_id": correlation_id}))
+    buffer.write(header)
     writer(response_cls)(buffer, build(response_cls, body))
     data = buffer.getbuffer()
     struct.pack_into(">i", data, 0, len(data) - 4)
@@ -160,11 +172,15 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: M
 
 
 def response_header(api_key: int, api_version: int, correlation_id: int) -> bytes:
-    """Just the response header bytes (for responses whose body is encoded by hand)."""
-    header_cls = response_class(api_key, api_version).__header_schema__
-    buffer = io.BytesIO()
-    writer(header_cls)(buffer, build(header_cls, {"correlation_id": correlation_id}))
-    return buffer.getvalue()
+    """Just the response header bytes: correlation id i32, and in header v1 (flexible versions but ApiVersions'),
+    no tagged fields."""
+    correlation = _SIZE.pack(correlation_id)
+    return correlation + b"\x00" if _flexible_response_header(api_key, api_version) else correlation
+
+
+@cache
+def _flexible_response_header(api_key: int, api_version: int) -> bool:
+    return response_class(api_key, api_version).__header_schema__.__module__.split(".")[-2] == "v1"
 
 
 def _null_array(entity: object, path: str = "") -> str | None:

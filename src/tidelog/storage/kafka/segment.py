@@ -5,7 +5,10 @@ The `.log` holds record batches back to back exactly as they were appended; file
 segment's base offset as 20 zero-padded digits. Appends add a sparse index entry (last offset of the
 appended set -> its start position, plus a time-index attempt) once more than `index.interval.bytes`
 were written since the previous entry. Reads translate an offset to a position through the index and
-a short forward scan of batch headers, and hand out file slices.
+a short forward scan of batch headers, and hand out file slices. The segment also remembers where its last
+RECENT_APPEND_ENDS appends ended (the offset after each, and the byte its batch starts at): a read from one of those
+offsets - a follower's fetch from its log end, a consumer at the tail - costs one header read, no index lookup and
+no scan. Any truncation forgets them.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ def offset_from_file_name(name: str) -> int:
     return int(name[: name.index(".")])
 
 
+RECENT_APPEND_ENDS = 16  # append ends remembered for reads at the tail
+
+
 class BatchLocation(NamedTuple):
     position: int
     size: int
@@ -91,6 +97,7 @@ class LogSegment:
         self.max_timestamp_so_far = self.time_index.last_entry
         self.created_ms = now_ms
         self._rolling_based_timestamp: int | None = None
+        self._append_ends: dict[int, int] = {}  # the offset after a recent append -> the byte its batch starts at
         jitter = config.segment_jitter_ms
         self.roll_jitter_ms = 0 if jitter == 0 else random.randrange(min(jitter, config.max_segment_ms))
 
@@ -128,6 +135,9 @@ class LogSegment:
         if position == 0:
             self._rolling_based_timestamp = first_batch_max_timestamp
         self.size = position + size
+        self._append_ends[largest_offset + 1] = self.size
+        if len(self._append_ends) > RECENT_APPEND_ENDS:
+            del self._append_ends[next(iter(self._append_ends))]
         if largest_timestamp > self.max_timestamp_so_far.timestamp:
             self.max_timestamp_so_far = TimestampOffset(largest_timestamp, offset_of_largest_timestamp)
         if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
@@ -199,6 +209,11 @@ class LogSegment:
 
         An index entry that does not name a batch at or before its offset (the index file was damaged after it
         was trusted at open) is not followed: the lookup scans from `starting_position` instead."""
+        position = self._append_ends.get(target_offset, -1)
+        if starting_position <= position < self.size:  # the batch after a recent append: its header says the rest
+            peeked = peek_batch(os.pread(self._fd, HEADER_SIZE, position), 0)
+            if peeked is not None and peeked.last_offset >= target_offset:
+                return BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.header)
         entry = self.index.lookup(target_offset)
         position = max(entry.position, starting_position)
         if position > starting_position:
@@ -351,6 +366,7 @@ class LogSegment:
     def truncate_log_file(self, size: int) -> None:
         os.ftruncate(self._fd, size)
         self.size = size
+        self._append_ends.clear()
 
     def truncate_to(self, offset: int) -> int:
         """Remove every batch from the one holding `offset` on; returns bytes removed."""
