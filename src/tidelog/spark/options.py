@@ -68,6 +68,7 @@ class ReadOptions:
     chunk_bytes: int = 16 << 20
     push_filters: bool = True
     stats_dir: str | None = None  # a JSON line per task with what it read (tests and benchmarks)
+    read_committed: bool = False  # kafka.isolation.level=read_committed: up to the last stable offset, no aborts
 
     @property
     def location(self) -> str:
@@ -370,11 +371,19 @@ def parse_read_options(options: Mapping[str, Any], *, streaming: bool) -> ReadOp
     for key, why in REJECTED_CONSUMER_PARAMS.items():
         if key in kafka_params:
             raise OptionError(f"option 'kafka.{key}' is not supported: {why}")
-    if paths and kafka_params:
+    isolation = kafka_params.get("isolation.level", "read_uncommitted").strip().lower()
+    if isolation not in ("read_uncommitted", "read_committed"):
         raise OptionError(
-            f"options {', '.join('kafka.' + k for k in sorted(kafka_params))} configure a Kafka client, "
-            "but 'path' reads the log files directly"
+            f"option 'kafka.isolation.level' must be read_uncommitted or read_committed, got {isolation!r}"
         )
+    client_params = {k: v for k, v in kafka_params.items() if k != "isolation.level"}
+    if paths and client_params:
+        raise OptionError(
+            f"options {', '.join('kafka.' + k for k in sorted(client_params))} configure a Kafka client, "
+            "but 'path' reads the log files directly (of the kafka.* options it takes only kafka.isolation.level)"
+        )
+    if paths:
+        kafka_params = {}
     max_trigger_delay = opts.get("maxTriggerDelay")
     chunk_bytes = _int(opts, "tidelog.chunkBytes", minimum=64 * 1024)
     return ReadOptions(
@@ -403,6 +412,7 @@ def parse_read_options(options: Mapping[str, Any], *, streaming: bool) -> ReadOp
         chunk_bytes=chunk_bytes or 16 << 20,
         push_filters=_bool(opts, "pushFilters", True),
         stats_dir=opts.get("tidelog.statsDir") or None,
+        read_committed=isolation == "read_committed",
     )
 
 
