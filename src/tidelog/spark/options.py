@@ -92,6 +92,8 @@ class WriteOptions:
     lock_timeout_ms: int = 120_000  # path writes: how long a task waits for the log directory's lock
     batch_records: int = 1000  # path writes: records per stored batch
     compression: str = "none"  # path writes (broker writes use kafka.compression.type)
+    exactly_once: bool = False  # tidelog.sink.exactlyOnce: tasks write in transactions the driver commits
+    transactional_id_prefix: str = "tidelog-spark-"  # tidelog.sink.transactionalIdPrefix
 
     @property
     def location(self) -> str:
@@ -134,6 +136,8 @@ WRITE_OPTIONS = [
     "tidelog.lockTimeoutMs",
     "tidelog.batchRecords",
     "tidelog.compression",
+    "tidelog.sink.exactlyOnce",
+    "tidelog.sink.transactionalIdPrefix",
 ]
 # Consumer settings the source decides itself (Spark's Kafka source rejects the same ones).
 REJECTED_CONSUMER_PARAMS = {
@@ -452,6 +456,24 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
     compression = (opts.get("tidelog.compression") or "none").lower()
     if compression not in ("none", "gzip", "snappy", "lz4", "zstd"):
         raise OptionError(f"option 'tidelog.compression' must be none, gzip, snappy, lz4 or zstd, got {compression!r}")
+    exactly_once = _bool(opts, "tidelog.sink.exactlyOnce", False)
+    if exactly_once and paths:
+        raise OptionError(
+            "option 'tidelog.sink.exactlyOnce' needs kafka.bootstrap.servers: the transactions are a broker's "
+            "(a task appending to the log files has none)"
+        )
+    protocol = kafka_params.get("security.protocol", "plaintext").lower()
+    if exactly_once and protocol != "plaintext":
+        raise OptionError(
+            f"option 'tidelog.sink.exactlyOnce' needs a PLAINTEXT listener (kafka.security.protocol is {protocol}): "
+            "the sink's driver ends the transactions with requests of its own, which speak neither TLS nor SASL"
+        )
+    if "transactional.id" in kafka_params:
+        raise OptionError(
+            "option 'kafka.transactional.id' is not supported: for transactional writes set "
+            "'tidelog.sink.exactlyOnce' (the sink gives each task its own id; 'tidelog.sink.transactionalIdPrefix' "
+            "names them)"
+        )
     return WriteOptions(
         paths=paths,
         bootstrap_servers=servers,
@@ -460,4 +482,6 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
         lock_timeout_ms=_int(opts, "tidelog.lockTimeoutMs", minimum=0) or 120_000,
         batch_records=_int(opts, "tidelog.batchRecords", minimum=1) or 1000,
         compression=compression,
+        exactly_once=exactly_once,
+        transactional_id_prefix=opts.get("tidelog.sink.transactionalIdPrefix") or "tidelog-spark-",
     )
