@@ -2,10 +2,11 @@
 `page_visits_per_window`) with the exactly-once sink, crashed and restarted from its checkpoint: a read_committed
 read of `page_visits_per_window` has every window exactly once, with the counts of the events produced.
 
-Two crashes: a driver process killed with SIGKILL mid-stream (wherever it was), and the one crash that makes Spark
-replay a micro-batch whose output was already committed: after the sink's commit, before Spark logged the batch
-as done. The second is made exactly, by taking the batch's entries off the checkpoint's logs as such a crash
-leaves them; the at-least-once sink writes that batch's windows twice, the exactly-once sink once."""
+The query stopped mid-stream, a driver process killed with SIGKILL mid-stream (wherever it was; marked slow: it
+starts a second JVM), and the one crash that makes Spark replay a micro-batch whose output was already committed:
+after the sink's commit, before Spark logged the batch as done. That one is made exactly, by taking the batch's
+entries off the checkpoint's logs as such a crash leaves them; the at-least-once sink writes that batch's windows
+twice, the exactly-once sink once."""
 
 from __future__ import annotations
 
@@ -86,9 +87,11 @@ def windows(bootstrap: str, isolation: str = "read_committed") -> list[tuple[str
         consumer.close()
 
 
-def start(spark: Any, bootstrap: str, checkpoint: Path, exactly_once: bool, written: Path) -> Any:
-    """The demo's query; a file in `written` names each micro-batch that wrote windows (foreachBatch may run in
-    a process of its own)."""
+def start(
+    spark: Any, bootstrap: str, checkpoint: Path, exactly_once: bool, written: Path, per_batch: int | None = None
+) -> Any:
+    """The demo's query (`per_batch`: maxOffsetsPerTrigger); a file in `written` names each micro-batch that wrote
+    windows (foreachBatch may run in a process of its own)."""
     written.mkdir(exist_ok=True)
     pipeline = demo.load_pipeline()
     sink = {"kafka.bootstrap.servers": bootstrap}
@@ -99,9 +102,12 @@ def start(spark: Any, bootstrap: str, checkpoint: Path, exactly_once: bool, writ
         if batch.count():
             (written / str(batch_id)).touch()
 
+    source = {"kafka.bootstrap.servers": bootstrap}
+    if per_batch is not None:
+        source["maxOffsetsPerTrigger"] = str(per_batch)
     return pipeline.start_pipeline(
         spark,
-        {"kafka.bootstrap.servers": bootstrap},
+        source,
         sink,
         str(checkpoint.parent / "windows.parquet"),
         str(checkpoint),
@@ -163,6 +169,26 @@ def test_a_batch_replayed_after_its_commit(
         assert {(s, p) for s, p, _ in found} == set(expected)
 
 
+def test_a_query_stopped_mid_stream(
+    spark: Any, fresh_broker: LocalBroker, tmp_path: Path, stream_cleanup: None
+) -> None:
+    """Small micro-batches, the query stopped as soon as windows are in the log (its running batch interrupted),
+    restarted from its checkpoint: every window once."""
+    bootstrap = fresh_broker.bootstrap
+    expected = produce_events(bootstrap)
+    checkpoint = tmp_path / "checkpoint"
+    query = start(spark, bootstrap, checkpoint, True, tmp_path / "first", per_batch=250)
+    wait_for(query, lambda: windows(bootstrap, "read_uncommitted"), "a window written")
+    query.stop()
+    assert len(windows(bootstrap)) < len(expected)  # stopped mid-stream
+    query = start(spark, bootstrap, checkpoint, True, tmp_path / "again")
+    wait_for(query, lambda: len(windows(bootstrap)) >= len(expected), "every window written after the restart")
+    query.stop()
+    found = windows(bootstrap)
+    assert {(s, p): c for s, p, c in found} == dict(expected)
+    assert len(found) == len(expected)  # every window exactly once
+
+
 KILLED_DRIVER = """
 import sys
 from pathlib import Path
@@ -184,6 +210,7 @@ query.awaitTermination()
 """
 
 
+@pytest.mark.slow  # a second Spark driver (its own JVM): about a minute on 2 cores
 def test_a_driver_killed_mid_stream(
     spark: Any, fresh_broker: LocalBroker, tmp_path: Path, stream_cleanup: None
 ) -> None:
