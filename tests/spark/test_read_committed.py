@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 import tidelog
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.errors import OptionError
 from tidelog.spark.committed import StableOffsets, aborted_transactions
+from tidelog.spark.local_broker import LocalBroker
 from tidelog.spark.logfiles import LogFiles
 from tidelog.spark.options import parse_read_options
 
@@ -211,3 +214,51 @@ def test_a_stream_waits_for_the_open_transaction(spark: Any, tmp_path: Path, str
         query.stop()
     finally:
         log.close()
+
+
+@pytest.mark.spark
+def test_both_paths_against_a_live_broker(spark: Any, broker: LocalBroker) -> None:
+    """confluent-kafka transactional producers write committed, aborted and open transactions through a running
+    broker; Spark in read_committed reads the same records through it and from its files (no snapshot at the log
+    end while it runs: the path reader walks the active segment)."""
+    topic = "txn-live"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)]).values():
+        future.result(timeout=30)
+
+    def producer(name: str) -> Producer:
+        made = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": name})
+        made.init_transactions(30)
+        made.begin_transaction()
+        return made
+
+    committed, aborted, still_open = producer("live-c"), producer("live-a"), producer("live-o")
+    for i in range(3):
+        committed.produce(topic, f"c{i}".encode())
+        aborted.produce(topic, f"a{i}".encode())
+    committed.flush()
+    aborted.flush()
+    committed.commit_transaction(30)
+    aborted.abort_transaction(30)
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    plain.produce(topic, b"p0")
+    plain.flush()
+    still_open.produce(topic, b"o0")
+    still_open.flush()
+    plain.produce(topic, b"p1")  # after the open transaction: beyond the last stable offset
+    plain.flush()
+
+    def read(**where: str) -> list[bytes]:
+        reader = spark.read.format("tidelog").option("subscribe", topic)
+        for key, value in where.items():
+            if key != "path":
+                reader = reader.option(key, value)
+        df = reader.load(*([where["path"]] if "path" in where else []))
+        return [bytes(r["value"]) for r in df.orderBy("offset").collect()]
+
+    isolation = {"kafka.isolation.level": "read_committed"}
+    assert read(**{"kafka.bootstrap.servers": broker.bootstrap}, **isolation) == [b"c0", b"c1", b"c2", b"p0"]
+    assert read(path=str(broker.log_dir), **isolation) == [b"c0", b"c1", b"c2", b"p0"]
+    everything = [b"c0", b"a0", b"c1", b"a1", b"c2", b"a2", b"p0", b"o0", b"p1"]
+    assert sorted(read(path=str(broker.log_dir))) == sorted(everything)
+    still_open.abort_transaction(30)
