@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines bench-admin-stall bench-replication bench-transactions crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
+.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-admin-stall bench-replication bench-transactions crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -89,8 +89,8 @@ crash-transactions-long: $(STAMP)
 test-cluster-faults: $(STAMP) system-deps java
 	$(PY) -m pytest -q -s -m slow tests/cluster
 
-bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-compaction bench-engines \
-	bench-admin-stall bench-replication bench-transactions
+bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction \
+	bench-engines bench-admin-stall bench-replication bench-transactions
 
 bench-append: $(STAMP)
 	$(PY) bench/append_throughput.py
@@ -116,6 +116,9 @@ bench-broker: $(STAMP) bench-peers
 
 bench-spark: $(STAMP)
 	$(PY) bench/spark_read.py
+
+bench-spark-sink: $(STAMP)
+	$(PY) bench/spark_sink.py
 
 bench-engines: $(STAMP)
 	$(PY) bench/engine_partitions.py --plot

@@ -4,7 +4,8 @@
 2. creates `page_visits` (5 partitions) and `page_visits_per_window` with a Kafka admin client, and produces
    page visits with a real Kafka client (confluent-kafka), keyed by user, the record timestamp being the visit time;
 3. runs the Structured Streaming query of `examples/page_visits_pipeline.py`: visits per page per 10-second window
-   with a 5-second watermark, each finished window written to `page_visits_per_window` and to Parquet,
+   with a 5-second watermark, each finished window written to `page_visits_per_window` (by the exactly-once
+   sink: each micro-batch's windows in Kafka transactions committed with the batch) and to Parquet,
    with a live progress line (on a terminal), or a plain status line every few seconds (CI logs, `| tee`);
 4. when the producer stops, sends one heartbeat 20 s later in event time so the watermark closes the last window,
    waits for it, stops the query, and prints the top pages from a batch read of the broker's log files, checked
@@ -261,6 +262,7 @@ class DemoBrokers:
     topic_config: ClassVar[dict[str, str]] = {}  # of both topics
     stop_reserve_s = STOP_RESERVE_S  # of the deadline: the time kept for stopping the query, the report, the stop
     strict = False  # True: the exit code is 1 unless every check of the report passed
+    exactly_once = False  # page_visits_per_window written in transactions, read read_committed (needs transactions)
 
     def missing(self) -> str | None:
         """What this variant needs beyond Spark and is not installed, or None."""
@@ -315,6 +317,7 @@ class SingleBroker(DemoBrokers):
     """`tidelog demo`: one `tidelog serve` child (LocalBroker); the report reads the broker's log files."""
 
     name = "tidelog serve"
+    exactly_once = True
 
     def __init__(self, log_dir: Path) -> None:
         self.broker = LocalBroker(log_dir, {"num.partitions": str(EVENTS_PARTITIONS)})
@@ -425,7 +428,7 @@ def run_demo(
                     progress.window_latencies_ms.append(now - end_ms)
 
         source = brokers.source(read_from)
-        sink = {"kafka.bootstrap.servers": brokers.bootstrap}
+        sink = sink_options(brokers)
         parquet_dir = str(data_dir / "windows.parquet")
         watchdog.phase = "starting the streaming query"
         query = pipeline.start_pipeline(
@@ -476,6 +479,20 @@ def run_demo(
         watchdog.phase = f"stopping {brokers.name}"
         brokers.stop(console)
         watchdog.cancel()
+
+
+def sink_options(brokers: DemoBrokers) -> dict[str, str]:
+    """Where and how the pipeline writes page_visits_per_window: through the broker, in transactions the driver
+    commits with each micro-batch when the brokers serve transactions (docs/spark.md, "Exactly-once")."""
+    sink = {"kafka.bootstrap.servers": brokers.bootstrap}
+    if brokers.exactly_once:
+        sink["tidelog.sink.exactlyOnce"] = "true"
+    return sink
+
+
+def results_source(brokers: DemoBrokers, source: dict[str, str]) -> dict[str, str]:
+    """How page_visits_per_window is read back: committed records only when it is written in transactions."""
+    return {**source, "kafka.isolation.level": "read_committed"} if brokers.exactly_once else source
 
 
 def _stream(
@@ -545,9 +562,12 @@ def _report(
     matches = all(windowed.get(page) == visits for page, visits in top)
     verdict = "[green]every window counted, none twice" if matches else "[red]windowed counts differ"
     console.print(f"{total:,} visits; {verdict}")
-    reader = pipeline.with_options(spark.read.format("tidelog"), source).option("subscribe", "page_visits_per_window")
-    topic_rows = reader.load(*([source["path"]] if "path" in source else []))
-    console.print(f"page_visits_per_window holds {topic_rows.count():,} window results; the first:")
+    reader = pipeline.with_options(spark.read.format("tidelog"), results_source(brokers, source))
+    topic_rows = reader.option("subscribe", "page_visits_per_window").load(
+        *([source["path"]] if "path" in source else [])
+    )
+    how = " (committed, each micro-batch once: the exactly-once sink)" if brokers.exactly_once else ""
+    console.print(f"page_visits_per_window holds {topic_rows.count():,} window results{how}; the first:")
     for row in topic_rows.orderBy("offset").limit(3).collect():
         console.print(f"  offset {row['offset']}: {row['value'].decode()}")
     if progress.window_latencies_ms:

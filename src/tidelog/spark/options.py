@@ -68,6 +68,7 @@ class ReadOptions:
     chunk_bytes: int = 16 << 20
     push_filters: bool = True
     stats_dir: str | None = None  # a JSON line per task with what it read (tests and benchmarks)
+    read_committed: bool = False  # kafka.isolation.level=read_committed: up to the last stable offset, no aborts
 
     @property
     def location(self) -> str:
@@ -91,6 +92,8 @@ class WriteOptions:
     lock_timeout_ms: int = 120_000  # path writes: how long a task waits for the log directory's lock
     batch_records: int = 1000  # path writes: records per stored batch
     compression: str = "none"  # path writes (broker writes use kafka.compression.type)
+    exactly_once: bool = False  # tidelog.sink.exactlyOnce: tasks write in transactions the driver commits
+    transactional_id_prefix: str = "tidelog-spark-"  # tidelog.sink.transactionalIdPrefix
 
     @property
     def location(self) -> str:
@@ -133,6 +136,8 @@ WRITE_OPTIONS = [
     "tidelog.lockTimeoutMs",
     "tidelog.batchRecords",
     "tidelog.compression",
+    "tidelog.sink.exactlyOnce",
+    "tidelog.sink.transactionalIdPrefix",
 ]
 # Consumer settings the source decides itself (Spark's Kafka source rejects the same ones).
 REJECTED_CONSUMER_PARAMS = {
@@ -370,11 +375,19 @@ def parse_read_options(options: Mapping[str, Any], *, streaming: bool) -> ReadOp
     for key, why in REJECTED_CONSUMER_PARAMS.items():
         if key in kafka_params:
             raise OptionError(f"option 'kafka.{key}' is not supported: {why}")
-    if paths and kafka_params:
+    isolation = kafka_params.get("isolation.level", "read_uncommitted").strip().lower()
+    if isolation not in ("read_uncommitted", "read_committed"):
         raise OptionError(
-            f"options {', '.join('kafka.' + k for k in sorted(kafka_params))} configure a Kafka client, "
-            "but 'path' reads the log files directly"
+            f"option 'kafka.isolation.level' must be read_uncommitted or read_committed, got {isolation!r}"
         )
+    client_params = {k: v for k, v in kafka_params.items() if k != "isolation.level"}
+    if paths and client_params:
+        raise OptionError(
+            f"options {', '.join('kafka.' + k for k in sorted(client_params))} configure a Kafka client, "
+            "but 'path' reads the log files directly (of the kafka.* options it takes only kafka.isolation.level)"
+        )
+    if paths:
+        kafka_params = {}
     max_trigger_delay = opts.get("maxTriggerDelay")
     chunk_bytes = _int(opts, "tidelog.chunkBytes", minimum=64 * 1024)
     return ReadOptions(
@@ -403,6 +416,7 @@ def parse_read_options(options: Mapping[str, Any], *, streaming: bool) -> ReadOp
         chunk_bytes=chunk_bytes or 16 << 20,
         push_filters=_bool(opts, "pushFilters", True),
         stats_dir=opts.get("tidelog.statsDir") or None,
+        read_committed=isolation == "read_committed",
     )
 
 
@@ -442,6 +456,24 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
     compression = (opts.get("tidelog.compression") or "none").lower()
     if compression not in ("none", "gzip", "snappy", "lz4", "zstd"):
         raise OptionError(f"option 'tidelog.compression' must be none, gzip, snappy, lz4 or zstd, got {compression!r}")
+    exactly_once = _bool(opts, "tidelog.sink.exactlyOnce", False)
+    if exactly_once and paths:
+        raise OptionError(
+            "option 'tidelog.sink.exactlyOnce' needs kafka.bootstrap.servers: the transactions are a broker's "
+            "(a task appending to the log files has none)"
+        )
+    protocol = kafka_params.get("security.protocol", "plaintext").lower()
+    if exactly_once and protocol != "plaintext":
+        raise OptionError(
+            f"option 'tidelog.sink.exactlyOnce' needs a PLAINTEXT listener (kafka.security.protocol is {protocol}): "
+            "the sink's driver ends the transactions with requests of its own, which speak neither TLS nor SASL"
+        )
+    if "transactional.id" in kafka_params:
+        raise OptionError(
+            "option 'kafka.transactional.id' is not supported: for transactional writes set "
+            "'tidelog.sink.exactlyOnce' (the sink gives each task its own id; 'tidelog.sink.transactionalIdPrefix' "
+            "names them)"
+        )
     return WriteOptions(
         paths=paths,
         bootstrap_servers=servers,
@@ -450,4 +482,6 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
         lock_timeout_ms=_int(opts, "tidelog.lockTimeoutMs", minimum=0) or 120_000,
         batch_records=_int(opts, "tidelog.batchRecords", minimum=1) or 1000,
         compression=compression,
+        exactly_once=exactly_once,
+        transactional_id_prefix=opts.get("tidelog.sink.transactionalIdPrefix") or "tidelog-spark-",
     )

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from tidelog.errors import DataLossError, OptionError, UnknownTopicOrPartitionError
+from tidelog.spark.committed import StableOffsets
 from tidelog.spark.logfiles import LogFiles, data_loss_message
 from tidelog.spark.offsets import OffsetRange, PushedFilters, TopicPartition, split_ranges
 from tidelog.spark.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, Subscription
@@ -35,10 +36,12 @@ class Backend(Protocol):
 
 
 class FileBackend:
-    """Planning answers read from log directories (no broker, no lock)."""
+    """Planning answers read from log directories (no broker, no lock). With `read_committed` the latest offset
+    is the last stable offset (committed.py), which a streaming query's backend tracks from trigger to trigger."""
 
-    def __init__(self, paths: Sequence[str]) -> None:
+    def __init__(self, paths: Sequence[str], read_committed: bool = False) -> None:
         self.files = LogFiles(paths)
+        self.stable = StableOffsets() if read_committed else None
 
     def topic_partitions(self) -> dict[str, list[int]]:
         return self.files.topics()
@@ -47,6 +50,8 @@ class FileBackend:
         return {tp: self.files.partition(*tp).log_start_offset() for tp in partitions}
 
     def latest(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        if self.stable is not None:
+            return {tp: self.stable.last_stable_offset(self.files.partition(*tp)) for tp in partitions}
         return {tp: self.files.partition(*tp).readable_end_offset() for tp in partitions}
 
     def offset_for_timestamp(self, tp: TopicPartition, timestamp_ms: int) -> int | None:
@@ -61,7 +66,7 @@ class FileBackend:
 
 def open_backend(options: ReadOptions) -> Backend:
     if options.paths:
-        return FileBackend(options.paths)
+        return FileBackend(options.paths, options.read_committed)
     from tidelog.spark.kafka_client import KafkaBackend
 
     return KafkaBackend(options)

@@ -62,6 +62,7 @@ from tidelog.codec.record_columns import RecordColumns, from_records
 from tidelog.codec.record_set import decode_batch, read_batch_info
 from tidelog.errors import CrcMismatchError, DataLossError
 from tidelog.spark import arrow
+from tidelog.spark.committed import aborted_mask, aborted_transactions
 from tidelog.spark.logfiles import data_loss_message, locate
 from tidelog.spark.offsets import (
     Bound,
@@ -188,6 +189,7 @@ def read_partition(options: ReadOptions, part: TidelogPartition) -> Iterator[pa.
 def _file_columns(options: ReadOptions, part: TidelogPartition, stats: ReadStats) -> Iterator[RecordColumns]:
     files = locate(options.paths, part.topic, part.partition)
     low = part.timestamps.low
+    aborted = aborted_transactions(files, part.start, part.end) if options.read_committed else []
     for chunk in files.read(
         part.start, part.end, fail_on_data_loss=options.fail_on_data_loss, chunk_bytes=options.chunk_bytes
     ):
@@ -197,6 +199,8 @@ def _file_columns(options: ReadOptions, part: TidelogPartition, stats: ReadStats
         wanted = (last >= part.start) & ~table.is_control
         if low is not None:  # batches whose largest timestamp is below the bound hold no wanted row
             wanted &= table.max_timestamp >= low
+        if aborted:
+            wanted &= ~aborted_mask(table, aborted)
         v2 = wanted & (table.magic == 2)
         base = table.header["base_offset"].astype(np.int64)
         v2 &= base < part.end

@@ -10,16 +10,22 @@ enable.idempotence=true, Java-compatible murmur2 partitioning); `path` = each ta
 appends them to the log directory itself, holding the directory's lock only while it appends (so it cannot write
 while a broker serves that directory; write through the broker then).
 
-Delivery guarantee, honestly: at-least-once. Within one task attempt nothing is written twice (the idempotent
+Delivery guarantee by default: at-least-once. Within one task attempt nothing is written twice (the idempotent
 producer drops its own retries; a local append happens once or raises). A task Spark retries, a failed job Spark
 re-runs, or a micro-batch replayed after a crash writes its records again; readers that need exactly-once must
 de-duplicate, for example on a key. Nothing is rolled back on abort.
+
+`tidelog.sink.exactlyOnce=true` (through a broker): each task writes in a Kafka transaction that the driver
+commits when Spark commits the batch (or the job), and a replayed micro-batch skips the tasks whose transaction
+was committed before; read_committed readers see each batch once (transactions.py has the protocol).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,9 +40,15 @@ from tidelog.codec.record_batch import Record, build_batch
 from tidelog.errors import KafkaClientError, KafkaStorageError, OptionError, UnknownTopicOrPartitionError
 from tidelog.partitioner import partition_for_key
 from tidelog.spark.options import WriteOptions, parse_write_options
+from tidelog.spark.transactions import MARKER_METADATA, CoordinatorClient, OpenTransaction
 
+log = logging.getLogger("tidelog.spark")
 FLUSH_BYTES = 16 << 20  # path writes: encoded bytes a task buffers before it takes the lock and appends
 LOCK_RETRY_S = 0.05
+TRANSACTION_CALL_TIMEOUT_S = 60.0
+# What Spark's stream execution sets on the tasks of a micro-batch (StreamExecution, MicroBatchExecution).
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +58,7 @@ class SinkSpec:
     has_topic: bool
     has_partition: bool
     has_headers: bool
+    write_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # names a batch write's transactions
 
 
 def check_overwrite(overwrite: bool) -> None:
@@ -146,6 +159,8 @@ def _check_broker_topic(options: WriteOptions, topic: str) -> None:
 class WriteSummary(WriterCommitMessage):
     records: int = 0
     per_partition: dict[str, int] = field(default_factory=dict)
+    transaction: OpenTransaction | None = None  # exactly-once: the task's open transaction, for the driver to end
+    skipped: int = 0  # exactly-once: rows not written again, their batch being committed already
 
 
 def _column(batch: pa.RecordBatch, name: str, binary: bool = False) -> list[Any]:
@@ -272,11 +287,11 @@ class _LogDirWriter:
 
 
 class _ProducerWriter:
-    def __init__(self, options: WriteOptions) -> None:
+    def __init__(self, options: WriteOptions, **extra: Any) -> None:
         from confluent_kafka import Producer
 
         self.options = options
-        self.producer = Producer(_producer_config(options))
+        self.producer = Producer({**_producer_config(options), **extra})
         self.errors: list[str] = []
         self.summary = WriteSummary()
 
@@ -317,14 +332,105 @@ class _ProducerWriter:
         )
 
 
+class _TransactionalWriter(_ProducerWriter):
+    """One task's transaction (transactions.py): fence earlier producers of the id, skip a batch already
+    committed, write, learn the producer id and epoch, add the batch marker, and leave the transaction open for
+    the driver."""
+
+    def __init__(self, options: WriteOptions, name: str, batch_id: int | None) -> None:
+        assert options.bootstrap_servers is not None
+        self.transactional_id = f"{options.transactional_id_prefix}{name}"
+        super().__init__(options, **{"transactional.id": self.transactional_id})
+        self.batch_id = batch_id
+        self.control = CoordinatorClient(options.bootstrap_servers)
+        self.producer.init_transactions(TRANSACTION_CALL_TIMEOUT_S)  # fences and aborts earlier producers of the id
+        done = None if batch_id is None else self.control.committed_batch(self.transactional_id)
+        self.already_committed = done is not None and batch_id is not None and done >= batch_id
+        self.first_topic: str | None = None
+
+    def add(self, topic: str, given: int | None, record: Record) -> None:
+        if self.already_committed:
+            self.summary.skipped += 1
+            return
+        if self.first_topic is None:
+            self.first_topic = topic
+            self.producer.begin_transaction()
+        super().add(topic, given, record)
+
+    def flush(self) -> None:
+        if self.first_topic is None:
+            return  # no row, or the batch is in already: no transaction
+        super().flush()
+        # The id's producer id and epoch, read while the transaction is open. Should a newer attempt fence this
+        # producer before this point, the marker below fails (it carries our epoch), so the driver is never
+        # handed the newer attempt's transaction; after it, the driver's EndTxn with our epoch is refused.
+        txn = self.control.describe(self.transactional_id)
+        self._add_marker(self.first_topic)
+        self.summary.transaction = txn
+
+    def _add_marker(self, topic: str) -> None:
+        """The batch marker (offset batch id + 1 of the id's group; 0 for a batch write, which is not replayed),
+        committed with the rows."""
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+        group = Consumer({"bootstrap.servers": self.options.bootstrap_servers, "group.id": self.transactional_id})
+        try:
+            batch = -1 if self.batch_id is None else self.batch_id
+            marker = TopicPartition(topic, 0, batch + 1, metadata=f"{MARKER_METADATA}{batch}")
+            self.producer.send_offsets_to_transaction(
+                [marker], group.consumer_group_metadata(), TRANSACTION_CALL_TIMEOUT_S
+            )
+        except KafkaException as exc:
+            raise KafkaClientError(f"{self.transactional_id}: adding the batch marker failed: {exc}") from None
+        finally:
+            group.close()
+
+
+def _task_writer(spec: SinkSpec) -> _LogDirWriter | _ProducerWriter:
+    options = spec.options
+    if options.paths:
+        return _LogDirWriter(options)
+    if not options.exactly_once:
+        return _ProducerWriter(options)
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    assert context is not None, "a sink task runs in a Spark task"
+    query = context.getLocalProperty(QUERY_ID_PROPERTY)
+    batch = context.getLocalProperty(BATCH_ID_PROPERTY)
+    topic = f"{options.topic}-" if options.topic else ""  # two writes of one micro-batch, to two topics
+    if query is None or batch is None:  # a batch write: one job, ended by the driver's commit or abort
+        return _TransactionalWriter(options, f"{spec.write_id}-{topic}{context.partitionId()}", None)
+    return _TransactionalWriter(options, f"{query}-{topic}{context.partitionId()}", int(batch))
+
+
 def write_task(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> WriteSummary:
-    writer: _LogDirWriter | _ProducerWriter
-    writer = _LogDirWriter(spec.options) if spec.options.paths else _ProducerWriter(spec.options)
+    writer = _task_writer(spec)
     for batch in batches:
         for topic, partition, record in _rows(spec, batch):
             writer.add(topic, partition, record)
     writer.flush()
     return writer.summary
+
+
+def end_transactions(spec: SinkSpec, messages: list[WriterCommitMessage | None], commit: bool) -> None:
+    """The driver's half of exactly-once: end every task's open transaction (at-least-once: nothing to do, the
+    records are in the log and cannot be taken back). A refused commit raises (the batch fails and is replayed);
+    a refused abort is left to the next producer of the id or the transaction timeout."""
+    if not spec.options.exactly_once:
+        return
+    assert spec.options.bootstrap_servers is not None
+    control = CoordinatorClient(spec.options.bootstrap_servers)
+    for message in messages:
+        if not isinstance(message, WriteSummary) or message.transaction is None:
+            continue
+        if commit:
+            control.end(message.transaction, commit=True)
+            continue
+        try:
+            control.end(message.transaction, commit=False)
+        except KafkaClientError as exc:
+            log.warning("tidelog sink: %s; the transaction timeout or the next attempt aborts it", exc)
 
 
 class TidelogBatchWriter(DataSourceArrowWriter):
@@ -335,10 +441,10 @@ class TidelogBatchWriter(DataSourceArrowWriter):
         return write_task(self.spec, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        pass  # every task's records are already in the log
+        end_transactions(self.spec, messages, commit=True)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        pass  # appended records cannot be taken back: at-least-once (see the module docstring)
+        end_transactions(self.spec, messages, commit=False)
 
 
 class TidelogStreamWriter(DataSourceStreamArrowWriter):
@@ -349,7 +455,7 @@ class TidelogStreamWriter(DataSourceStreamArrowWriter):
         return write_task(self.spec, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
+        end_transactions(self.spec, messages, commit=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
+        end_transactions(self.spec, messages, commit=False)
