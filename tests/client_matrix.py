@@ -84,6 +84,7 @@ MODULES = [
     "tests/integration/test_configs.py",
     "tests/integration/test_old_versions.py",
     "tests/integration/test_quotas.py",
+    "tests/integration/test_transactions.py",
     "tests/security/test_authentication.py",
     "tests/security/test_acls.py",
 ]
