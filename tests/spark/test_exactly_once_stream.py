@@ -137,7 +137,8 @@ def replay_from(checkpoint: Path, batch_id: int) -> None:
     batch's offsets are logged, its commit not, and nothing after it."""
     for log in ("offsets", "commits"):
         for entry in (checkpoint / log).iterdir():
-            if entry.name.isdigit() and int(entry.name) >= batch_id + (log == "offsets"):
+            number = entry.name.removeprefix(".").removesuffix(".crc")  # N and Hadoop's checksum .N.crc
+            if number.isdigit() and int(number) >= batch_id + (log == "offsets"):
                 entry.unlink()
 
 

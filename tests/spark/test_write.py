@@ -159,6 +159,53 @@ def test_streaming_write_from_files_to_the_broker(spark: Any, broker: LocalBroke
     assert len(values) == len(set(values)) == 127
 
 
+def test_exactly_once_streaming_write_replayed(spark: Any, broker: LocalBroker, tmp_path: Path) -> None:
+    """writeStream with tidelog.sink.exactlyOnce: every micro-batch in transactions the driver commits; the last
+    batch replayed as after a crash between the sink's commit and Spark's commit log is not written again."""
+    source = tmp_path / "source"
+    with tidelog.open(source, background=False) as log:
+        log.create_topic("in", partitions=2)
+        for p in range(2):
+            log.produce("in", p, make_records("in", p, 60, headers=False))
+    create_topic(broker.bootstrap, "copied-once", 2)
+    checkpoint = tmp_path / "ck"
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("tidelog")
+            .option("subscribe", "in")
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "50")
+            .load(str(source))
+            .select("key", "value")
+            .writeStream.format("tidelog")
+            .option("kafka.bootstrap.servers", broker.bootstrap)
+            .option("topic", "copied-once")
+            .option("tidelog.sink.exactlyOnce", "true")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+
+    run()
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    for name in (str(last), f".{last}.crc"):  # the batch is replayed at the restart
+        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    run()
+    assert (checkpoint / "commits" / str(last)).exists()
+    consumer_config = {"bootstrap.servers": broker.bootstrap, "group.id": "check", "isolation.level": "read_committed"}
+    consumer = Consumer(consumer_config)
+    try:
+        ends = [consumer.get_watermark_offsets(TopicPartition("copied-once", p), cached=False)[1] for p in (0, 1)]
+    finally:
+        consumer.close()
+    values = sorted(r["value"] for r in consume_all(broker.bootstrap, "copied-once", 2))
+    assert len(values) == len(set(values)) == 120
+    assert sum(ends) > 120  # the last stable offsets are the log ends, markers included: nothing left open
+
+
 def test_streaming_write_to_a_log_directory(spark: Any, tmp_path: Path) -> None:
     source, target = tmp_path / "source", tmp_path / "target"
     with tidelog.open(source, background=False) as log:

@@ -131,15 +131,28 @@ class CoordinatorClient:
             )
         return OpenTransaction(transactional_id, int(state.producer_id), int(state.producer_epoch))
 
-    def end(self, txn: OpenTransaction, commit: bool) -> None:
-        """EndTxn for `txn`: commit or abort it; raises KafkaClientError when the coordinator refuses."""
+    def end(self, txns: list[OpenTransaction], commit: bool) -> list[KafkaClientError]:
+        """EndTxn for each of `txns` (concurrently): commit or abort them; the refusals, one error each."""
+        return asyncio.run(self._end_all(txns, commit))
+
+    async def _end_all(self, txns: list[OpenTransaction], commit: bool) -> list[KafkaClientError]:
+        outcomes = await asyncio.gather(*(self._end(txn, commit) for txn in txns), return_exceptions=True)
+        refused = []
+        for outcome in outcomes:
+            if isinstance(outcome, KafkaClientError):
+                refused.append(outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return refused
+
+    async def _end(self, txn: OpenTransaction, commit: bool) -> None:
         body = {
             "transactional_id": txn.transactional_id,
             "producer_id": txn.producer_id,
             "producer_epoch": txn.producer_epoch,
             "committed": commit,
         }
-        response = self._run(txn.transactional_id, TRANSACTION, END_TXN, 3, body)
+        response = await self._call(txn.transactional_id, TRANSACTION, END_TXN, 3, body)
         code = int(response.error_code)
         if code != NONE:
             verb = "commit" if commit else "abort"

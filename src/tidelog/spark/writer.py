@@ -420,17 +420,14 @@ def end_transactions(spec: SinkSpec, messages: list[WriterCommitMessage | None],
     if not spec.options.exactly_once:
         return
     assert spec.options.bootstrap_servers is not None
-    control = CoordinatorClient(spec.options.bootstrap_servers)
-    for message in messages:
-        if not isinstance(message, WriteSummary) or message.transaction is None:
-            continue
-        if commit:
-            control.end(message.transaction, commit=True)
-            continue
-        try:
-            control.end(message.transaction, commit=False)
-        except KafkaClientError as exc:
-            log.warning("tidelog sink: %s; the transaction timeout or the next attempt aborts it", exc)
+    txns = [m.transaction for m in messages if isinstance(m, WriteSummary) and m.transaction is not None]
+    if not txns:
+        return
+    refused = CoordinatorClient(spec.options.bootstrap_servers).end(txns, commit)
+    if refused and commit:
+        raise KafkaClientError("; ".join(str(error) for error in refused))
+    for error in refused:
+        log.warning("tidelog sink: %s; the transaction timeout or the next attempt aborts it", error)
 
 
 class TidelogBatchWriter(DataSourceArrowWriter):
