@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
+import kafka_wire
 from broker_process import BrokerFactory, BrokerProcess
 from tidelog.errors import ErrorCode
 from tidelog.protocol.client import BrokerConnection
@@ -282,3 +283,18 @@ def test_a_restarted_broker_reloads_open_transactions(txn_broker: BrokerProcess)
     fresh.commit_transaction(10)
     assert end_offsets(txn_broker, "tx-restart") == [4]  # in-flight, ABORT, after, COMMIT
     assert read_all(txn_broker, "tx-restart", "read_uncommitted") == [b"in-flight", b"after"]
+
+
+def test_the_transaction_state_topic_is_the_brokers(txn_broker: BrokerProcess) -> None:
+    """Metadata marks __transaction_state internal; clients may neither delete it nor add partitions to it."""
+    create_topic(txn_broker, "tx-internal")
+    p = producer(txn_broker, "tx-internal-id")
+    p.init_transactions(10)  # the coordinator's topic exists from here on
+    admin = AdminClient({"bootstrap.servers": txn_broker.bootstrap})
+    [answer] = kafka_wire.metadata(txn_broker.bootstrap, ["__transaction_state"]).topics
+    assert (answer.error_code, answer.is_internal) == (0, True)
+    with pytest.raises(KafkaException, match="TOPIC_EXCEPTION"):
+        admin.delete_topics(["__transaction_state"])["__transaction_state"].result(10)
+    with pytest.raises(KafkaException, match="TOPIC_EXCEPTION"):
+        admin.create_partitions([NewPartitions("__transaction_state", 60)])["__transaction_state"].result(10)
+    assert kafka_wire.metadata(txn_broker.bootstrap, ["__transaction_state"]).topics[0].error_code == 0

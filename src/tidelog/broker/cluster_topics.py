@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from tidelog.broker import zk_layout as zk
-from tidelog.broker.cluster_metadata import OFFSETS_TOPIC, ClusterView, MetadataCache, TopicView
+from tidelog.broker.cluster_metadata import ClusterView, MetadataCache, TopicView
 from tidelog.broker.replica_assignment import BrokerPlacement, assign_replicas
+from tidelog.broker.topics import INTERNAL_TOPICS
 from tidelog.errors import (
     InvalidPartitionsError,
     InvalidReplicaAssignmentError,
@@ -81,14 +82,15 @@ class ClusterTopics:
         *,
         internal: bool = False,
     ) -> zk.TopicAssignment:
-        """Check a topic to create against the cluster and place its replicas; nothing is written. `internal`: the
-        brokers' own `__consumer_offsets` (cluster_groups.py), which clients may not create."""
+        """Check a topic to create against the cluster and place its replicas; nothing is written. `internal`: one of
+        the brokers' own topics (`__consumer_offsets`, cluster_groups.py; `__transaction_state`,
+        cluster_transactions.py), which clients may not create."""
         validate_topic_name(name)
         view = self.cache.view
         if name in view.topic_names:
             raise TopicExistsError(f"Topic '{name}' already exists.")
-        if name == OFFSETS_TOPIC and not internal:
-            raise InvalidTopicError(f"{name} is an internal topic: the brokers create it when a group needs it")
+        if name in INTERNAL_TOPICS and not internal:
+            raise InvalidTopicError(f"{name} is an internal topic: the brokers create it when they need it")
         collision = next((t for t in view.topic_names if t.replace(".", "_") == name.replace(".", "_")), None)
         if collision is not None:
             raise InvalidTopicError(f"Topic '{name}' collides with existing topic: {collision}")

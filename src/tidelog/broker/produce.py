@@ -36,6 +36,7 @@ from tidelog.atomic_files import write_atomically
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, LeaderCheck, Response
 from tidelog.broker.quotas import QuotaKind
+from tidelog.broker.topics import INTERNAL_TOPICS
 from tidelog.codec.legacy_write import upconvert
 from tidelog.codec.record_batch import read_header
 from tidelog.errors import (
@@ -61,7 +62,6 @@ log = logging.getLogger("tidelog.broker")
 
 PRODUCER_ID_BLOCK_FILE = "tidelog-producer-id-block"
 PRODUCER_ID_BLOCK_SIZE = 1000
-INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 
 @dataclass

@@ -12,8 +12,9 @@ without a live leader is LEADER_NOT_AVAILABLE), and topic changes are written to
 broker's cache carry them out. DeleteRecords goes to the partition's leader (NOT_LEADER_OR_FOLLOWER elsewhere).
 
 Metadata auto-creates a requested topic when both the client allows it and `auto.create.topics.enable` is on.
-The internal topic `__consumer_offsets` belongs to the broker: no client may delete it, add partitions to it or
-delete records from it (INVALID_TOPIC_EXCEPTION, as Kafka answers).
+The internal topics `__consumer_offsets` and `__transaction_state` belong to the brokers: Metadata marks them
+internal, and no client may delete them, add partitions to them or delete records from them
+(INVALID_TOPIC_EXCEPTION, as Kafka answers).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidelog.broker")
 
 AUTHORIZED_OPERATIONS_OMITTED = -(1 << 31)
-INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})  # the brokers' own: offsets, transactions
 # Creating a partition takes ~5-10 ms (files, index mappings, checkpoints) on the admin thread (admin.py): one
 # request may add at most this many, so it holds that thread - and the admin requests queued behind it - for seconds
 # at most.
@@ -492,7 +493,7 @@ class TopicApis:
                     partitions.append(result)
                     continue
                 try:
-                    if topic.name in INTERNAL_TOPICS:  # Kafka's answer: the offsets topic is the broker's to trim
+                    if topic.name in INTERNAL_TOPICS:  # Kafka's answer: the internal topics are the brokers' to trim
                         raise InvalidTopicError(f"Cannot delete records of internal topic {topic.name}")
                     if self.cluster is not None:
                         self.cluster.cache.check_leader(topic.name, partition.partition_index)
