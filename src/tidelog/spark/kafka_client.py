@@ -148,6 +148,7 @@ _TRANSIENT_CODES = {
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError._TRANSPORT,
     KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._DESTROY_BROKER,  # a request to a broker that left the metadata (killed) while it was waiting
 }
 
 
