@@ -103,6 +103,10 @@ def _query_message(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # kio registers hypothesis strategies for its types whenever hypothesis (a test dependency) can be imported: a
+    # broker process generates no test data, and the registration would cost every start a few hundred ms (seconds
+    # in a working directory without hypothesis's cache)
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
     from tidelog.broker.run import serve
 
     return serve(args.config, args.override)

@@ -209,7 +209,9 @@ class Broker:
         self.txn_markers = TxnMarkerApis(
             self.engine, self.authorizer, self.flusher, self.fetch.notifier, check_leader, self.replicas
         )
-        txn_log = TransactionLog(self.engine, config.transactions, self.flusher, self.replicas, check_leader)
+        txn_log = TransactionLog(
+            self.engine, config.transactions, self.flusher, self.admin, self.replicas, check_leader
+        )
         self.transactions = TransactionCoordinator(
             config.transactions,
             config.node_id,

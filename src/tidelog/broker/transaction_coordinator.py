@@ -146,10 +146,14 @@ class TransactionCoordinator:
     # --- lifecycle --------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """A single broker: create the topic if missing, load every partition, start the periodic checks."""
-        self.log.open()
-        for partition in range(self.log.partitions):
-            self.load_partition(partition)
+        """A single broker: load every partition (none to replay before the topic's first write), start the periodic
+        checks."""
+        if self.log.open():
+            for partition in range(self.log.partitions):
+                self.load_partition(partition)
+        else:
+            self.loaded.update(range(self.log.partitions))
+            self.coordinator_epochs.update(dict.fromkeys(range(self.log.partitions), 0))
         self.start_timers()
 
     def start_timers(self) -> None:

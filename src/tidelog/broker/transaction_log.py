@@ -5,12 +5,14 @@ One record per change of a transactional id's state, in Kafka's key and value fo
 `abs(javaHashCode(transactionalId)) % transaction.state.log.num.partitions`. Replaying a partition gives each
 transactional id's latest state (last value per key wins, a tombstone forgets the id).
 
-The topic is created as Kafka creates it: `cleanup.policy=compact`, `segment.bytes=transaction.state.log.segment.bytes`,
-`retention.ms=-1`, and in a cluster `min.insync.replicas=min(transaction.state.log.min.isr, replication factor)`. On
-a single broker it is created at start; in a cluster (cluster_transactions.py) at the first FindCoordinator for a
-transactional id, and `partitions` is then the cluster topic's count. On the Kafka engine the log cleaner compacts
-it; on an engine without a cleaner it only grows by the records of state changes (a few per transaction) until
-retention by size is set.
+The topic is created as Kafka creates it: `cleanup.policy=compact`,
+`segment.bytes=transaction.state.log.segment.bytes`, `retention.ms=-1`, and in a cluster
+`min.insync.replicas=min(transaction.state.log.min.isr, replication factor)`. On a single broker it is created with
+the first state written (as Kafka creates it at the first FindCoordinator for a transactional id: a broker that never
+coordinates a transaction never makes its 50 partitions); in a cluster (cluster_transactions.py) at the first
+FindCoordinator for a transactional id, and `partitions` is then the cluster topic's count. On the Kafka engine the
+log cleaner compacts it; on an engine without a cleaner it only grows by the records of state changes (a few per
+transaction) until retention by size is set.
 
 A write is one batch appended like a produced one, in a cluster only while this broker leads the partition (else
 NOT_COORDINATOR and nothing is appended); it waits for the group commit when the flush policy asks for
@@ -21,6 +23,7 @@ there fails with NOT_COORDINATOR (leadership moved) or COORDINATOR_NOT_AVAILABLE
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -37,9 +40,10 @@ from tidelog.errors import (
     TidelogError,
     UnknownTopicOrPartitionError,
 )
-from tidelog.storage.api import StorageEngine
+from tidelog.storage.api import StorageEngine, TopicDescription
 
 if TYPE_CHECKING:
+    from tidelog.broker.admin import AdminExecutor
     from tidelog.broker.config import TransactionConfig
     from tidelog.broker.handler import LeaderCheck
     from tidelog.broker.produce import Flusher
@@ -57,15 +61,19 @@ class TransactionLog:
         engine: StorageEngine,
         config: TransactionConfig,
         flusher: Flusher,
+        admin: AdminExecutor,
         replication: ReplicaManager | None = None,
         check_leader: LeaderCheck | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
         self.flusher = flusher
+        self.admin = admin  # where a single broker creates the topic, off the event loop
         self.replication = replication  # a cluster's: writes wait for the ISR
         self.check_leader = check_leader  # a cluster's: writes only while this broker leads the partition
         self.partitions = config.transaction_state_log_num_partitions
+        self._creating: asyncio.Task[TopicDescription] | None = None  # a single broker's creation of the topic
+        self._exists = False  # known to exist (an internal topic is never deleted)
 
     def topic_configs(self, replication_factor: int = 1) -> dict[str, str]:
         configs = {
@@ -79,12 +87,13 @@ class TransactionLog:
             configs["min.insync.replicas"] = str(min(self.config.transaction_state_log_min_isr, replication_factor))
         return configs
 
-    def open(self) -> None:
-        """A single broker's: create the topic on first start (its partitions are then replayed one by one)."""
+    def open(self) -> bool:
+        """A single broker's: does the topic exist (its partitions are then replayed one by one)?"""
         description = self.engine.topics().get(TRANSACTION_STATE_TOPIC)
         if description is None:
-            self.engine.create_topic(TRANSACTION_STATE_TOPIC, self.partitions, self.topic_configs())
-        elif description.partitions != self.partitions:
+            return False
+        self._exists = True
+        if description.partitions != self.partitions:
             log.warning(
                 "%s has %d partitions but transaction.state.log.num.partitions is %d; keeping %d",
                 TRANSACTION_STATE_TOPIC,
@@ -93,6 +102,27 @@ class TransactionLog:
                 description.partitions,
             )
             self.partitions = description.partitions
+        return True
+
+    async def _ensure_topic(self) -> None:
+        """A single broker's first write creates the topic (once, however many writes wait for it)."""
+        if self._exists:
+            return
+        if TRANSACTION_STATE_TOPIC in self.engine.topics():
+            self._exists = True
+            return
+        creating = self._creating
+        if creating is None:
+            creating = self._creating = asyncio.ensure_future(
+                self.admin.run(self.engine.create_topic, TRANSACTION_STATE_TOPIC, self.partitions, self.topic_configs())
+            )
+            log.info("creating %s (%d partitions) for its first write", TRANSACTION_STATE_TOPIC, self.partitions)
+        try:
+            await asyncio.shield(creating)
+        finally:
+            failed = creating.done() and (creating.cancelled() or creating.exception() is not None)
+            if failed and self._creating is creating:
+                self._creating = None  # the next write tries again
 
     def partition_of(self, transactional_id: str) -> int:
         return partition_for_group(transactional_id, self.partitions)
@@ -127,6 +157,8 @@ class TransactionLog:
                 self.check_leader(TRANSACTION_STATE_TOPIC, partition, -1)
             except (NotLeaderOrFollowerError, UnknownTopicOrPartitionError) as exc:
                 raise NotCoordinatorError(str(exc)) from exc
+        else:
+            await self._ensure_topic()
         partition_log = self.engine.partition(TRANSACTION_STATE_TOPIC, partition)
         record = Record(
             key=records.encode_key(transactional_id), value=None if value is None else records.encode_value(value)

@@ -48,6 +48,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from kio.static.primitive import i32, i64
@@ -170,8 +171,11 @@ def _drop(*names: str) -> tuple[tuple[str, ...], tuple[_Added, ...]]:
     return names, ()
 
 
-_TABLE: dict[int, dict[tuple[str, int], type]] = {
-    0: _versions(
+# API key -> how its legacy versions derive from kio: (kio package, base version, versions, changes per version).
+# Built on first use (`_legacy`): making the classes costs a few hundred milliseconds, which every broker start
+# would pay for versions few clients send.
+_RECIPES: dict[int, tuple[str, int, range, Callable[[int], _Change]]] = {
+    0: (
         "produce",
         3,
         range(3),
@@ -181,7 +185,7 @@ _TABLE: dict[int, dict[tuple[str, int], type]] = {
             "ProduceResponse": _drop("throttle_time") if v == 0 else _drop(),
         },
     ),
-    1: _versions(
+    1: (
         "fetch",
         4,
         range(4),
@@ -191,7 +195,7 @@ _TABLE: dict[int, dict[tuple[str, int], type]] = {
             "FetchResponse": _drop("throttle_time") if v == 0 else _drop(),
         },
     ),
-    2: _versions(
+    2: (
         "list_offsets",
         1,
         range(1),
@@ -203,7 +207,7 @@ _TABLE: dict[int, dict[tuple[str, int], type]] = {
             ),
         },
     ),
-    8: _versions(
+    8: (
         "offset_commit",
         2,
         range(2),
@@ -217,8 +221,8 @@ _TABLE: dict[int, dict[tuple[str, int], type]] = {
             ),
         },
     ),
-    9: _versions("offset_fetch", 1, range(1), lambda v: {}),
-    19: _versions(
+    9: ("offset_fetch", 1, range(1), lambda v: {}),
+    19: (
         "create_topics",
         2,
         range(2),
@@ -228,8 +232,8 @@ _TABLE: dict[int, dict[tuple[str, int], type]] = {
             "CreatableTopicResult": _drop() if v else _drop("error_message"),
         },
     ),
-    20: _versions("delete_topics", 1, range(1), lambda v: {"DeleteTopicsResponse": _drop("throttle_time")}),
-    23: _versions(
+    20: ("delete_topics", 1, range(1), lambda v: {"DeleteTopicsResponse": _drop("throttle_time")}),
+    23: (
         "offset_for_leader_epoch",
         2,
         range(2),
@@ -239,20 +243,20 @@ _TABLE: dict[int, dict[tuple[str, int], type]] = {
             "EpochEndOffset": _drop() if v else _drop("leader_epoch"),
         },
     ),
-    29: _versions(
+    29: (
         "describe_acls",
         1,
         range(1),
         lambda v: {"DescribeAclsRequest": _drop("pattern_type_filter"), "DescribeAclsResource": _drop("pattern_type")},
     ),
-    30: _versions("create_acls", 1, range(1), lambda v: {"AclCreation": _drop("resource_pattern_type")}),
-    31: _versions(
+    30: ("create_acls", 1, range(1), lambda v: {"AclCreation": _drop("resource_pattern_type")}),
+    31: (
         "delete_acls",
         1,
         range(1),
         lambda v: {"DeleteAclsFilter": _drop("pattern_type_filter"), "DeleteAclsMatchingAcl": _drop("pattern_type")},
     ),
-    32: _versions(
+    32: (
         "describe_configs",
         1,
         range(1),
@@ -264,20 +268,26 @@ _TABLE: dict[int, dict[tuple[str, int], type]] = {
             ),
         },
     ),
-    35: _versions("describe_log_dirs", 1, range(1), lambda v: {}),
+    35: ("describe_log_dirs", 1, range(1), lambda v: {}),
 }
+
+
+@cache
+def _legacy(api_key: int) -> dict[tuple[str, int], type]:
+    recipe = _RECIPES.get(api_key)
+    return {} if recipe is None else _versions(*recipe)
 
 
 def request_schema(api_key: int, version: int) -> Any:
     """The request class of `api_key` at `version`: a legacy version from here, any other as controlled_shutdown.py
     (and kio) have it."""
-    legacy = _TABLE.get(api_key, {}).get(("request", version))
+    legacy = _legacy(api_key).get(("request", version))
     return legacy if legacy is not None else controlled_shutdown.request_schema(api_key, version)
 
 
 def response_schema(api_key: int, version: int) -> Any:
     """The response class of `api_key` at `version` (as `request_schema`)."""
-    legacy = _TABLE.get(api_key, {}).get(("response", version))
+    legacy = _legacy(api_key).get(("response", version))
     return legacy if legacy is not None else controlled_shutdown.response_schema(api_key, version)
 
 
@@ -287,4 +297,7 @@ def added_field_names(kio_module: str, class_name: str) -> frozenset[str]:
     parts = kio_module.split(".")
     if len(parts) != 5:
         return frozenset()
+    for api_key, recipe in _RECIPES.items():
+        if recipe[0] == parts[2]:
+            _legacy(api_key)  # records what its versions add
     return frozenset(_ADDED_NAMES.get((parts[2], parts[4], class_name), ()))
