@@ -26,6 +26,25 @@ SESSION_TIMEOUT_MS = 4000  # the cluster suites' zookeeper.session.timeout.ms: a
 ClusterBroker = Callable[..., BrokerProcess]  # tests/cluster/conftest.py: start(broker_id, overrides) -> broker
 
 
+class ZooKeeperChroot:
+    """One test's ZooKeeper: a chroot of its own (`/test-N`) on a server the cluster suites share, so each test starts
+    from an empty tree as with a server of its own, without starting a JVM per test. `connect` is what a broker's
+    `zookeeper.connect` takes (`127.0.0.1:port/test-N`); `address` is the server's host:port (a fault proxy's
+    upstream), to which `chroot` is added again on the proxy's side."""
+
+    def __init__(self, server: ZooKeeperProcess, chroot: str) -> None:
+        self.server = server
+        self.chroot = chroot
+
+    @property
+    def address(self) -> str:
+        return self.server.connect
+
+    @property
+    def connect(self) -> str:
+        return f"{self.server.connect}{self.chroot}"
+
+
 def zookeeper_missing() -> str | None:
     """Why no ZooKeeper can run here, or None."""
     if not ZOOKEEPER_JAR.is_file():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,21 +12,45 @@ from fault_proxy import ProxyRegistry
 from kazoo.client import KazooClient
 
 from broker_process import BrokerFactory, BrokerProcess
-from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker, ZooKeeperProcess, zookeeper_missing
+from zookeeper_process import (
+    SESSION_TIMEOUT_MS,
+    ClusterBroker,
+    ZooKeeperChroot,
+    ZooKeeperProcess,
+    zookeeper_missing,
+)
 
 
-@pytest.fixture
-def zookeeper(tmp_path: Path) -> Iterator[ZooKeeperProcess]:
+@pytest.fixture(scope="session")
+def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperProcess]:
+    """One ZooKeeper server for the whole session; each test gets a chroot of its own on it (`zookeeper`)."""
     missing = zookeeper_missing()
     if missing:
         pytest.skip(missing)
-    server = ZooKeeperProcess(tmp_path / "zookeeper").start()
+    server = ZooKeeperProcess(tmp_path_factory.mktemp("zookeeper")).start()
     yield server
     server.stop()
 
 
+_CHROOTS = itertools.count(1)
+
+
 @pytest.fixture
-def zk_client(zookeeper: ZooKeeperProcess) -> Iterator[KazooClient]:
+def zookeeper(zookeeper_server: ZooKeeperProcess) -> ZooKeeperChroot:
+    """This test's ZooKeeper: an empty chroot on the shared server (made here: kazoo wants it to exist)."""
+    chroot = f"/test-{next(_CHROOTS)}"
+    client = KazooClient(hosts=zookeeper_server.connect, connection_retry={"max_tries": -1, "delay": 0.2})
+    client.start(timeout=30)
+    try:
+        client.ensure_path(chroot)
+    finally:
+        client.stop()
+        client.close()
+    return ZooKeeperChroot(zookeeper_server, chroot)
+
+
+@pytest.fixture
+def zk_client(zookeeper: ZooKeeperChroot) -> Iterator[KazooClient]:
     """A client of the test's own, to inspect the znodes as an operator would with zkCli.sh."""
     # patient: a ZooKeeper just started on two busy cores may answer `ruok` before it completes a session's handshake
     client = KazooClient(hosts=zookeeper.connect, connection_retry={"max_tries": -1, "delay": 0.2, "max_delay": 2})
@@ -36,7 +61,7 @@ def zk_client(zookeeper: ZooKeeperProcess) -> Iterator[KazooClient]:
 
 
 @pytest.fixture
-def cluster_broker(tmp_path: Path, zookeeper: ZooKeeperProcess) -> Iterator[ClusterBroker]:
+def cluster_broker(tmp_path: Path, zookeeper: ZooKeeperChroot) -> Iterator[ClusterBroker]:
     """Starts a broker with `broker.id` that joins the test's ZooKeeper."""
     factory = BrokerFactory(tmp_path / "brokers")
 

@@ -22,13 +22,13 @@ from tidelog.broker.controller import Controller, ControllerMovedError
 from tidelog.config import EngineConfig, LogConfig
 from tidelog.kafka_uuid import new_kafka_uuid
 from tidelog.storage import open_engine
-from zookeeper_process import SESSION_TIMEOUT_MS, ZooKeeperProcess
+from zookeeper_process import SESSION_TIMEOUT_MS, ZooKeeperChroot
 
 
 class ClusterParts:
     """What broker.py builds for a broker of a cluster, minus the network server."""
 
-    def __init__(self, zookeeper: ZooKeeperProcess, broker_id: int, log_dir: Path) -> None:
+    def __init__(self, zookeeper: ZooKeeperChroot, broker_id: int, log_dir: Path) -> None:
         self.membership = ClusterMembership(
             zookeeper.connect, broker_id, session_timeout_ms=SESSION_TIMEOUT_MS, connection_timeout_ms=10_000
         )
@@ -50,7 +50,7 @@ class ClusterParts:
 
 
 @pytest.fixture
-def parts(zookeeper: ZooKeeperProcess, tmp_path: Path) -> Iterator[dict[int, ClusterParts]]:
+def parts(zookeeper: ZooKeeperChroot, tmp_path: Path) -> Iterator[dict[int, ClusterParts]]:
     started: dict[int, ClusterParts] = {}
     yield started
     for broker in started.values():
@@ -68,7 +68,7 @@ def state(zk_client: KazooClient, topic: str, partition: int) -> dict[str, int] 
     return json.loads(zk_client.get(path)[0]) if zk_client.exists(path) else None
 
 
-def expire_session(zookeeper: ZooKeeperProcess, client: KazooClient) -> None:
+def expire_session(zookeeper: ZooKeeperChroot, client: KazooClient) -> None:
     """End a client's ZooKeeper session from outside, as a long pause or a partition would: a second client joins
     the session with its id and password and closes it (ZooKeeper then drops the session's ephemeral nodes)."""
     session_id, password = client.client_id
@@ -79,7 +79,7 @@ def expire_session(zookeeper: ZooKeeperProcess, client: KazooClient) -> None:
 
 
 def test_a_deposed_controllers_write_fails(
-    zookeeper: ZooKeeperProcess, zk_client: KazooClient, parts: dict[int, ClusterParts], tmp_path: Path
+    zookeeper: ZooKeeperChroot, zk_client: KazooClient, parts: dict[int, ClusterParts], tmp_path: Path
 ) -> None:
     parts[1] = ClusterParts(zookeeper, 1, tmp_path / "b1")
     wait_for(lambda: parts[1].controller.active, what="broker 1 acting as controller")
@@ -112,7 +112,7 @@ def test_a_deposed_controllers_write_fails(
 
 
 def test_a_controller_that_finds_itself_fenced_stops_acting_and_the_cluster_elects_again(
-    zookeeper: ZooKeeperProcess, zk_client: KazooClient, parts: dict[int, ClusterParts], tmp_path: Path
+    zookeeper: ZooKeeperChroot, zk_client: KazooClient, parts: dict[int, ClusterParts], tmp_path: Path
 ) -> None:
     parts[1] = ClusterParts(zookeeper, 1, tmp_path / "b1")
     wait_for(lambda: parts[1].controller.active, what="broker 1 acting as controller")

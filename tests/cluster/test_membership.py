@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
 from broker_process import BrokerFactory, BrokerStartError
-from zookeeper_process import ClusterBroker, ZooKeeperProcess
+from zookeeper_process import ClusterBroker, ZooKeeperChroot, ZooKeeperProcess
 
 
 def metadata(bootstrap: str) -> tuple[list[int], int]:
@@ -91,7 +91,7 @@ def test_a_paused_controller_comes_back_fenced(cluster_broker: ClusterBroker, zk
     assert wait_for(lambda: metadata(brokers[first].bootstrap) == ([1, 2, 3], second), what="metadata")
 
 
-def test_log_dirs_of_another_cluster_are_refused(tmp_path: Path, zookeeper: ZooKeeperProcess) -> None:
+def test_log_dirs_of_another_cluster_are_refused(tmp_path: Path, zookeeper: ZooKeeperChroot) -> None:
     factory = BrokerFactory(tmp_path / "brokers")
     try:
         broker = factory({"broker.id": 1, "zookeeper.connect": zookeeper.connect})

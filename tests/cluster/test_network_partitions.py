@@ -32,7 +32,7 @@ import kafka_wire
 from broker_process import BrokerProcess
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.protocol.messages import ApiKey
-from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker, ZooKeeperProcess
+from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker, ZooKeeperChroot
 
 TOPIC = "split"
 FAILOVER_S = SESSION_TIMEOUT_MS / 1000 + 30
@@ -79,13 +79,14 @@ def create_topic(bootstrap: str, zk: KazooClient) -> None:
 
 
 def test_a_leader_cut_off_from_zookeeper_acknowledges_nothing_that_is_lost(
-    fault_proxies: ProxyRegistry, zookeeper: ZooKeeperProcess, zk_client: KazooClient, cluster_broker: ClusterBroker
+    fault_proxies: ProxyRegistry, zookeeper: ZooKeeperChroot, zk_client: KazooClient, cluster_broker: ClusterBroker
 ) -> None:
-    host, _, port = zookeeper.connect.rpartition(":")
+    host, _, port = zookeeper.address.rpartition(":")
     brokers = {}
     for broker_id in (1, 2, 3):
         proxy = fault_proxies.add(f"zk{broker_id}", host, int(port))
-        brokers[broker_id] = cluster_broker(broker_id, {**SETTINGS, "zookeeper.connect": proxy.address})
+        zk_connect = f"{proxy.address}{zookeeper.chroot}"
+        brokers[broker_id] = cluster_broker(broker_id, {**SETTINGS, "zookeeper.connect": zk_connect})
     wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
     create_topic(brokers[1].bootstrap, zk_client)
     before = state(zk_client)
