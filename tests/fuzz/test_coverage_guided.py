@@ -1,4 +1,4 @@
-"""The short variant of the coverage-guided fuzzing (run.py, atheris): 20,000 inputs per target, a fixed seed.
+"""The short variant of the coverage-guided fuzzing (run.py, atheris): 10,000 inputs per target, a fixed seed.
 
 `make fuzz-long` runs the same targets for 1,000,000 inputs each with a new seed every time.
 """
@@ -14,7 +14,7 @@ import pytest
 from targets import TARGETS
 
 RUN = Path(__file__).resolve().parent / "run.py"
-SHORT_RUNS = 20_000
+SHORT_RUNS = 10_000
 FIGURES = re.compile(r"^(\w+)\s+([\d,]+) inputs\s+([\d,]+)/s\s+(\d+) crashes", re.MULTILINE)
 
 
