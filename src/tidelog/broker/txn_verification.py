@@ -251,6 +251,7 @@ class CoordinatorChannel:
         self.listener_name = listener_name
         self._destinations: dict[int, _Destination] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     def coordinator_of(self, transactional_id: str) -> int | None:
         """The broker leading the id's partition of `__transaction_state`, or None (no topic, no leader)."""
@@ -264,6 +265,8 @@ class CoordinatorChannel:
         self, coordinator: int, transactional_id: str, producer_id: int, epoch: int, partitions: list[TopicPartition]
     ) -> dict[TopicPartition, ErrorCode]:
         """The coordinator's code for each of `partitions` (NONE: in the producer's ongoing transaction)."""
+        if self._closed:  # the broker is stopping
+            return dict.fromkeys(partitions, ErrorCode.NETWORK_EXCEPTION)
         destination = self._destination(coordinator)
         if destination is None:
             return dict.fromkeys(partitions, ErrorCode.COORDINATOR_NOT_AVAILABLE)
@@ -290,6 +293,7 @@ class CoordinatorChannel:
         task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
+        self._closed = True
         for destination in self._destinations.values():
             self._retire(destination)
         self._destinations = {}
