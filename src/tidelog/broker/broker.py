@@ -21,6 +21,8 @@ builds the one handler table, and starts and stops the parts in order. No part h
                                      TRANSACTION answer (through groups); its markers written by
     txn_markers (txn_markers.py)     WriteTxnMarkers: the control batches of a transaction's partitions, which also
                                      end the pending TxnOffsetCommit offsets of the group coordinator
+    verification (txn_verification.py)  produce's transactional batches checked with the coordinator (KIP-890):
+                                     the local one, or in a cluster AddPartitionsToTxn v4 verify_only to another
     server (server.py)               listeners, framing, routing through the table, sending
 
 With zookeeper.connect, a broker of a cluster (docs/cluster.md) also has:
@@ -93,6 +95,7 @@ from tidelog.broker.transaction_coordinator import TransactionCoordinator
 from tidelog.broker.transaction_log import TransactionLog
 from tidelog.broker.txn_marker_channel import TxnMarkerChannel
 from tidelog.broker.txn_markers import TxnMarkerApis
+from tidelog.broker.txn_verification import CoordinatorChannel, TransactionVerifier
 from tidelog.storage import open_engine
 
 log = logging.getLogger("tidelog.broker")
@@ -245,7 +248,18 @@ class Broker:
             )
         self.groups.transactions = self.transactions
         self.txn_markers.on_offsets_marker = self.groups.complete_transaction
-        self.produce.verify_transaction = self.transactions.verify_partition
+        self.verification = TransactionVerifier(
+            self.engine,
+            self.transactions.verify_partition,
+            enabled=config.transactions.transaction_partition_verification_enable,
+        )
+        if self.cluster is not None and self.metadata is not None:
+            membership = self.cluster
+            self.verification.coordinators = CoordinatorChannel(
+                config.node_id, self.metadata, lambda: membership.live_brokers, config.inter_broker_listener.name
+            )
+        self.produce.verification = self.verification
+        self.txn_markers.on_marker = self.verification.marker_written
         if self.metadata is not None:  # a topic deleted from the cluster takes its committed offsets along
             self.metadata.on_topic_deleted = self.groups.forget_topic
         self.topics = TopicApis(
@@ -401,6 +415,7 @@ class Broker:
         await self.transactions.stop()
         if self.cluster_transactions is not None:
             await self.cluster_transactions.close()
+        await self.verification.close()  # produces waiting for a coordinator answer NOT_ENOUGH_REPLICAS
         await self.groups.stop()  # answers joins and syncs parked in a rebalance, which would hold their connection
         await self.server.close_connections(self.config.shutdown_timeout_ms / 1000)
         self.metrics.close()

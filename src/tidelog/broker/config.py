@@ -371,6 +371,16 @@ SERVER_KEYS: dict[str, Key] = {
             doc="A transactional id with no transaction open and no request for this long is forgotten.",
         ),
         Key(
+            "transaction.partition.verification.enable",
+            parse_bool,
+            default="true",
+            doc="Whether a partition leader verifies a producer's transactional batch with the transaction "
+            "coordinator before appending it (KIP-890 part 1): a partition not added to the producer's ongoing "
+            "transaction is answered INVALID_TXN_STATE and nothing is appended. In a cluster the leader asks a "
+            "coordinator on another broker once per transaction and partition (AddPartitionsToTxn v4 `verify_only`). "
+            "Static here (dynamic in Kafka).",
+        ),
+        Key(
             "transaction.remove.expired.transaction.cleanup.interval.ms",
             parse_int,
             minimum=1,
@@ -829,6 +839,7 @@ class TransactionConfig:
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
     transactional_id_expiration_ms: int = 604_800_000
     transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
+    transaction_partition_verification_enable: bool = True
 
     @classmethod
     def from_server_keys(cls, server: Mapping[str, Any]) -> TransactionConfig:

@@ -16,10 +16,11 @@ before the append, as Kafka 3.x does (codec/legacy_write.py), and answered in th
 
 A transactional batch needs the request's transactional id, WRITE on it (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 for every partition), and - Kafka 3.9's partition verification (KIP-890 part 1) - the partition added to the
-producer's ongoing transaction at its coordinator (`verify_transaction`): INVALID_TXN_STATE when it was not,
-INVALID_PRODUCER_EPOCH for a fenced producer; nothing is appended then. In a cluster a transactional id coordinated
-by another broker is not verified (that would be an AddPartitionsToTxn v4 verify_only request to it): the batch is
-appended and the epoch check of the partition's producer state still fences zombies.
+producer's ongoing transaction at its coordinator (txn_verification.py, `verification`): INVALID_TXN_STATE when
+it was not, INVALID_PRODUCER_EPOCH for a fenced producer, NOT_ENOUGH_REPLICAS (retried) when the coordinator could
+not tell; nothing is appended then. A coordinator on another broker of the cluster is asked (AddPartitionsToTxn v4
+`verify_only`) before the request appends anything: the handler awaits it, so the connection's next request is not
+read meanwhile and a connection's appends stay in order.
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.handler import ApiHandler, Connection, Deferred, HandlerTable, LeaderCheck, Response
 from tidelog.broker.quotas import QuotaKind
 from tidelog.broker.topics import INTERNAL_TOPICS
+from tidelog.broker.txn_verification import TransactionVerifier, Verdicts
 from tidelog.codec.legacy_write import upconvert
 from tidelog.codec.record_batch import read_header
 from tidelog.errors import (
     ErrorCode,
-    InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTopicError,
     InvalidTxnStateError,
@@ -181,14 +182,10 @@ class ProducerIdAllocator:
 
 LAST_LEGACY_PRODUCE_VERSION = 2  # v0-v2 carry magic 0/1 message sets; v3 brought the v2 record batch
 
-# (transactional id, producer id, epoch, (topic, partition)) -> the coordinator's verdict (transaction_coordinator.py)
-VerifyTransaction = Callable[[str, int, int, tuple[str, int]], ErrorCode]
-_UNVERIFIABLE = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS})
-
 
 class ProduceApis:
     """Produce: appends through the engine's data calls, fsyncs grouped by `flusher`, waiting fetches woken through
-    `notifier`; transactional batches checked with `verify_transaction` (set by the broker)."""
+    `notifier`; transactional batches checked with `verification` (set by the broker)."""
 
     def __init__(
         self,
@@ -209,7 +206,7 @@ class ProduceApis:
         self.metrics = metrics
         self.flusher = flusher
         self.notifier = notifier
-        self.verify_transaction: VerifyTransaction | None = None
+        self.verification: TransactionVerifier | None = None
 
     def handlers(self) -> HandlerTable:
         return {
@@ -219,6 +216,10 @@ class ProduceApis:
     async def handle_produce(self, request: Request, connection: Connection) -> Response:
         body = request.body
         acks = body.acks
+        verdicts: Verdicts = {}
+        legacy = request.api_version <= LAST_LEGACY_PRODUCE_VERSION
+        if self.verification is not None and body.transactional_id is not None and not legacy:
+            verdicts = await self.verification.verify(body.transactional_id, body.topic_data)  # awaited: in order
         pending: list[_Pending] = []
         responses = []
         for topic_data in body.topic_data:
@@ -249,7 +250,8 @@ class ProduceApis:
                         body.transactional_id,
                         answer,
                         acks,
-                        legacy=request.api_version <= LAST_LEGACY_PRODUCE_VERSION,
+                        verdicts,
+                        legacy=legacy,
                     )
                 except TidelogError as exc:
                     answer["error_code"] = exc.kafka_error_code
@@ -318,6 +320,7 @@ class ProduceApis:
         transactional_id: str | None,
         answer: dict[str, Any],
         acks: int,
+        verdicts: Verdicts,
         *,
         legacy: bool,
     ) -> tuple[Partition, int]:
@@ -331,7 +334,11 @@ class ProduceApis:
             records = upconvert(records)
         header = read_header(records)
         if header.is_transactional:
-            self._verify(topic, partition, transactional_id, header.producer_id, header.producer_epoch)
+            if transactional_id is None:
+                raise InvalidTxnStateError("a transactional batch in a produce request without a transactional id")
+            if self.verification is not None:
+                tp = (topic, partition)
+                self.verification.check(transactional_id, tp, header.producer_id, header.producer_epoch, verdicts)
         if self.check_leader is not None:
             self.check_leader(topic, partition, -1)
         if acks == -1 and self.replication is not None:
@@ -353,21 +360,6 @@ class ProduceApis:
             bytes_in.inc(result.size_in_bytes)
             messages_in.inc(result.record_count)
         return partition_log, result.last_offset + 1
-
-    def _verify(self, topic: str, partition: int, transactional_id: str | None, producer_id: int, epoch: int) -> None:
-        """A transactional batch belongs to its producer's ongoing transaction, which holds the partition."""
-        if transactional_id is None:
-            raise InvalidTxnStateError("a transactional batch in a produce request without a transactional id")
-        if self.verify_transaction is None:
-            return
-        code = self.verify_transaction(transactional_id, producer_id, epoch, (topic, partition))
-        if code == ErrorCode.INVALID_PRODUCER_EPOCH:
-            raise InvalidProducerEpochError(f"producer {producer_id} epoch {epoch} of {transactional_id!r} is fenced")
-        if code not in _UNVERIFIABLE and code != ErrorCode.NONE:
-            raise InvalidTxnStateError(
-                f"{topic}-{partition} is not in an ongoing transaction of {transactional_id!r} (producer {producer_id}"
-                f" epoch {epoch}): {code.name}"
-            )
 
 
 def _answer_failure(answer: dict[str, Any], exc: Exception) -> None:

@@ -5,7 +5,8 @@ For each partition named, the leader appends one control batch (`Partition.appen
 producer id and epoch, the coordinator epoch) and answers per partition; a request's markers are appended in its
 order, then waited for together. A marker of a `__consumer_offsets` partition also ends the producer's pending
 transactional offset commits there: the group coordinator makes them visible (commit) or drops them (abort), through
-`on_offsets_marker`. Markers are written as Kafka writes them, acks=-1: the
+`on_offsets_marker`; every marker also ends the producer's verifications of the partition (`on_marker`,
+txn_verification.py). Markers are written as Kafka writes them, acks=-1: the
 answer waits for the group commit when the flush policy asks, and in a cluster for the in-sync replicas.
 
 Only brokers send it: CLUSTER_ACTION on the cluster is required (else CLUSTER_AUTHORIZATION_FAILED per partition).
@@ -44,6 +45,8 @@ MARKER_TIMEOUT_S = 30.0  # Kafka's request.timeout.ms for the marker requests it
 
 # (producer id, partition of __consumer_offsets, committed) -> None
 OffsetsMarkerListener = Callable[[int, int, bool], None]
+# (topic, partition, producer id) -> None, as soon as a marker is appended
+MarkerListener = Callable[[str, int, int], None]
 
 
 class TxnMarkerApis:
@@ -63,6 +66,7 @@ class TxnMarkerApis:
         self.check_leader = check_leader
         self.replication = replication
         self.on_offsets_marker: OffsetsMarkerListener | None = None  # the group coordinator's, set by the broker
+        self.on_marker: MarkerListener | None = None  # txn_verification.py's: the partition's verifications end
 
     def handlers(self) -> HandlerTable:
         return {ApiKey.WRITE_TXN_MARKERS: ApiHandler(1, 1, self.handle_write_txn_markers)}
@@ -113,6 +117,8 @@ class TxnMarkerApis:
                 self.check_leader(topic, partition, -1)
             partition_log = self.engine.partition(topic, partition)
             result = partition_log.append_marker(producer_id, producer_epoch, coordinator_epoch, commit)
+            if self.on_marker is not None:
+                self.on_marker(topic, partition, producer_id)
             end = result.last_offset + 1
             if self.replication is not None:
                 self.replication.after_leader_append(topic, partition)
