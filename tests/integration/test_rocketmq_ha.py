@@ -268,11 +268,13 @@ def test_garbage_to_the_master_is_refused(tmp_path: Path, stores: list[RocketMQE
         with socket.create_connection(("127.0.0.1", master.ha_port)) as sock:
             sock.sendall(data)
             sock.settimeout(5)
+            started = time.monotonic()
             try:
                 while sock.recv(1 << 16):  # transfers may come before the master sees the bad report
                     pass
             except ConnectionResetError:
                 pass
+            assert time.monotonic() - started < 1.5  # refused at once, not closed by housekeeping (3 s)
     wait_until(lambda: not master.ha_status().slaves)
     assert commitlog_image(master.root, end) == image
     slave = open_slave(tmp_path / "slave", master.ha_port)  # a real slave is still served
@@ -343,7 +345,11 @@ def test_slave_process_killed_mid_transfer_catches_up(tmp_path: Path, stores: li
     seeded = open_slave(slave_dir, master.ha_port)  # creates the topics, then copies a little
     wait_until(lambda: seeded.commitlog.max_offset > 0)
     seeded.close()
-    config = {**HA, "tidelog.rocketmq.brokerRole": "SLAVE", "tidelog.rocketmq.haMasterAddress": f"127.0.0.1:{master.ha_port}"}
+    config = {
+        **HA,
+        "tidelog.rocketmq.brokerRole": "SLAVE",
+        "tidelog.rocketmq.haMasterAddress": f"127.0.0.1:{master.ha_port}",
+    }
     env = {**os.environ, "PYTHONPATH": str(Path(tidelog.__file__).parents[1])}
     process = subprocess.Popen(
         [sys.executable, "-c", SLAVE_PROCESS, str(slave_dir), *(f"{k}={v}" for k, v in config.items())],

@@ -5,8 +5,8 @@ that offset (`ReplicaLog.append`), reporting again after each one and every haSe
 connection is closed - with a WARNING naming why - and opened again at once when a frame is malformed, when a
 transfer or heartbeat does not start at the slave's own max offset (an empty slave takes the first transfer at any
 file start: the master's first file), when a body is not CommitLog bytes continuing the slave's messages, or when
-nothing came for haHousekeepingInterval; a refused frame writes nothing. A failed connect is retried after
-RECONNECT_WAIT_SECONDS.
+nothing came for haHousekeepingInterval; a refused frame writes nothing. A failed connect, or a failure of the store
+itself, is retried after RECONNECT_WAIT_SECONDS.
 
 `ReplicaLog` keeps what the slave's dispatcher may read: a transfer can end inside a message, so only the end of the
 last whole Kafka batch (`complete_end`) is dispatched; recovery after a crash cuts the rest (commitlog.py).
@@ -38,7 +38,7 @@ from tidelog.storage.rocketmq.ha_protocol import TransferReader, encode_report
 
 log = logging.getLogger("tidelog.storage.rocketmq.ha")
 
-RECONNECT_WAIT_SECONDS = 1.0  # after a failed connect (RocketMQ waits 5 s)
+RECONNECT_WAIT_SECONDS = 1.0  # after a failed connect (RocketMQ waits 5 s) or a store failure
 CONNECT_TIMEOUT_SECONDS = 3.0
 POLL_SECONDS = 0.2
 RECEIVE_BYTES = 1 << 20
@@ -179,6 +179,9 @@ class HAClient:
             except (OSError, HAProtocolError, UnexpectedAppendOffsetError) as exc:
                 if not self._stop.is_set():
                     log.warning("HA client: closing the connection to master %s: %s", self.master_address, exc)
+            except Exception:  # a store failure (a full disk): try again later
+                log.exception("HA client: following master %s failed", self.master_address)
+                self._stop.wait(RECONNECT_WAIT_SECONDS)
             finally:
                 self._socket = None
                 sock.close()
@@ -207,13 +210,13 @@ class HAClient:
                 raise ConnectionError("the master closed the connection")
             last_read = time.monotonic()
             for transfer in reader.feed(data):
-                max_offset = commitlog.max_offset
-                if commitlog.queue.files and transfer.offset != max_offset:
-                    raise UnexpectedAppendOffsetError(
-                        f"master sent CommitLog offset {transfer.offset}, the slave's CommitLog ends at {max_offset}"
-                    )
-                if transfer.body:
+                if transfer.body:  # append_at checks the offset
                     last_write = self._report(sock, self.replica.append(transfer.offset, transfer.body))
+                elif commitlog.queue.files and transfer.offset != commitlog.max_offset:
+                    raise UnexpectedAppendOffsetError(
+                        f"master's heartbeat names CommitLog offset {transfer.offset}, the slave's CommitLog ends at "
+                        f"{commitlog.max_offset}"
+                    )
 
     def shutdown(self) -> None:
         self._stop.set()
