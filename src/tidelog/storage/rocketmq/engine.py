@@ -810,15 +810,21 @@ class RocketMQEngine(StorageEngine):
 
     def _serve_slaves(self) -> None:
         store = self.store_config
-        self.ha_service = HAService(
-            self.commitlog,
-            host=store.ha_listen_host,
-            port=store.ha_listen_port,
-            heartbeat_interval_ms=store.ha_send_heartbeat_interval,
-            housekeeping_interval_ms=store.ha_housekeeping_interval,
-            transfer_batch_size=store.ha_transfer_batch_size,
-            slave_fallbehind_max=store.ha_slave_fallbehind_max,
-        )
+        try:
+            self.ha_service = HAService(
+                self.commitlog,
+                host=store.ha_listen_host,
+                port=store.ha_listen_port,
+                heartbeat_interval_ms=store.ha_send_heartbeat_interval,
+                housekeeping_interval_ms=store.ha_housekeeping_interval,
+                transfer_batch_size=store.ha_transfer_batch_size,
+                slave_fallbehind_max=store.ha_slave_fallbehind_max,
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"config tidelog.rocketmq.haListenPort: cannot listen on {store.ha_listen_host}:{store.ha_listen_port}"
+                f" ({exc.strerror or exc})"
+            ) from exc
         self.ha_service.start()
 
     def _follow(self, master_address: str) -> None:

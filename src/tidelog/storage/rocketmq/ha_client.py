@@ -32,7 +32,7 @@ from tidelog.codec.rocketmq_message import (
     MAGIC_V2,
     PHYSICAL_OFFSET_POSITION,
 )
-from tidelog.errors import HAProtocolError, UnexpectedAppendOffsetError
+from tidelog.errors import ConfigError, HAProtocolError, UnexpectedAppendOffsetError
 from tidelog.storage.rocketmq.commitlog import CommitLog
 from tidelog.storage.rocketmq.ha_protocol import TransferReader, encode_report
 
@@ -135,7 +135,7 @@ class HAClient:
     ) -> None:
         host, _, port = master_address.rpartition(":")
         if not host or not port.isdigit():
-            raise HAProtocolError(f"haMasterAddress {master_address!r} is not host:port")
+            raise ConfigError(f"config tidelog.rocketmq.haMasterAddress: {master_address!r} is not host:port")
         self.master_address = master_address
         self._endpoint = (host.strip("[]"), int(port))
         self.replica = replica
