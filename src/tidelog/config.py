@@ -716,6 +716,7 @@ class RocketMQStoreConfig:
     max_message_size: int = 1024 * 1024 * 4
     store_host: str = "127.0.0.1:10911"  # STOREHOSTADDRESS of messages (BrokerConfig's brokerIP1:listenPort)
     broker_role: str = "ASYNC_MASTER"
+    broker_name: str = "broker-a"  # BrokerConfig.brokerName: the master/slave group in a cluster
     ha_enable: bool = False  # tidelog's: whether the store takes part in master/slave replication at all
     ha_listen_host: str = "0.0.0.0"  # tidelog's: where a master listens for slaves (RocketMQ: every interface)
     ha_listen_port: int = 10912
@@ -877,6 +878,14 @@ ROCKETMQ_KEYS: dict[str, Key] = _keys(
         "for replication waits until a slave holds it (up to `syncFlushTimeout`); `SLAVE`: follows "
         "`haMasterAddress` and refuses puts.",
         choices=("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"),
+    ),
+    _rocketmq_key(
+        "brokerName",
+        parse_str,
+        "The master/slave group this broker belongs to in a cluster (RocketMQ's BrokerConfig key; RocketMQ defaults "
+        "to the host name, tidelog to `broker-a`, so that the brokers of a cluster form one group unless told "
+        "otherwise). Its master and slaves share the name.",
+        valid="1-64 characters of `[a-zA-Z0-9_-]`",
     ),
     _rocketmq_key(
         "haListenHost", parse_str, "Address a master listens on for slaves (tidelog's key; RocketMQ binds every one)."

@@ -41,6 +41,24 @@ An operator who knows a Kafka cluster in ZooKeeper mode finds the same tree with
                                         block of producer ids a broker reserved (ProducerIdBlockZNode; the ends
                                         inclusive, as decimal strings)
 
+tidelog's own, for RocketMQ master/slave groups (rocketmq_groups.py; RocketMQ 5's controller keeps the same state in
+its ReplicasInfoManager: SyncStateInfo and BrokerReplicaInfo):
+
+    /tidelog/rocketmq/<brokerName>
+                            persistent  {"version":1,"brokers":[1,2],"master":1,"master_epoch":3,
+                                         "sync_state_set":[1,2],"sync_state_set_epoch":7,"master_role":"SYNC_MASTER",
+                                         "epoch_start_offset":123456}
+                                        the group: every broker that ever joined it, the master (-1: none), the master
+                                        epoch (one higher at each election), the brokers in sync with the master and
+                                        that set's epoch, the master flavour a promoted slave takes, and the CommitLog
+                                        offset the master's epoch began at (-1 until the master wrote it); changed
+                                        only with conditional writes on the znode's version
+    /tidelog/rocketmq/<brokerName>/brokers/<id>
+                            persistent  {"version":1,"ha_address":"127.0.0.1:10912","ha_client":null}: where
+                                        the member's HA service listens (null while it serves no slave) and, on a
+                                        slave, the address of its connection to the master (how the master tells
+                                        which connection is which member); liveness is /brokers/ids
+
 `host` and `port` repeat the PLAINTEXT endpoint for old tools (null and -1 without one), as Kafka writes them.
 The ephemeral nodes belong to the broker's ZooKeeper session: when the session ends (the broker died or stopped
 answering for zookeeper.session.timeout.ms) ZooKeeper removes them, which is how the others learn of it.
@@ -92,6 +110,8 @@ TOPIC_VERSION = 3
 PARTITION_STATE_VERSION = 1
 CONFIG_VERSION = 1
 NO_LEADER = -1  # a partition state's leader when no replica can lead (LeaderAndIsr.NoLeader)
+ROCKETMQ_GROUPS_PATH = "/tidelog/rocketmq"
+ROCKETMQ_GROUP_VERSION = 1
 
 
 class MalformedZnodeError(TidelogError):
@@ -415,3 +435,88 @@ class ProducerIdBlock:
             raise MalformedZnodeError(
                 f"znode {PRODUCER_ID_BLOCK_PATH}: not a producer id block: {data[:120]!r}"
             ) from None
+
+
+def rocketmq_group_path(broker_name: str) -> str:
+    return f"{ROCKETMQ_GROUPS_PATH}/{broker_name}"
+
+
+def rocketmq_members_path(broker_name: str) -> str:
+    return f"{ROCKETMQ_GROUPS_PATH}/{broker_name}/brokers"
+
+
+def rocketmq_member_path(broker_name: str, broker_id: int) -> str:
+    return f"{rocketmq_members_path(broker_name)}/{broker_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQGroup:
+    """`/tidelog/rocketmq/<brokerName>`: a RocketMQ master/slave group (see the module docstring)."""
+
+    brokers: tuple[int, ...]
+    master: int
+    master_epoch: int
+    sync_state_set: tuple[int, ...]
+    sync_state_set_epoch: int
+    master_role: str
+    epoch_start_offset: int = -1
+
+    def encode(self) -> bytes:
+        return _encode(
+            {
+                "version": ROCKETMQ_GROUP_VERSION,
+                "brokers": list(self.brokers),
+                "master": self.master,
+                "master_epoch": self.master_epoch,
+                "sync_state_set": list(self.sync_state_set),
+                "sync_state_set_epoch": self.sync_state_set_epoch,
+                "master_role": self.master_role,
+                "epoch_start_offset": self.epoch_start_offset,
+            }
+        )
+
+    @classmethod
+    def decode(cls, broker_name: str, data: bytes) -> RocketMQGroup:
+        path = rocketmq_group_path(broker_name)
+        value = _decode_object(path, data)
+        numbers = {}
+        for name in ("master", "master_epoch", "sync_state_set_epoch", "epoch_start_offset"):
+            number = value.get(name)
+            if not isinstance(number, int) or isinstance(number, bool):
+                raise MalformedZnodeError(f"znode {path}: {name} is not an integer: {number!r}")
+            numbers[name] = number
+        role = value.get("master_role")
+        if role not in ("SYNC_MASTER", "ASYNC_MASTER"):
+            raise MalformedZnodeError(f"znode {path}: master_role {role!r} is not SYNC_MASTER or ASYNC_MASTER")
+        return cls(
+            _broker_ids(path, "brokers", value.get("brokers")),
+            numbers["master"],
+            numbers["master_epoch"],
+            _broker_ids(path, "sync_state_set", value.get("sync_state_set")),
+            numbers["sync_state_set_epoch"],
+            role,
+            numbers["epoch_start_offset"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQMember:
+    """`/tidelog/rocketmq/<brokerName>/brokers/<id>`: where a member's HA service listens (None: it serves no
+    slave now) and, on a slave, its HA connection's own address (as the master's connection names it)."""
+
+    ha_address: str | None = None
+    ha_client: str | None = None
+
+    def encode(self) -> bytes:
+        return _encode({"version": ROCKETMQ_GROUP_VERSION, "ha_address": self.ha_address, "ha_client": self.ha_client})
+
+    @classmethod
+    def decode(cls, path: str, data: bytes) -> RocketMQMember:
+        value = _decode_object(path, data)
+        fields = []
+        for name in ("ha_address", "ha_client"):
+            text = value.get(name)
+            if text is not None and not isinstance(text, str):
+                raise MalformedZnodeError(f"znode {path}: {name} is not a string: {text!r}")
+            fields.append(text)
+        return cls(*fields)

@@ -282,10 +282,11 @@ class RocketMQEngine(StorageEngine):
         self.flusher.start()
         self.dispatcher.start()
         if store.ha_enable:
-            if self.role == SLAVE:
-                self._follow(store.ha_master_address)
-            else:
+            if self.role != SLAVE:
                 self._serve_slaves()
+            elif store.ha_master_address or not self.config.replicated:
+                self._follow(store.ha_master_address)
+            # else: a slave in a cluster, whose broker calls become_slave once ZooKeeper names its master
         self.scheduler = Scheduler("tidelog-rocketmq-scheduler") if background else None
         self.deleter = DirectoryDeleter(self.scheduler, self.config.log_defaults.file_delete_delay_ms)
         if self.scheduler is not None:
@@ -840,6 +841,20 @@ class RocketMQEngine(StorageEngine):
             housekeeping_interval_ms=store.ha_housekeeping_interval,
         )
         self.ha_client.start()
+
+    def master_slave(self) -> RocketMQEngine | None:
+        return self if self.store_config.ha_enable else None
+
+    @property
+    def commitlog_end(self) -> int:
+        return self.commitlog.max_offset
+
+    def slave_available(self) -> bool:
+        service = self.ha_service
+        return service is not None and service.is_slave_ok(self.commitlog.max_offset)
+
+    def wait_queue_replicated(self, topic: str, partition: int, end_offset: int) -> None:
+        self.partition(topic, partition).wait_replicated(end_offset)
 
     @property
     def ha_port(self) -> int | None:

@@ -119,6 +119,7 @@ class SlaveHAStatus:
     connected: bool
     max_offset: int  # the slave's CommitLog end
     reported_offset: int  # the offset it last reported to its master (-1 before the first report)
+    local_address: str | None = None  # the connection's own end, "host:port", as the master sees the slave
 
 
 class HAClient:
@@ -155,8 +156,13 @@ class HAClient:
         return self._socket is not None
 
     def status(self) -> SlaveHAStatus:
+        sock, local = self._socket, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                host, port = sock.getsockname()[:2]
+                local = f"{host}:{port}"
         return SlaveHAStatus(
-            self.master_address, self.connected, self.replica.commitlog.max_offset, self.reported_offset
+            self.master_address, self.connected, self.replica.commitlog.max_offset, self.reported_offset, local
         )
 
     def _run(self) -> None:
