@@ -18,7 +18,8 @@ Who writes what:
   the SyncStateSet becomes master, master epoch + 1, SyncStateSet = {it} (ElectMasterEvent); with none, the group has
   no master (SyncStateSet kept) until a member of it comes back, or - `unclean.leader.election.enable` - any live
   member leads. It also mirrors the group into each partition state of the group's topics (`group_state`: leader =
-  the live master, leader epoch = master epoch, ISR = SyncStateSet);
+  the live master, ISR = SyncStateSet, leader epoch = the master epoch, or the previous one + 1 when that is not
+  higher);
 - the master (its `tidelog-rocketmq-role` thread, every CHECK_INTERVAL_S): the SyncStateSet (RocketMQ 5's
   AlterSyncStateSet): a slave leaves it when it has been disconnected or silent for haHousekeepingInterval, or is
   haSlaveFallbehindMax or more behind; it joins once it reported the master's CommitLog end of the previous check.
