@@ -11,6 +11,7 @@ import json
 import time
 from typing import Any
 
+import pytest
 from cluster_checks import registered, wait_for
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -41,7 +42,8 @@ HA = {
     "offsets.topic.num.partitions": 2,
     "group.initial.rebalance.delay.ms": 0,
 }
-KILLS = 2  # kill -9 of the master, each followed by a promotion and the old master's return as a slave
+KILLS = 2  # kill -9 of the master in `make test`, each followed by a promotion and the old master's return
+LONG_KILLS = 100  # make test-rocketmq-ha-long
 
 
 def group(zk: KazooClient) -> dict[str, Any]:
@@ -121,6 +123,15 @@ def consume_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[t
 
 
 def test_group_topic_slave_refuses_and_failover(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
+    run_failovers(cluster_broker, zk_client, KILLS)
+
+
+@pytest.mark.slow
+def test_failover_long(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
+    run_failovers(cluster_broker, zk_client, LONG_KILLS)
+
+
+def run_failovers(cluster_broker: ClusterBroker, zk_client: KazooClient, kills: int) -> None:
     brokers = start_group(cluster_broker, zk_client)
     described = group(zk_client)
     assert described["brokers"] == [1, 2] and described["master"] == 1 and described["master_role"] == "SYNC_MASTER"
@@ -136,7 +147,7 @@ def test_group_topic_slave_refuses_and_failover(cluster_broker: ClusterBroker, z
     acked: dict[int, list[tuple[int, bytes]]] = {}
     sequence = 0
     master, slave = 1, 2
-    for kill in range(KILLS):
+    for kill in range(kills):
         values = [make_value("p", sequence + n, 200) for n in range(300)]
         sequence += len(values)
         produce(bootstrap, "orders", values, acked)
