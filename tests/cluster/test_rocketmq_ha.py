@@ -8,6 +8,8 @@ and comes back as the new master's slave; the two CommitLogs are identical up to
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from typing import Any
 
@@ -54,10 +56,13 @@ def state(zk: KazooClient, topic: str, partition: int) -> dict[str, Any]:
     return json.loads(zk.get(f"/brokers/topics/{topic}/partitions/{partition}/state")[0])
 
 
-def start_group(cluster_broker: ClusterBroker, zk: KazooClient, role: str = "SYNC_MASTER") -> dict[int, BrokerProcess]:
-    brokers = {1: cluster_broker(1, {**HA, "tidelog.rocketmq.brokerRole": role})}
+def start_group(
+    cluster_broker: ClusterBroker, zk: KazooClient, role: str = "SYNC_MASTER", housekeeping_ms: int = 3000
+) -> dict[int, BrokerProcess]:
+    config = {**HA, "tidelog.rocketmq.haHousekeepingInterval": housekeeping_ms}
+    brokers = {1: cluster_broker(1, {**config, "tidelog.rocketmq.brokerRole": role})}
     wait_for(lambda: zk.exists(f"/tidelog/rocketmq/{GROUP}") and group(zk)["master"] == 1, what="group with master 1")
-    brokers[2] = cluster_broker(2, {**HA, "tidelog.rocketmq.brokerRole": "SLAVE"})
+    brokers[2] = cluster_broker(2, {**config, "tidelog.rocketmq.brokerRole": "SLAVE"})
     wait_for(lambda: registered(zk) == [1, 2], what="two registrations")
     wait_for(lambda: sorted(group(zk)["sync_state_set"]) == [1, 2], what="the slave in the SyncStateSet")
     return brokers
@@ -172,6 +177,61 @@ def run_failovers(cluster_broker: ClusterBroker, zk_client: KazooClient, kills: 
     one, two = commitlog_bytes(brokers[1]), commitlog_bytes(brokers[2])
     end = min(written_end(one), written_end(two))
     assert end > 0 and one[:end] == two[:end]
+
+
+def produce_unreplicated(bootstrap: str, topic: str, budget_s: float) -> int:
+    """acks=1 Produce requests of ~0.5 MB for `budget_s` (a SYNC_MASTER answers them after its own write); returns
+    how many bytes of values were written."""
+    written, sequence = 0, 0
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline:
+        records = [Record(make_value("u", sequence + n, 1000)) for n in range(500)]
+        sequence += len(records)
+        body = {
+            "transactional_id": None, "acks": 1, "timeout": 5_000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": build_batch(records)}]}],
+        }  # fmt: skip
+        response = kafka_wire.request(bootstrap, ApiKey.PRODUCE, kafka_wire.PRODUCE_VERSION, body)
+        assert response.responses[0].partition_responses[0].error_code == 0
+        written += 500 * 1000
+    return written
+
+
+def test_old_master_with_extra_records_is_cut_and_follows(
+    cluster_broker: ClusterBroker, zk_client: KazooClient
+) -> None:
+    """The master takes records its slave never receives (the slave process stopped, for less than its ZooKeeper
+    session and haHousekeepingInterval, so it stays electable), is killed, the slave is promoted; the old master
+    comes back, cuts its CommitLog at the new epoch's start and follows: files identical, every acks=all record
+    acknowledged under SYNC_MASTER read back once."""
+    brokers = start_group(cluster_broker, zk_client, housekeeping_ms=10_000)
+    bootstrap = ",".join(b.bootstrap for b in brokers.values())
+    create_topic(brokers[1].bootstrap, "extra", 1)
+    acked: dict[int, list[tuple[int, bytes]]] = {}
+    produce(bootstrap, "extra", [make_value("p", n, 200) for n in range(300)], acked)
+    os.kill(brokers[2].pid, signal.SIGSTOP)
+    try:
+        produce_unreplicated(brokers[1].bootstrap, "extra", 1.5)
+        brokers[1].kill()
+    finally:
+        os.kill(brokers[2].pid, signal.SIGCONT)
+    old_end = written_end(commitlog_bytes(brokers[1]))
+    wait_for(lambda: group(zk_client)["master"] == 2, timeout_s=FAILOVER_S, what="broker 2 master")
+    wait_for(lambda: group(zk_client)["epoch_start_offset"] >= 0, what="the new epoch's start offset")
+    start = group(zk_client)["epoch_start_offset"]
+    assert start < old_end, "the old master must hold records its slave never received"
+    brokers[1].restart()
+    wait_for(lambda: sorted(group(zk_client)["sync_state_set"]) == [1, 2], timeout_s=FAILOVER_S, what="rejoined")
+    produce(bootstrap, "extra", [make_value("p", 300 + n, 200) for n in range(300)], acked)
+    assert f"cut from {old_end}" in brokers[1].stderr_text()
+    assert_delivery(acked, consume_all(bootstrap, "extra", 1))
+    wait_for(
+        lambda: written_end(commitlog_bytes(brokers[1])) == written_end(commitlog_bytes(brokers[2])),
+        what="the old master caught up",
+    )
+    one, two = commitlog_bytes(brokers[1]), commitlog_bytes(brokers[2])
+    end = written_end(two)
+    assert end > start and one[:end] == two[:end]
 
 
 def test_sync_master_without_slave_refuses_acks_all(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:

@@ -250,6 +250,46 @@ def test_role_switch(tmp_path: Path, stores: list[RocketMQEngine]) -> None:
     assert old_master.ha_status().role == "SLAVE" and new_master.ha_status().role == "SYNC_MASTER"
 
 
+def test_old_master_with_extra_records_is_cut_before_it_follows(tmp_path: Path, stores: list[RocketMQEngine]) -> None:
+    """A master whose last records never reached its slave, demoted after the slave took over: `become_slave` with
+    the new master's epoch start cuts its CommitLog, queues, index and producer state there, and it then copies the
+    new master's records byte for byte (recovery after a restart agrees)."""
+    old_master = open_master(tmp_path / "a")
+    stores.append(old_master)
+    assert old_master.ha_port is not None
+    new_master = open_slave(tmp_path / "b", old_master.ha_port)
+    put(old_master, 60, seed=11)
+    assert_same_store(old_master, new_master)
+    new_master.close()  # the slave goes: what the master writes now is its own
+    start = old_master.commitlog.max_offset
+    ends = {(t, p): old_master.log_end_offset(t, p) for t, n in TOPICS.items() for p in range(n)}
+    producer = build_batch([Record(b"extra")], producer_id=7, producer_epoch=0, base_sequence=0)
+    old_master.append("orders", 0, producer)
+    put(old_master, 40, seed=12)  # past a file end: whole files go, too
+    assert old_master.commitlog.max_offset > start + FILE_SIZE
+    assert old_master.lookup_key("orders", b"k12-0") or old_master.lookup_key("events", b"k12-0")
+    new_master = open_store(tmp_path / "b", **{"tidelog.rocketmq.brokerRole": "SYNC_MASTER"})
+    stores.append(new_master)
+    assert new_master.commitlog.max_offset == start and new_master.ha_port is not None
+    old_master.become_slave(f"127.0.0.1:{new_master.ha_port}", start)
+    assert old_master.commitlog.max_offset >= start
+    assert {(t, p): old_master.log_end_offset(t, p) for t, n in TOPICS.items() for p in range(n)} == ends
+    again = new_master.append("orders", 0, producer)  # the cut batch is new to both producer states
+    assert again.base_offset == ends[("orders", 0)]
+    put(new_master, 30, seed=13)
+    assert_same_store(new_master, old_master)
+    assert not old_master.lookup_key("orders", b"k12-0") and not old_master.lookup_key("events", b"k12-0")
+    stores.remove(old_master)
+    old_master.close()
+    address = f"127.0.0.1:{new_master.ha_port}"
+    reopened = open_store(
+        tmp_path / "a", **{"tidelog.rocketmq.brokerRole": "SLAVE", "tidelog.rocketmq.haMasterAddress": address}
+    )
+    stores.append(reopened)
+    put(new_master, 10, seed=14)
+    assert_same_store(new_master, reopened)
+
+
 def test_garbage_to_the_master_is_refused(tmp_path: Path, stores: list[RocketMQEngine]) -> None:
     master = open_master(tmp_path / "master")
     stores.append(master)

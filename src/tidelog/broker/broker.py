@@ -141,6 +141,7 @@ class Broker:
                 housekeeping_interval_ms=rocketmq.ha_housekeeping_interval,
                 slave_fallbehind_max=rocketmq.ha_slave_fallbehind_max,
                 live_brokers=lambda: membership.live_brokers.keys(),
+                log_dir=log_dir,
             )
         if self.cluster is not None:
             self.metadata = MetadataCache(self.cluster.client, config.node_id, self.engine, self.admin)

@@ -48,11 +48,13 @@ from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
+from tidelog.atomic_files import write_atomically
 from tidelog.broker import zk_layout as zk
 from tidelog.errors import ConfigError, NotEnoughReplicasError
 from tidelog.storage.api import MasterSlaveStore
@@ -65,6 +67,8 @@ SYNC_MASTER = "SYNC_MASTER"
 NO_MASTER = -1
 CHECK_INTERVAL_S = 0.5  # the role thread's round: roles, published addresses, the master's SyncStateSet check
 WAIT_THREADS = 64  # SYNC_MASTER waits in flight (each blocks a thread up to syncFlushTimeout)
+EPOCH_HISTORY = 100  # the (epoch, start offset) entries the group znode keeps
+EPOCH_FILE = "tidelog-rocketmq-epoch"  # in the broker's log dir: the master epoch its records come from
 BROKER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
@@ -101,6 +105,26 @@ def elect_master(group: zk.RocketMQGroup, live: Collection[int], unclean: bool) 
     )
 
 
+def truncation_point(group: zk.RocketMQGroup, local_epoch: int | None) -> int | None:
+    """Where a store whose records come from master epoch `local_epoch` (None: not known) must cut its CommitLog
+    before following the group's master: the start of the first epoch after its own (every later master held the
+    log of the one before up to where its own epoch began, so what the store holds below that start is the
+    group's); the oldest start kept when its epoch is older than the history (or not known); None when the store
+    is of the current epoch."""
+    if local_epoch is not None and local_epoch >= group.master_epoch:
+        return None
+    later = [start for epoch, start in group.epochs if local_epoch is None or epoch > local_epoch]
+    return min(later) if later else min((start for _epoch, start in group.epochs), default=None)
+
+
+def read_local_epoch(path: Path) -> int | None:
+    """The master epoch this store's records come from (the file `EPOCH_FILE` in its log dir), or None."""
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def group_state(group: zk.RocketMQGroup, live: Collection[int], controller_epoch: int) -> zk.PartitionState:
     """A partition of the group's topics: leader the live master, leader epoch the master epoch, ISR the set."""
     leader = group.master if group.master in live else zk.NO_LEADER
@@ -126,6 +150,7 @@ class RocketMQGroups:
         housekeeping_interval_ms: int,
         slave_fallbehind_max: int,
         live_brokers: Callable[[], Collection[int]],
+        log_dir: Path,
     ) -> None:
         if not BROKER_NAME.match(broker_name):
             raise ConfigError(
@@ -139,6 +164,8 @@ class RocketMQGroups:
         self.housekeeping_ms = housekeeping_interval_ms
         self.slave_fallbehind_max = slave_fallbehind_max
         self.live_brokers = live_brokers
+        self.epoch_file = log_dir / EPOCH_FILE
+        self.local_epoch = read_local_epoch(self.epoch_file)
         self.view: Mapping[str, GroupView] = {}
         self._host = "127.0.0.1"
         self._lock = threading.RLock()  # kazoo calls a new watch's function in the registering thread
@@ -151,10 +178,9 @@ class RocketMQGroups:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="tidelog-rocketmq-role", daemon=True)
         self._published: zk.RocketMQMember | None = None
-        self._following: str | None = None
+        self._following: tuple[str, int] | None = None  # the master's HA address and epoch
         self._last_seen: dict[int, float] = {}  # the master's slaves: when each was last seen in step
         self._end_at_last_check = 0
-        self._diverged_reported = -1
         self.waits = ThreadPoolExecutor(WAIT_THREADS, thread_name_prefix="tidelog-sync-master")
 
     # --- start and stop ---------------------------------------------------------------------------------------
@@ -337,40 +363,50 @@ class RocketMQGroups:
                     "RocketMQ group %s: broker %d is master now (master epoch %d): promoting the store",
                     self.broker_name, me, group.master_epoch,
                 )  # fmt: skip
+                self._set_local_epoch(group.master_epoch)
                 store.become_master(group.master_role)
                 self._following = None
                 self._last_seen.clear()
                 self._end_at_last_check = store.commitlog_end
+            self._set_local_epoch(group.master_epoch)
             self._publish_member(zk.RocketMQMember(self._ha_address(), None))
             if group.epoch_start_offset < 0:
-                self._write_group(view, replace(group, epoch_start_offset=store.commitlog_end))
+                start = store.commitlog_end
+                epochs = (*[e for e in group.epochs if e[0] < group.master_epoch], (group.master_epoch, start))
+                self._write_group(view, replace(group, epoch_start_offset=start, epochs=epochs[-EPOCH_HISTORY:]))
             else:
                 self._check_sync_state_set(view)
             return
         master = view.members.get(group.master) if group.master != NO_MASTER else None
         address = master.ha_address if master is not None else None
-        if address is not None and (store.role != SLAVE or self._following != address):
+        following = (address, group.master_epoch) if address is not None else None
+        # a new master is followed once it wrote where its epoch began: a store with more must cut there first
+        if (
+            following is not None
+            and group.epoch_start_offset >= 0
+            and (store.role != SLAVE or self._following != following)
+        ):
+            cut = truncation_point(group, self.local_epoch)
+            end = store.commitlog_end
             log.info(
-                "RocketMQ group %s: following master %d at %s (master epoch %d)",
-                self.broker_name, group.master, address, group.master_epoch,
+                "RocketMQ group %s: following master %d at %s (master epoch %d) from CommitLog offset %d%s",
+                self.broker_name, group.master, address, group.master_epoch, min(end, end if cut is None else cut),
+                f" (cut from {end}: records of epoch {self.local_epoch} past the start of a later epoch)"
+                if cut is not None and cut < end else "",
             )  # fmt: skip
-            store.become_slave(address)
-            self._following = address
+            store.become_slave(following[0], cut)
+            self._set_local_epoch(group.master_epoch)
+            self._following = following
         if store.role == SLAVE:
             status = store.ha_status().master
             local = status.local_address if status is not None and status.connected else None
             self._publish_member(zk.RocketMQMember(None, local))
-            end = store.commitlog_end
-            if 0 <= group.epoch_start_offset < end and self._diverged_reported != group.master_epoch:
-                self._diverged_reported = group.master_epoch
-                log.error(
-                    "RocketMQ group %s: this store's CommitLog ends at %d, past offset %d where master %d's epoch %d "
-                    "began: it holds records the new master lacks (written here after the last one the master "
-                    "copied, never acknowledged to an acks=all producer under SYNC_MASTER); the master refuses it "
-                    "until its store is cut there or wiped (stop this broker and delete its log dir to copy "
-                    "everything again)",
-                    self.broker_name, end, group.epoch_start_offset, group.master, group.master_epoch,
-                )  # fmt: skip
+
+    def _set_local_epoch(self, epoch: int) -> None:
+        """Record that this store's records from now on come from master epoch `epoch` (after any cut)."""
+        if self.local_epoch != epoch:
+            write_atomically(self.epoch_file, f"{epoch}\n")
+            self.local_epoch = epoch
 
     def _ha_address(self) -> str | None:
         port = self.store.ha_port

@@ -460,6 +460,7 @@ class RocketMQGroup:
     sync_state_set_epoch: int
     master_role: str
     epoch_start_offset: int = -1
+    epochs: tuple[tuple[int, int], ...] = ()  # (master epoch, start offset), oldest first (RocketMQ's epoch file)
 
     def encode(self) -> bytes:
         return _encode(
@@ -472,6 +473,7 @@ class RocketMQGroup:
                 "sync_state_set_epoch": self.sync_state_set_epoch,
                 "master_role": self.master_role,
                 "epoch_start_offset": self.epoch_start_offset,
+                "epochs": [list(entry) for entry in self.epochs],
             }
         )
 
@@ -488,6 +490,14 @@ class RocketMQGroup:
         role = value.get("master_role")
         if role not in ("SYNC_MASTER", "ASYNC_MASTER"):
             raise MalformedZnodeError(f"znode {path}: master_role {role!r} is not SYNC_MASTER or ASYNC_MASTER")
+        epochs = value.get("epochs", [])
+        if not isinstance(epochs, list) or not all(
+            isinstance(entry, list)
+            and len(entry) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in entry)
+            for entry in epochs
+        ):
+            raise MalformedZnodeError(f"znode {path}: epochs is not a list of [epoch, start offset]: {epochs!r}")
         return cls(
             _broker_ids(path, "brokers", value.get("brokers")),
             numbers["master"],
@@ -496,6 +506,7 @@ class RocketMQGroup:
             numbers["sync_state_set_epoch"],
             role,
             numbers["epoch_start_offset"],
+            tuple((entry[0], entry[1]) for entry in epochs),
         )
 
 

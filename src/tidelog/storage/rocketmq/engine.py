@@ -921,9 +921,9 @@ class RocketMQEngine(StorageEngine):
             self._serve_slaves()
         log.info("%s: now %s at CommitLog offset %d", self.root, role, self.commitlog.max_offset)
 
-    def become_slave(self, master_address: str) -> None:
-        """Demote this store: refuse puts from now on, stop serving slaves (puts waiting for one fail), and follow
-        `master_address` from this CommitLog's end."""
+    def become_slave(self, master_address: str, truncate_to: int | None = None) -> None:
+        """Demote this store: refuse puts from now on, stop serving slaves (puts waiting for one fail), cut the
+        CommitLog at `truncate_to` when it goes past it (`truncate`), and follow `master_address` from its end."""
         self._check_ha()
         with self.commitlog.put_lock:
             self.role = SLAVE
@@ -932,8 +932,44 @@ class RocketMQEngine(StorageEngine):
             self.ha_service = None
         if self.ha_client is not None:
             self.ha_client.shutdown()
+            self.ha_client = None
+        if truncate_to is not None and truncate_to < self.commitlog.max_offset:
+            self.truncate(truncate_to)
         self._follow(master_address)
         log.info("%s: now SLAVE of %s from CommitLog offset %d", self.root, master_address, self.commitlog.max_offset)
+
+    def truncate(self, offset: int) -> None:
+        """Cut a SLAVE's CommitLog at `offset` (a message boundary: where its new master's epoch began, which this
+        store's extra records never reached) as recovery cuts it: every file after it goes, the one holding it is
+        zeroed after it and synced, ConsumeQueue units pointing at or past it are dropped, producer snapshots past
+        each queue's new end deleted and the state rebuilt at its next use, IndexFiles indexing past it dropped
+        and what they held below it indexed again, and dispatching resumes at `offset`."""
+        if self.role != SLAVE or self.ha_client is not None:
+            raise ConfigError("truncate: only a SLAVE that is not following a master may be cut")
+        self.dispatcher.catch_up()
+
+        def cut() -> None:
+            with self.commitlog.put_lock, self._lock:
+                dropped = self.commitlog.max_offset - offset
+                self.commitlog.queue.truncate_dirty_files(offset)
+                last = self.commitlog.queue.last_file
+                if last is not None:
+                    os.fdatasync(last.fd)  # the zeroed tail must not come back after a crash
+                for queue in self.queues.values():
+                    queue.consume_queue.truncate_dirty_logic_files(offset)
+                    queue.producer_state.delete_snapshots_after(queue.consume_queue.max_offset)
+                    queue.truncated()
+                if self.index is not None:
+                    with self.index.lock:
+                        self.index.drop_beyond(offset)
+                        self._index_behind_from = self.index.last_indexed_offset
+                        self._index_up_to(offset, None)
+                log.warning(
+                    "%s: CommitLog cut from %d to %d (%d bytes the new master does not hold)",
+                    self.root, offset + dropped, offset, dropped,
+                )  # fmt: skip
+
+        self.dispatcher.rewind(offset, cut)
 
     # --- shutdown ---------------------------------------------------------------------------------------------
 

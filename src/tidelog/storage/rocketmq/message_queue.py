@@ -807,6 +807,14 @@ class MessageQueue(Partition):
         self.producer_state = ProducerStateManager(self.engine.producer_snapshot_dir(self.topic, self.queue_id))
         self._producer_state_loaded = False
 
+    def truncated(self) -> None:
+        """The engine cut the CommitLog and this queue's units past it (under the put lock): the queue ends where
+        its units end, and what was derived from the records cut away is dropped."""
+        self.take_over()
+        self._size = None
+        with self._time_lock:
+            self._time_blocks = TimeBlocks()
+
     def delete_records(self, before_offset: int) -> int:
         """DeleteRecords: raise the log start offset. The messages stay in the CommitLog until retention."""
         high_watermark = self.high_watermark
