@@ -145,6 +145,7 @@ def run_failovers(cluster_broker: ClusterBroker, zk_client: KazooClient, kills: 
     create_topic(brokers[1].bootstrap, "orders", 2)
     topic = json.loads(zk_client.get("/brokers/topics/orders")[0])
     assert topic["partitions"] == {"0": [1, 2], "1": [1, 2]}  # the group's brokers, master first
+    wait_for(lambda: zk_client.exists(f"/tidelog/rocketmq/{GROUP}/topics/orders"), what="the topic's creation offset")
     first = state(zk_client, "orders", 0)
     assert first["leader"] == 1 and sorted(first["isr"]) == [1, 2]
     assert kafka_wire.produce_error(brokers[2].bootstrap, "orders", 0) == NOT_LEADER_OR_FOLLOWER

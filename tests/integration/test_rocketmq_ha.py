@@ -290,6 +290,31 @@ def test_old_master_with_extra_records_is_cut_before_it_follows(tmp_path: Path, 
     assert_same_store(new_master, reopened)
 
 
+def test_topic_created_on_the_slave_after_its_messages_arrived(tmp_path: Path, stores: list[RocketMQEngine]) -> None:
+    """The slave creates a topic after the master's messages of it reached its CommitLog (and more came after):
+    `dispatch_topic_from` the master's creation offset makes them all readable there, in order."""
+    master = open_master(tmp_path / "master")
+    stores.append(master)
+    assert master.ha_port is not None
+    slave = open_slave(tmp_path / "slave", master.ha_port)
+    stores.append(slave)
+    master.create_topic("late", 1)
+    for n in range(30):
+        master.append("late", 0, build_batch([Record(b"late %d" % n, key=b"late-%d" % n)]))
+        put(master, 1, seed=20 + n)
+    wait_until(lambda: slave.commitlog.max_offset == master.commitlog.max_offset)
+    slave.create_topic("late", 1, topic_id=master.topic_creation_offsets()["late"][0])
+    master.append("late", 0, build_batch([Record(b"after the slave created it")]))
+    wait_until(lambda: slave.high_watermark("late", 0) == 31)  # only what came after its own creation:
+    assert slave.log_start_offset("late", 0) == 30  # offsets 0-29 are not in its queue
+    assert slave.dispatch_topic_from("late", master.topic_creation_offsets()["late"][1]) == 31
+    assert slave.high_watermark("late", 0) == master.high_watermark("late", 0) == 31
+    assert slave.log_start_offset("late", 0) == 0
+    assert slave.read("late", 0, 0, 1 << 24).read_bytes() == master.read("late", 0, 0, 1 << 24).read_bytes()
+    put(master, 20, seed=60)
+    assert_same_store(master, slave)
+
+
 def test_garbage_to_the_master_is_refused(tmp_path: Path, stores: list[RocketMQEngine]) -> None:
     master = open_master(tmp_path / "master")
     stores.append(master)

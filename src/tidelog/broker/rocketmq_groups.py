@@ -181,6 +181,8 @@ class RocketMQGroups:
         self._following: tuple[str, int] | None = None  # the master's HA address and epoch
         self._last_seen: dict[int, float] = {}  # the master's slaves: when each was last seen in step
         self._end_at_last_check = 0
+        self._topics_published: dict[str, tuple[str, int]] = {}  # the master's: what its topic znodes say
+        self._topics_applied: set[tuple[str, str]] = set()  # a slave's: (topic, id) whose creation offset it took
         self.waits = ThreadPoolExecutor(WAIT_THREADS, thread_name_prefix="tidelog-sync-master")
 
     # --- start and stop ---------------------------------------------------------------------------------------
@@ -376,6 +378,7 @@ class RocketMQGroups:
                 self._write_group(view, replace(group, epoch_start_offset=start, epochs=epochs[-EPOCH_HISTORY:]))
             else:
                 self._check_sync_state_set(view)
+            self._publish_topics()
             return
         master = view.members.get(group.master) if group.master != NO_MASTER else None
         address = master.ha_address if master is not None else None
@@ -401,6 +404,44 @@ class RocketMQGroups:
             status = store.ha_status().master
             local = status.local_address if status is not None and status.connected else None
             self._publish_member(zk.RocketMQMember(None, local))
+            self._apply_topics()
+
+    def _publish_topics(self) -> None:
+        """The master: a znode per topic with the CommitLog offset it created the topic at; gone with the topic."""
+        topics = self.store.topic_creation_offsets()
+        for name, (topic_id, since) in topics.items():
+            if self._topics_published.get(name) != (topic_id, since):
+                data = zk.RocketMQTopic(topic_id, since).encode()
+                path = zk.rocketmq_topic_path(self.broker_name, name)
+                try:
+                    self.client.create(path, data, makepath=True)
+                except NodeExistsError:
+                    self.client.set(path, data)
+                self._topics_published[name] = (topic_id, since)
+        for name in [n for n in self._topics_published if n not in topics]:
+            with contextlib.suppress(NoNodeError):
+                self.client.delete(zk.rocketmq_topic_path(self.broker_name, name))
+            del self._topics_published[name]
+
+    def _apply_topics(self) -> None:
+        """A slave: a topic it created after its master's messages of it arrived gets them (engine's
+        dispatch_topic_from), once the master's topic znode names the same topic id."""
+        for name, (topic_id, since) in self.store.topic_creation_offsets().items():
+            if (name, topic_id) in self._topics_applied:
+                continue
+            path = zk.rocketmq_topic_path(self.broker_name, name)
+            try:
+                published = zk.RocketMQTopic.decode(path, self.client.get(path)[0])
+            except NoNodeError:
+                continue  # the master has not created it yet: its messages cannot be here yet either
+            except zk.MalformedZnodeError as exc:
+                log.warning("ignoring %s", exc)
+                continue
+            if published.topic_id != topic_id:
+                continue  # a namesake's: the master has not created this one yet
+            if published.since < since:
+                self.store.dispatch_topic_from(name, published.since)
+            self._topics_applied.add((name, topic_id))
 
     def _set_local_epoch(self, epoch: int) -> None:
         """Record that this store's records from now on come from master epoch `epoch` (after any cut)."""

@@ -47,17 +47,24 @@ its ReplicasInfoManager: SyncStateInfo and BrokerReplicaInfo):
     /tidelog/rocketmq/<brokerName>
                             persistent  {"version":1,"brokers":[1,2],"master":1,"master_epoch":3,
                                          "sync_state_set":[1,2],"sync_state_set_epoch":7,"master_role":"SYNC_MASTER",
-                                         "epoch_start_offset":123456}
+                                         "epoch_start_offset":123456,"epochs":[[1,0],[2,5000],[3,123456]]}
                                         the group: every broker that ever joined it, the master (-1: none), the master
                                         epoch (one higher at each election), the brokers in sync with the master and
                                         that set's epoch, the master flavour a promoted slave takes, and the CommitLog
-                                        offset the master's epoch began at (-1 until the master wrote it); changed
+                                        offset the master's epoch began at (-1 until the master wrote it) and that
+                                        of the last 100 epochs (a returning broker cuts its CommitLog at the start
+                                        of the first epoch after the one its records come from); changed
                                         only with conditional writes on the znode's version
     /tidelog/rocketmq/<brokerName>/brokers/<id>
                             persistent  {"version":1,"ha_address":"127.0.0.1:10912","ha_client":null}: where
                                         the member's HA service listens (null while it serves no slave) and, on a
                                         slave, the address of its connection to the master (how the master tells
                                         which connection is which member); liveness is /brokers/ids
+    /tidelog/rocketmq/<brokerName>/topics/<topic>
+                            persistent  {"version":1,"topic_id":"...","since":123456}: the CommitLog offset the
+                                        master created the topic at (no message of it is older), written by the
+                                        master; a slave that created the topic later dispatches its messages from
+                                        there
 
 `host` and `port` repeat the PLAINTEXT endpoint for old tools (null and -1 without one), as Kafka writes them.
 The ephemeral nodes belong to the broker's ZooKeeper session: when the session ends (the broker died or stopped
@@ -449,6 +456,10 @@ def rocketmq_member_path(broker_name: str, broker_id: int) -> str:
     return f"{rocketmq_members_path(broker_name)}/{broker_id}"
 
 
+def rocketmq_topic_path(broker_name: str, topic: str) -> str:
+    return f"{rocketmq_group_path(broker_name)}/topics/{topic}"
+
+
 @dataclass(frozen=True, slots=True)
 class RocketMQGroup:
     """`/tidelog/rocketmq/<brokerName>`: a RocketMQ master/slave group (see the module docstring)."""
@@ -508,6 +519,25 @@ class RocketMQGroup:
             numbers["epoch_start_offset"],
             tuple((entry[0], entry[1]) for entry in epochs),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQTopic:
+    """`/tidelog/rocketmq/<brokerName>/topics/<topic>`: the CommitLog offset the master created the topic at."""
+
+    topic_id: str
+    since: int
+
+    def encode(self) -> bytes:
+        return _encode({"version": ROCKETMQ_GROUP_VERSION, "topic_id": self.topic_id, "since": self.since})
+
+    @classmethod
+    def decode(cls, path: str, data: bytes) -> RocketMQTopic:
+        value = _decode_object(path, data)
+        topic_id, since = value.get("topic_id"), value.get("since")
+        if not isinstance(topic_id, str) or not isinstance(since, int) or isinstance(since, bool):
+            raise MalformedZnodeError(f"znode {path}: topic_id {topic_id!r} / since {since!r} are not a string / int")
+        return cls(topic_id, since)
 
 
 @dataclass(frozen=True, slots=True)

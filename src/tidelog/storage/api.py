@@ -369,6 +369,14 @@ class MasterSlaveStore(Protocol):
 
     def ha_status(self) -> MasterSlaveStatus: ...
 
+    def topic_creation_offsets(self) -> dict[str, tuple[str, int]]:
+        """Each topic's id and the log offset it was created at here."""
+        ...
+
+    def dispatch_topic_from(self, name: str, since: int) -> int:
+        """A slave's topic created after its messages arrived: make them readable from log offset `since` on."""
+        ...
+
 
 class StorageEngine(ABC):
     """One storage model behind the common calls; subclasses implement the abstract ones."""

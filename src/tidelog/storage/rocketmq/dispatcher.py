@@ -246,15 +246,16 @@ class ReputMessageService:
                 dispatched += len(batch)
         return dispatched
 
-    def rewind(self, offset: int, cut: Callable[[], None]) -> None:
-        """The CommitLog is cut at `offset` by `cut`, called with dispatching held: offers are dropped and
-        dispatching goes on from `offset`."""
+    def hold(self, action: Callable[[], None], *, rewind_to: int | None = None) -> None:
+        """Run `action` with dispatching held. `rewind_to`: the action cut the CommitLog there; offers are dropped
+        and dispatching goes on from it."""
         with self._lock:
-            cut()
-            with self._offer_lock:
-                self._offered.clear()
-                self._offered_messages = 0
-            self.reput_from_offset = min(self.reput_from_offset, offset)
+            action()
+            if rewind_to is not None:
+                with self._offer_lock:
+                    self._offered.clear()
+                    self._offered_messages = 0
+                self.reput_from_offset = min(self.reput_from_offset, rewind_to)
 
     def _take_offered(self, start: int, end: int) -> tuple[DispatchBatch | None, int]:
         """Offered messages from `start` on that end by `end` (up to BATCH_MESSAGES, at least one offer), and where

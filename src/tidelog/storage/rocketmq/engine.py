@@ -938,6 +938,45 @@ class RocketMQEngine(StorageEngine):
         self._follow(master_address)
         log.info("%s: now SLAVE of %s from CommitLog offset %d", self.root, master_address, self.commitlog.max_offset)
 
+    def topic_creation_offsets(self) -> dict[str, tuple[str, int]]:
+        """Each topic's id and the CommitLog offset it was created at in this store."""
+        with self._lock:
+            return {name: (record.topic_id, record.since) for name, record in self.registry.topics.items()}
+
+    def dispatch_topic_from(self, name: str, since: int) -> int:
+        """A topic this SLAVE created after its master's messages of it arrived (the master created it at CommitLog
+        offset `since`, below this store's own creation offset): lower its creation offset to `since` and dispatch
+        its messages already received into its queues again, with dispatching held; returns how many."""
+        with self._lock:
+            record = self.registry.topics.get(name)
+            if record is None or since >= record.since:
+                return 0
+        dispatched = 0
+
+        def redispatch() -> None:
+            nonlocal dispatched
+            with self.commitlog.put_lock, self._lock:
+                record.since = since
+                self._save_topics_file()
+                for queue_id in record.held():  # units dispatched since this store created it go, to come again
+                    queue = self.queues[(name, queue_id)]
+                    queue.consume_queue.restart_at(0)
+                    queue.truncated()
+            end = self.dispatcher.reput_from_offset
+            items = [
+                item for item in self.commitlog.iter_dispatch(max(since, self.commitlog.min_offset), end)
+                if item[1].topic == name
+            ]  # fmt: skip
+            if items:
+                self._build_consume_queues(DispatchBatch.from_infos(items))
+            dispatched = len(items)
+
+        self.dispatcher.hold(redispatch)
+        if dispatched:
+            log.info("%s: topic %s: dispatched %d messages received before it was created here", self.root, name,
+                     dispatched)  # fmt: skip
+        return dispatched
+
     def truncate(self, offset: int) -> None:
         """Cut a SLAVE's CommitLog at `offset` (a message boundary: where its new master's epoch began, which this
         store's extra records never reached) as recovery cuts it: every file after it goes, the one holding it is
@@ -969,7 +1008,7 @@ class RocketMQEngine(StorageEngine):
                     self.root, offset + dropped, offset, dropped,
                 )  # fmt: skip
 
-        self.dispatcher.rewind(offset, cut)
+        self.dispatcher.hold(cut, rewind_to=offset)
 
     # --- shutdown ---------------------------------------------------------------------------------------------
 
