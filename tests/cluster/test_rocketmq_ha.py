@@ -22,6 +22,7 @@ from kazoo.client import KazooClient
 
 import kafka_wire
 from broker_process import BrokerProcess
+from tidelog.broker.read_replicas import RACK_AWARE_SELECTOR
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.protocol.messages import ApiKey
 from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker
@@ -57,12 +58,17 @@ def state(zk: KazooClient, topic: str, partition: int) -> dict[str, Any]:
 
 
 def start_group(
-    cluster_broker: ClusterBroker, zk: KazooClient, role: str = "SYNC_MASTER", housekeeping_ms: int = 3000
+    cluster_broker: ClusterBroker,
+    zk: KazooClient,
+    role: str = "SYNC_MASTER",
+    housekeeping_ms: int = 3000,
+    extra: dict[int, dict[str, Any]] | None = None,
 ) -> dict[int, BrokerProcess]:
     config = {**HA, "tidelog.rocketmq.haHousekeepingInterval": housekeeping_ms}
-    brokers = {1: cluster_broker(1, {**config, "tidelog.rocketmq.brokerRole": role})}
+    extra = extra or {}
+    brokers = {1: cluster_broker(1, {**config, "tidelog.rocketmq.brokerRole": role, **extra.get(1, {})})}
     wait_for(lambda: zk.exists(f"/tidelog/rocketmq/{GROUP}") and group(zk)["master"] == 1, what="group with master 1")
-    brokers[2] = cluster_broker(2, {**config, "tidelog.rocketmq.brokerRole": "SLAVE"})
+    brokers[2] = cluster_broker(2, {**config, "tidelog.rocketmq.brokerRole": "SLAVE", **extra.get(2, {})})
     wait_for(lambda: registered(zk) == [1, 2], what="two registrations")
     wait_for(lambda: sorted(group(zk)["sync_state_set"]) == [1, 2], what="the slave in the SyncStateSet")
     return brokers
@@ -149,6 +155,7 @@ def run_failovers(cluster_broker: ClusterBroker, zk_client: KazooClient, kills: 
     first = state(zk_client, "orders", 0)
     assert first["leader"] == 1 and sorted(first["isr"]) == [1, 2]
     assert kafka_wire.produce_error(brokers[2].bootstrap, "orders", 0) == NOT_LEADER_OR_FOLLOWER
+    assert kafka_wire.fetch_error(brokers[2].bootstrap, "orders", 0) == NOT_LEADER_OR_FOLLOWER  # no slaveReadEnable
 
     acked: dict[int, list[tuple[int, bytes]]] = {}
     sequence = 0
@@ -233,6 +240,47 @@ def test_old_master_with_extra_records_is_cut_and_follows(
     one, two = commitlog_bytes(brokers[1]), commitlog_bytes(brokers[2])
     end = written_end(two)
     assert end > start and one[:end] == two[:end]
+
+
+def test_consumer_in_the_slaves_rack_reads_from_the_slave(
+    cluster_broker: ClusterBroker, zk_client: KazooClient
+) -> None:
+    """KIP-392 with slaveReadEnable: the master sends a consumer whose client.rack is the slave's broker.rack to
+    the slave (preferred_read_replica), which serves it every record; a consumer in another rack reads from the
+    master."""
+    reads = {"tidelog.rocketmq.slaveReadEnable": "true", "replica.selector.class": RACK_AWARE_SELECTOR}
+    brokers = start_group(
+        cluster_broker, zk_client, extra={1: {**reads, "broker.rack": "r1"}, 2: {**reads, "broker.rack": "r2"}}
+    )
+    create_topic(brokers[1].bootstrap, "near", 1)
+    acked: dict[int, list[tuple[int, bytes]]] = {}
+    produce(brokers[1].bootstrap, "near", [make_value("p", n, 100) for n in range(500)], acked)
+    assert kafka_wire.fetch_error(brokers[2].bootstrap, "near", 0) == 0  # the slave serves consumers
+    for rack, reader in (("r2", 2), ("r1", 1)):
+        fetched_from: list[int] = []
+
+        def stats(text: str, fetched_from: list[int] = fetched_from) -> None:
+            partition = json.loads(text)["topics"].get("near", {}).get("partitions", {}).get("0")
+            if partition is not None:
+                fetched_from.append(partition["broker"])
+
+        consumer = Consumer(
+            {"bootstrap.servers": brokers[1].bootstrap, "group.id": f"near-{rack}", "client.rack": rack,
+             "auto.offset.reset": "earliest", "statistics.interval.ms": 200, "stats_cb": stats}
+        )  # fmt: skip
+        consumer.assign([TopicPartition("near", 0, 0)])
+        read: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + 30
+        while len(read) < 500 and time.monotonic() < deadline:
+            for message in consumer.consume(500, timeout=0.5):
+                if message.error() is None:
+                    read.append((message.offset(), message.value()))
+        deadline = time.monotonic() + 5
+        while not fetched_from and time.monotonic() < deadline:
+            consumer.poll(0.2)
+        consumer.close()
+        assert read == acked[0]
+        assert fetched_from and fetched_from[-1] == reader, f"rack {rack}: fetched from {fetched_from}"
 
 
 def test_sync_master_without_slave_refuses_acks_all(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:

@@ -85,6 +85,7 @@ from tidelog.broker.producer_admin import ProducerApis
 from tidelog.broker.quota_admin import QuotaApis
 from tidelog.broker.quota_store import FileQuotaStore, ZooKeeperQuotaStore
 from tidelog.broker.quotas import ClientQuotaManager
+from tidelog.broker.read_replicas import RACK_AWARE_SELECTOR, SlaveReads
 from tidelog.broker.reassignment import ReassignmentApis
 from tidelog.broker.replica_fetcher import ReplicaFetchers
 from tidelog.broker.replica_manager import ReplicaManager
@@ -155,6 +156,18 @@ class Broker:
             )
             cluster_topics = ClusterTopics(self.cluster, self.metadata, config, groups=self.rocketmq_groups)
             check_leader = self.metadata.check_leader
+        slave_reads: SlaveReads | None = None
+        if self.cluster is not None and self.metadata is not None and self.rocketmq_groups is not None:
+            cluster = self.cluster
+            slave_reads = SlaveReads(
+                self.metadata,
+                self.rocketmq_groups,
+                lambda: cluster.live_brokers,
+                broker_id=config.node_id,
+                rack=config.broker_rack,
+                slave_read_enable=config.engine.rocketmq.slave_read_enable,
+                rack_aware=config.replica_selector_class == RACK_AWARE_SELECTOR,
+            )
         self.fetch = FetchApis(
             self.engine,
             self.authorizer,
@@ -165,6 +178,7 @@ class Broker:
             quotas=self.quotas,
             cluster=cluster_topics,
             sessions=FetchSessionCache(config.max_incremental_fetch_session_cache_slots),
+            read_replicas=slave_reads,
         )
         self.replicas: ReplicaManager | None = None
         self.fetchers: ReplicaFetchers | None = None
