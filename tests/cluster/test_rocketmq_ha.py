@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from typing import Any
 
@@ -21,11 +22,11 @@ from delivery_check import assert_delivery, make_value
 from kazoo.client import KazooClient
 
 import kafka_wire
-from broker_process import BrokerProcess
+from broker_process import BrokerProcess, tidelog_command
 from tidelog.broker.read_replicas import RACK_AWARE_SELECTOR
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.protocol.messages import ApiKey
-from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker
+from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker, ZooKeeperProcess
 
 FAILOVER_S = SESSION_TIMEOUT_MS / 1000 + 30
 NOT_LEADER_OR_FOLLOWER = 6
@@ -242,12 +243,14 @@ def test_old_master_with_extra_records_is_cut_and_follows(
     assert end > start and one[:end] == two[:end]
 
 
-def test_consumer_in_the_slaves_rack_reads_from_the_slave(
-    cluster_broker: ClusterBroker, zk_client: KazooClient
+def test_slave_reads_and_tools(
+    cluster_broker: ClusterBroker, zk_client: KazooClient, zookeeper: ZooKeeperProcess
 ) -> None:
     """KIP-392 with slaveReadEnable: the master sends a consumer whose client.rack is the slave's broker.rack to
     the slave (preferred_read_replica), which serves it every record; a consumer in another rack reads from the
-    master."""
+    master. Then `tidelog rocketmq ha-status` shows the slave in sync without lag, `tidelog dump-commitlog` prints
+    the same messages from both stores, and `tidelog rocketmq switch-role` makes the slave master (refusing a
+    broker that is not a member) with every acknowledged record kept."""
     reads = {"tidelog.rocketmq.slaveReadEnable": "true", "replica.selector.class": RACK_AWARE_SELECTOR}
     brokers = start_group(
         cluster_broker, zk_client, extra={1: {**reads, "broker.rack": "r1"}, 2: {**reads, "broker.rack": "r2"}}
@@ -281,6 +284,36 @@ def test_consumer_in_the_slaves_rack_reads_from_the_slave(
         consumer.close()
         assert read == acked[0]
         assert fetched_from and fetched_from[-1] == reader, f"rack {rack}: fetched from {fetched_from}"
+
+    # the tools: ha-status, dump-commitlog on the slave's store, switch-role
+    def status() -> dict[int, dict[str, Any]]:
+        out = tidelog("rocketmq", "ha-status", "--zookeeper", zookeeper.connect, "--json")
+        return {row["broker"]: row for row in json.loads(out)}
+
+    wait_for(lambda: status()[2]["lag_bytes"] == 0 and status()[1]["commitlog_end"] > 0, what="ha-status: no lag")
+    rows = status()
+    assert (rows[1]["role"], rows[2]["role"], rows[2]["in_sync"], rows[2]["live"]) == ("master", "slave", True, True)
+    dumps = [
+        [line for line in tidelog("dump-commitlog", "--store", str(b.log_dir)).splitlines() if "Dumping" not in line]
+        for b in brokers.values()
+    ]
+    assert len(dumps[0]) > 500 and dumps[0] == dumps[1]
+    assert "not a member" in tidelog("rocketmq", "switch-role", "--zookeeper", zookeeper.connect, "--broker-name",
+                                     GROUP, "--master", "3", code=2)  # fmt: skip
+    epoch = group(zk_client)["master_epoch"]
+    tidelog("rocketmq", "switch-role", "--zookeeper", zookeeper.connect, "--broker-name", GROUP, "--master", "2")
+    assert group(zk_client)["master"] == 2 and group(zk_client)["master_epoch"] == epoch + 1
+    wait_for(lambda: state(zk_client, "near", 0)["leader"] == 2, what="the partition led by the new master")
+    produce(brokers[1].bootstrap, "near", [make_value("p", 500 + n, 100) for n in range(200)], acked)
+    wait_for(lambda: sorted(group(zk_client)["sync_state_set"]) == [1, 2], what="the old master in sync again")
+    assert_delivery(acked, consume_all(brokers[1].bootstrap, "near", 1))
+
+
+def tidelog(*args: str, code: int = 0) -> str:
+    """Run a tidelog command; its stdout (stderr when it is expected to fail)."""
+    result = subprocess.run([*tidelog_command(), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == code, result.stderr
+    return result.stdout if code == 0 else result.stderr
 
 
 def test_sync_master_without_slave_refuses_acks_all(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:

@@ -67,6 +67,7 @@ SYNC_MASTER = "SYNC_MASTER"
 NO_MASTER = -1
 CHECK_INTERVAL_S = 0.5  # the role thread's round: roles, published addresses, the master's SyncStateSet check
 WAIT_THREADS = 64  # SYNC_MASTER waits in flight (each blocks a thread up to syncFlushTimeout)
+MEMBER_PROGRESS_S = 1.0  # how often at most a member writes its CommitLog end into its znode
 EPOCH_HISTORY = 100  # the (epoch, start offset) entries the group znode keeps
 EPOCH_FILE = "tidelog-rocketmq-epoch"  # in the broker's log dir: the master epoch its records come from
 BROKER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -371,7 +372,7 @@ class RocketMQGroups:
                 self._last_seen.clear()
                 self._end_at_last_check = store.commitlog_end
             self._set_local_epoch(group.master_epoch)
-            self._publish_member(zk.RocketMQMember(self._ha_address(), None))
+            self._publish_member(self._ha_address(), None)
             if group.epoch_start_offset < 0:
                 start = store.commitlog_end
                 epochs = (*[e for e in group.epochs if e[0] < group.master_epoch], (group.master_epoch, start))
@@ -403,7 +404,7 @@ class RocketMQGroups:
         if store.role == SLAVE:
             status = store.ha_status().master
             local = status.local_address if status is not None and status.connected else None
-            self._publish_member(zk.RocketMQMember(None, local))
+            self._publish_member(None, local)
             self._apply_topics()
 
     def _publish_topics(self) -> None:
@@ -453,9 +454,19 @@ class RocketMQGroups:
         port = self.store.ha_port
         return f"{self._host}:{port}" if port is not None else None
 
-    def _publish_member(self, member: zk.RocketMQMember) -> None:
-        if member == self._published:
+    def _publish_member(self, ha_address: str | None, ha_client: str | None) -> None:
+        """The member znode: written when an address changed, or when the CommitLog end moved and the last write
+        is MEMBER_PROGRESS_S old."""
+        now_ms = int(time.time() * 1000)
+        end = self.store.commitlog_end
+        published = self._published
+        if (
+            published is not None
+            and (published.ha_address, published.ha_client) == (ha_address, ha_client)
+            and (end == published.commitlog_end or now_ms - published.updated_ms < MEMBER_PROGRESS_S * 1000)
+        ):
             return
+        member = zk.RocketMQMember(ha_address, ha_client, end, now_ms)
         self.client.set(zk.rocketmq_member_path(self.broker_name, self.broker_id), member.encode())
         self._published = member
 

@@ -56,10 +56,12 @@ its ReplicasInfoManager: SyncStateInfo and BrokerReplicaInfo):
                                         of the first epoch after the one its records come from); changed
                                         only with conditional writes on the znode's version
     /tidelog/rocketmq/<brokerName>/brokers/<id>
-                            persistent  {"version":1,"ha_address":"127.0.0.1:10912","ha_client":null}: where
-                                        the member's HA service listens (null while it serves no slave) and, on a
-                                        slave, the address of its connection to the master (how the master tells
-                                        which connection is which member); liveness is /brokers/ids
+                            persistent  {"version":1,"ha_address":"127.0.0.1:10912","ha_client":null,
+                                         "commitlog_end":123456,"updated_ms":1700000000000}: where the member's HA
+                                        service listens (null while it serves no slave), on a slave the address of
+                                        its connection to the master (how the master tells which connection is
+                                        which member), and its CommitLog end, written at most once a second when it
+                                        moved (`tidelog rocketmq ha-status`); liveness is /brokers/ids
     /tidelog/rocketmq/<brokerName>/topics/<topic>
                             persistent  {"version":1,"topic_id":"...","since":123456}: the CommitLog offset the
                                         master created the topic at (no message of it is older), written by the
@@ -547,9 +549,16 @@ class RocketMQMember:
 
     ha_address: str | None = None
     ha_client: str | None = None
+    commitlog_end: int = -1  # the member's CommitLog end when it wrote the znode (-1: not yet)
+    updated_ms: int = 0  # when that was (ms since the epoch)
 
     def encode(self) -> bytes:
-        return _encode({"version": ROCKETMQ_GROUP_VERSION, "ha_address": self.ha_address, "ha_client": self.ha_client})
+        return _encode(
+            {
+                "version": ROCKETMQ_GROUP_VERSION, "ha_address": self.ha_address, "ha_client": self.ha_client,
+                "commitlog_end": self.commitlog_end, "updated_ms": self.updated_ms,
+            }
+        )  # fmt: skip
 
     @classmethod
     def decode(cls, path: str, data: bytes) -> RocketMQMember:
@@ -560,4 +569,7 @@ class RocketMQMember:
             if text is not None and not isinstance(text, str):
                 raise MalformedZnodeError(f"znode {path}: {name} is not a string: {text!r}")
             fields.append(text)
-        return cls(*fields)
+        numbers = [value.get("commitlog_end", -1), value.get("updated_ms", 0)]
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
+            raise MalformedZnodeError(f"znode {path}: commitlog_end / updated_ms are not integers: {numbers!r}")
+        return cls(fields[0], fields[1], numbers[0], numbers[1])
