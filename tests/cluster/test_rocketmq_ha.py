@@ -139,6 +139,7 @@ def test_group_topic_slave_refuses_and_failover(cluster_broker: ClusterBroker, z
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # ~9 s a kill: 100 do not fit the suite's 300 s per test
 def test_failover_long(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
     run_failovers(cluster_broker, zk_client, LONG_KILLS)
 
