@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-admin-stall bench-replication bench-transactions crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
+.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults test-rocketmq-ha-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-admin-stall bench-replication bench-transactions crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,10 @@ crash-transactions-long: $(STAMP)
 # the long cluster fault suite (tests/cluster, marker `slow`): the leader killed with SIGKILL 100 times under load
 test-cluster-faults: $(STAMP) system-deps java
 	$(PY) -m pytest -q -s -m slow tests/cluster
+
+# RocketMQ master/slave groups: the master killed with SIGKILL 100 times (tests/cluster/test_rocketmq_ha.py)
+test-rocketmq-ha-long: $(STAMP) system-deps java
+	$(PY) -m pytest -q -s -m slow tests/cluster/test_rocketmq_ha.py
 
 bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction \
 	bench-engines bench-admin-stall bench-replication bench-transactions

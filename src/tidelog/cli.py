@@ -12,6 +12,8 @@ tidelog configs --bootstrap-server H:P --describe|--alter --entity-type T [--ent
 tidelog perf produce --topic T --num-records N --record-size S --throughput R --bootstrap-server H:P
 tidelog perf consume --bootstrap-server H:P --topic T --messages N [--group G] [--timeout MS]
 tidelog dump-commitlog --store DIR [--print-body]
+tidelog rocketmq ha-status --zookeeper H:P [--broker-name G] [--json]
+tidelog rocketmq switch-role --zookeeper H:P --broker-name G --master ID [--force]
 tidelog dump-consumequeue --store DIR --topic T --queue Q
 tidelog query-message --store DIR (--topic T --key K [--begin MS] [--end MS] [--max N] | --msg-id ID)
 tidelog demo [--storage | --cluster] [--seconds S] [--rate N] [--read-from broker|files]
@@ -749,6 +751,47 @@ def _add_rocketmq_tool_parsers(commands: argparse._SubParsersAction[_Parser]) ->
     query.set_defaults(handler=_console_tool(_query_message))
 
 
+def _ha_status(args: argparse.Namespace) -> int:
+    from tidelog.tools import rocketmq_ha
+
+    return rocketmq_ha.ha_status(args.zookeeper, args.broker_name, as_json=args.json)
+
+
+def _switch_role(args: argparse.Namespace) -> int:
+    from tidelog.tools import rocketmq_ha
+
+    return rocketmq_ha.switch_role(args.zookeeper, args.broker_name, args.master, force=args.force)
+
+
+def _add_rocketmq_group_parsers(commands: argparse._SubParsersAction[_Parser]) -> None:
+    rocketmq = commands.add_parser(
+        "rocketmq",
+        help="RocketMQ master/slave groups of a cluster: ha-status, switch-role",
+        description="Inspect and switch RocketMQ master/slave groups through the cluster's ZooKeeper.",
+    )
+    tools = rocketmq.add_subparsers(dest="rocketmq_command", required=True)
+    zookeeper_help = "the cluster's ZooKeeper (zookeeper.connect)"
+    status = tools.add_parser(
+        "ha-status",
+        help="each member's CommitLog end, and each slave's lag behind its master",
+        description="One row per member of each group: live, role, in the SyncStateSet, CommitLog end, lag.",
+    )
+    status.add_argument("--zookeeper", required=True, metavar="HOST:PORT", help=zookeeper_help)
+    status.add_argument("--broker-name", help="only this group (tidelog.rocketmq.brokerName)")
+    status.add_argument("--json", action="store_true", help="print the rows as JSON")
+    status.set_defaults(handler=_console_tool(_ha_status))
+    switch = tools.add_parser(
+        "switch-role",
+        help="make a member of a group its master (RocketMQ 4's manual switch)",
+        description="Name broker ID master of group G (master epoch + 1), conditional on the group znode's version.",
+    )
+    switch.add_argument("--zookeeper", required=True, metavar="HOST:PORT", help=zookeeper_help)
+    switch.add_argument("--broker-name", required=True, help="the group (tidelog.rocketmq.brokerName)")
+    switch.add_argument("--master", required=True, type=int, metavar="ID", help="the broker id to make master")
+    switch.add_argument("--force", action="store_true", help="allow a broker outside the SyncStateSet (unclean)")
+    switch.set_defaults(handler=_console_tool(_switch_role))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tidelog", description="A durable, partitioned, Kafka-compatible log.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -771,6 +814,7 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(handler=_dump_log)
 
     _add_rocketmq_tool_parsers(commands)
+    _add_rocketmq_group_parsers(commands)
 
     serve = commands.add_parser("serve", help="run a broker that speaks the Kafka protocol")
     serve.add_argument("-c", "--config", help="a server.properties file (Kafka's key names)")

@@ -715,6 +715,17 @@ class RocketMQStoreConfig:
     check_crc_on_recover: bool = True
     max_message_size: int = 1024 * 1024 * 4
     store_host: str = "127.0.0.1:10911"  # STOREHOSTADDRESS of messages (BrokerConfig's brokerIP1:listenPort)
+    broker_role: str = "ASYNC_MASTER"
+    broker_name: str = "broker-a"  # BrokerConfig.brokerName: the master/slave group in a cluster
+    ha_enable: bool = False  # tidelog's: whether the store takes part in master/slave replication at all
+    ha_listen_host: str = "0.0.0.0"  # tidelog's: where a master listens for slaves (RocketMQ: every interface)
+    ha_listen_port: int = 10912
+    ha_master_address: str = ""
+    ha_send_heartbeat_interval: int = 5_000
+    ha_housekeeping_interval: int = 20_000
+    ha_transfer_batch_size: int = 32 * 1024
+    ha_slave_fallbehind_max: int = 256 * 1024 * 1024
+    slave_read_enable: bool = False
 
     @property
     def sync_flush(self) -> bool:
@@ -853,6 +864,69 @@ ROCKETMQ_KEYS: dict[str, Key] = _keys(
         parse_str,
         "The store host written into every message, and so into its message id (RocketMQ's `brokerIP1:listenPort`).",
         valid="IPv4 `address:port`",
+    ),
+    _rocketmq_key(
+        "haEnable",
+        parse_bool,
+        "Take part in master/slave replication of the CommitLog (tidelog's key: RocketMQ always does). With `false` "
+        "no HA port is opened and `brokerRole` must be `ASYNC_MASTER`.",
+    ),
+    _rocketmq_key(
+        "brokerRole",
+        parse_str,
+        "`ASYNC_MASTER`: puts are answered after the local write and slaves follow; `SYNC_MASTER`: a put that waits "
+        "for replication waits until a slave holds it (up to `syncFlushTimeout`); `SLAVE`: follows "
+        "`haMasterAddress` and refuses puts.",
+        choices=("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"),
+    ),
+    _rocketmq_key(
+        "brokerName",
+        parse_str,
+        "The master/slave group this broker belongs to in a cluster (RocketMQ's BrokerConfig key; RocketMQ defaults "
+        "to the host name, tidelog to `broker-a`, so that the brokers of a cluster form one group unless told "
+        "otherwise). Its master and slaves share the name.",
+        valid="1-64 characters of `[a-zA-Z0-9_-]`",
+    ),
+    _rocketmq_key(
+        "haListenHost", parse_str, "Address a master listens on for slaves (tidelog's key; RocketMQ binds every one)."
+    ),
+    _rocketmq_key(
+        "haListenPort", parse_int, "Port a master listens on for slaves (`0`: any free port).", minimum=0, maximum=65535
+    ),
+    _rocketmq_key(
+        "haMasterAddress",
+        parse_str,
+        "The master a `SLAVE` follows, as `host:port` (its `haListenPort`).",
+    ),
+    _rocketmq_key(
+        "haSendHeartbeatInterval",
+        parse_int,
+        "Milliseconds after which a slave reports its offset, and a master with nothing to send sends a heartbeat.",
+        minimum=1,
+    ),
+    _rocketmq_key(
+        "haHousekeepingInterval",
+        parse_int,
+        "Milliseconds of silence after which either side closes an HA connection.",
+        minimum=1,
+    ),
+    _rocketmq_key(
+        "haTransferBatchSize",
+        parse_int,
+        "Largest CommitLog body of one transfer to a slave; a slave refuses larger ones, so keep it the same on both.",
+        minimum=1,
+        maximum=INT_MAX,
+    ),
+    _rocketmq_key(
+        "haSlaveFallbehindMax",
+        parse_int,
+        "Bytes a slave may be behind before a `SYNC_MASTER` stops waiting for it (`SLAVE_NOT_AVAILABLE` at once).",
+        minimum=1,
+    ),
+    _rocketmq_key(
+        "slaveReadEnable",
+        parse_bool,
+        "Whether consumers may be sent to a slave to read (RocketMQ's meaning; the store itself reads either way).",
     ),
 )
 

@@ -211,6 +211,25 @@ class FlushDiskTimeoutError(KafkaStorageError):
     kafka_error_code = ErrorCode.REQUEST_TIMED_OUT
 
 
+class FlushSlaveTimeoutError(TidelogError):
+    """RocketMQ's FLUSH_SLAVE_TIMEOUT: a SYNC_MASTER put is stored, but no slave reported it within syncFlushTimeout;
+    the producer retries (an idempotent one without duplicates)."""
+
+    kafka_error_code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class SlaveNotAvailableError(TidelogError):
+    """RocketMQ's SLAVE_NOT_AVAILABLE: a SYNC_MASTER put is stored, but no slave is connected or the nearest one is
+    more than haSlaveFallbehindMax behind, so it is not waited for; the producer retries."""
+
+    kafka_error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+class HAProtocolError(TidelogError):
+    """Bytes on a RocketMQ HA connection that are not a valid frame, or a frame that does not fit the receiver's
+    CommitLog: the connection is closed, nothing is written."""
+
+
 # --- configuration -------------------------------------------------------------------------------------------
 
 

@@ -45,6 +45,9 @@ With zookeeper.connect, a broker of a cluster (docs/cluster.md) also has:
     replicas (replica_manager.py)    the leader's side of replication: followers' progress, the high watermark,
                                      the ISR, acks=all; it follows `metadata`'s views and stamps leader epochs
     fetchers (replica_fetcher.py)    the follower's side: one connection per leader broker copying its logs
+    rocketmq_groups (rocketmq_groups.py)  with the RocketMQ engine's master/slave replication (haEnable): the
+                                     broker's group in ZooKeeper, its role, the SyncStateSet; the controller elects
+                                     masters, topics are placed on groups, acks=all waits for a SYNC_MASTER's slave
 
 The engine of a cluster broker is opened `replicated`: its high watermark is the replica manager's to move.
 """
@@ -84,9 +87,11 @@ from tidelog.broker.producer_admin import ProducerApis
 from tidelog.broker.quota_admin import QuotaApis
 from tidelog.broker.quota_store import FileQuotaStore, ZooKeeperQuotaStore
 from tidelog.broker.quotas import ClientQuotaManager
+from tidelog.broker.read_replicas import RACK_AWARE_SELECTOR, SlaveReads
 from tidelog.broker.reassignment import ReassignmentApis
 from tidelog.broker.replica_fetcher import ReplicaFetchers
 from tidelog.broker.replica_manager import ReplicaManager
+from tidelog.broker.rocketmq_groups import CommitLogReplication, RocketMQGroups
 from tidelog.broker.sasl import SaslApis
 from tidelog.broker.scram_admin import ScramCredentialApis
 from tidelog.broker.server import KafkaServer
@@ -126,6 +131,22 @@ class Broker:
         self.controller: Controller | None = None
         cluster_topics: ClusterTopics | None = None
         check_leader = None
+        self.rocketmq_groups: RocketMQGroups | None = None
+        store = self.engine.master_slave()
+        if self.cluster is not None and store is not None:
+            membership = self.cluster
+            rocketmq = config.engine.rocketmq
+            self.rocketmq_groups = RocketMQGroups(
+                self.cluster.client,
+                config.node_id,
+                rocketmq.broker_name,
+                store,
+                configured_role=rocketmq.broker_role,
+                housekeeping_interval_ms=rocketmq.ha_housekeeping_interval,
+                slave_fallbehind_max=rocketmq.ha_slave_fallbehind_max,
+                live_brokers=lambda: membership.live_brokers.keys(),
+                log_dir=log_dir,
+            )
         if self.cluster is not None:
             self.metadata = MetadataCache(self.cluster.client, config.node_id, self.engine, self.admin)
             self.controller = Controller(
@@ -134,9 +155,22 @@ class Broker:
                 config.engine.log_defaults,
                 delete_topic_enable=config.delete_topic_enable,
                 leadership=config.leadership,
+                groups=self.rocketmq_groups,
             )
-            cluster_topics = ClusterTopics(self.cluster, self.metadata, config)
+            cluster_topics = ClusterTopics(self.cluster, self.metadata, config, groups=self.rocketmq_groups)
             check_leader = self.metadata.check_leader
+        slave_reads: SlaveReads | None = None
+        if self.cluster is not None and self.metadata is not None and self.rocketmq_groups is not None:
+            cluster = self.cluster
+            slave_reads = SlaveReads(
+                self.metadata,
+                self.rocketmq_groups,
+                lambda: cluster.live_brokers,
+                broker_id=config.node_id,
+                rack=config.broker_rack,
+                slave_read_enable=config.engine.rocketmq.slave_read_enable,
+                rack_aware=config.replica_selector_class == RACK_AWARE_SELECTOR,
+            )
         self.fetch = FetchApis(
             self.engine,
             self.authorizer,
@@ -147,6 +181,7 @@ class Broker:
             quotas=self.quotas,
             cluster=cluster_topics,
             sessions=FetchSessionCache(config.max_incremental_fetch_session_cache_slots),
+            read_replicas=slave_reads,
         )
         self.replicas: ReplicaManager | None = None
         self.fetchers: ReplicaFetchers | None = None
@@ -168,6 +203,9 @@ class Broker:
                 self.fetch.notifier,
                 config.engine.log_defaults,
                 config.replication.replica_lag_time_max_ms,
+                commitlog_replication=CommitLogReplication(store, self.rocketmq_groups.waits)
+                if store is not None and self.rocketmq_groups is not None
+                else None,
             )
             self.fetch.record_follower_fetch = self.replicas.record_follower_fetch
         self.produce = ProduceApis(
@@ -332,6 +370,14 @@ class Broker:
             table.update(handlers)
         return table
 
+    def _ha_host(self) -> str:
+        """Where the other brokers reach this one's HA port: haListenHost, or the inter-broker listener's host."""
+        host = self.config.engine.rocketmq.ha_listen_host
+        if host not in ("0.0.0.0", "::", ""):
+            return host
+        listener = self.config.inter_broker_listener
+        return self.config.advertised_for(listener, listener.port)[0]
+
     def _topic_lookup(self) -> dict[str, tuple[str, int]]:
         """The topics consumer groups may subscribe to: name -> (topic id, partition count); the cluster's in a
         cluster (this broker may hold no replica of them)."""
@@ -381,6 +427,8 @@ class Broker:
         await self.server.start()
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.register, self.server.endpoints())
+        if self.rocketmq_groups is not None:  # after the topics were created here, before a slave follows
+            await asyncio.to_thread(self.rocketmq_groups.start, self._ha_host())
 
     async def stop(self) -> None:
         """In a cluster, first a controlled shutdown (controlled.shutdown.enable): the controller moves this
@@ -400,6 +448,8 @@ class Broker:
         self.stopping = True
         if self.controller is not None:
             await asyncio.to_thread(self.controller.close)
+        if self.rocketmq_groups is not None:
+            await asyncio.to_thread(self.rocketmq_groups.close)
         if self.cluster_groups is not None:
             self.cluster_groups.close()
         if self.metadata is not None:

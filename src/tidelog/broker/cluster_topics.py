@@ -8,6 +8,10 @@ metadata cache do the rest).
   a count or factor beside it (INVALID_REQUEST). Without one, replicas are placed by replica_assignment.py. The
   config overrides (`/config/topics/<t>`) and the assignment with a new topic id (`/brokers/topics/<t>`) are written
   in one transaction; a topic znode that exists, or a topic still marked for deletion, is TOPIC_ALREADY_EXISTS.
+- On RocketMQ master/slave groups (rocketmq_groups.py) a replication factor above 1 places every partition on one
+  group: its replicas are the group's brokers, master first (a factor larger than every group with a master, or
+  an explicit assignment that is not a group's brokers, is INVALID_REPLICATION_FACTOR / INVALID_REPLICA_ASSIGNMENT);
+  new partitions of such a topic go to the same group.
 - Deleting a topic creates `/admin/delete_topics/<t>`; the controller removes the topic's znodes.
 - Adding partitions rewrites `/brokers/topics/<t>` with the new partitions appended (a conditional write on the
   znode's version), placed as Kafka's addPartitions places them or as the request says.
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
 
     from tidelog.broker.cluster_membership import ClusterMembership
     from tidelog.broker.config import BrokerConfig
+    from tidelog.broker.rocketmq_groups import RocketMQGroups
 
 Assignment = dict[int, tuple[int, ...]]
 
@@ -60,7 +65,9 @@ class ClusterTopics:
         cache: MetadataCache,
         config: BrokerConfig,
         rng: random.Random | None = None,
+        groups: RocketMQGroups | None = None,
     ) -> None:
+        self.groups = groups  # RocketMQ master/slave groups: replicated topics are placed on one
         self.membership = membership
         self.cache = cache
         self.client = membership.client
@@ -118,9 +125,23 @@ class ClusterTopics:
                     f"Replication factor: {factor} larger than available brokers: {len(live)} "
                     f"(live brokers: {', '.join(str(b.broker_id) for b in live) or 'none'})."
                 )
-            partitions = assign_replicas(live, count, factor, rng=self.rng)
+            if factor > 1 and self.groups is not None:
+                try:
+                    replicas = self.groups.placement_for(name, factor)
+                except ValueError as exc:
+                    raise InvalidReplicationFactorError(str(exc)) from None
+                partitions = dict.fromkeys(range(count), replicas)
+            else:
+                partitions = assign_replicas(live, count, factor, rng=self.rng)
         widest = max(len(replicas) for replicas in partitions.values())
-        if widest > 1 and not self.replicates:
+        if widest > 1 and self.groups is not None:
+            stray = next((r for r in partitions.values() if self.groups.group_of(r) is None), None)
+            if stray is not None:
+                raise InvalidReplicaAssignmentError(
+                    f"replicas {list(stray)} are not the brokers of one RocketMQ master/slave group: with the "
+                    "RocketMQ engine a partition's replicas are its group's brokers"
+                )
+        elif widest > 1 and not self.replicates:
             raise InvalidReplicationFactorError(
                 f"Replication factor {widest} needs the Kafka engine: the RocketMQ engine (tidelog.storage.engine="
                 "rocketmq) keeps one replica of each partition."
@@ -221,6 +242,11 @@ class ClusterTopics:
                 )
             added = {current + i: tuple(brokers) for i, brokers in enumerate(assignments)}
             _check_assignment(added, factor, {b.broker_id for b in live})
+        elif self.groups is not None and factor > 1:
+            group = self.groups.group_of(topic.partitions[0].replicas)
+            if group is None or group.state is None:
+                raise InvalidReplicaAssignmentError(f"topic {name}'s RocketMQ master/slave group is gone")
+            added = dict.fromkeys(range(current, count), topic.partitions[0].replicas)
         else:
             first = topic.partitions[0].replicas[0]
             start = max(0, next((i for i, b in enumerate(live) if b.broker_id >= first), 0))

@@ -303,7 +303,19 @@ SERVER_KEYS: dict[str, Key] = {
             default="1",
             doc="Client quotas: the time span of each sample.",
         ),
-        Key("broker.rack", parse_str, doc="The broker's rack, for rack-aware replica placement."),
+        Key(
+            "broker.rack",
+            parse_str,
+            doc="The broker's rack, for rack-aware replica placement and reads from the nearest replica (KIP-392).",
+        ),
+        Key(
+            "replica.selector.class",
+            parse_str,
+            choices=("org.apache.kafka.common.replica.RackAwareReplicaSelector",),
+            doc="KIP-392: with Kafka's rack-aware selector a consumer whose `client.rack` is a RocketMQ slave's "
+            "`broker.rack` is sent to read from that slave (needs `tidelog.rocketmq.slaveReadEnable`); unset: "
+            "consumers read from the leader.",
+        ),
         Key(
             "default.replication.factor",
             parse_int,
@@ -891,6 +903,7 @@ class BrokerConfig:
     zookeeper_session_timeout_ms: int = 18_000
     zookeeper_connection_timeout_ms: int | None = None
     broker_rack: str | None = None
+    replica_selector_class: str | None = None
     default_replication_factor: int = 1
     offsets_topic_replication_factor: int = 3
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
@@ -992,6 +1005,7 @@ class BrokerConfig:
             ),
             zookeeper_connection_timeout_ms=server.get("zookeeper.connection.timeout.ms"),
             broker_rack=server.get("broker.rack"),
+            replica_selector_class=server.get("replica.selector.class"),
             default_replication_factor=server.get("default.replication.factor", defaults.default_replication_factor),
             offsets_topic_replication_factor=server.get(
                 "offsets.topic.replication.factor", defaults.offsets_topic_replication_factor

@@ -58,6 +58,13 @@ epoch's znode has a new version and a deposed controller's writes fail with Cont
 then stops acting and gives up /controller, and the cluster elects again. A state write also names the state znode's
 version, so a write based on a stale view fails and the pass reads again.
 
+RocketMQ master/slave groups (rocketmq_groups.py, when the brokers run them): each pass first elects a new master
+for each group whose master's registration is gone (`elect_master`: from the SyncStateSet, master epoch + 1; a
+conditional write of the group znode, fenced like every other write), then gives every partition placed on a group
+the group's state (`group_state`: leader the live master, leader epoch the master epoch, ISR the SyncStateSet)
+instead of `next_state`. The brokers learn both from their watches: the group's members switch roles from the
+group znode, clients follow the partition states through Metadata.
+
 Followers copy their leaders (replica_manager.py, replica_fetcher.py); leaders add a follower to the ISR once it has
 caught up, through conditional writes of the same state znode.
 """
@@ -69,7 +76,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from functools import partial
 from typing import Any, TypeVar
@@ -88,6 +95,7 @@ from tidelog.broker import zk_layout as zk
 from tidelog.broker.cluster_membership import ClusterMembership, ControllerRole
 from tidelog.broker.cluster_metadata import MetadataCache, PartitionView, TopicView
 from tidelog.broker.config import LeadershipConfig
+from tidelog.broker.rocketmq_groups import RocketMQGroups, elect_master, group_state
 from tidelog.config import LogConfig
 from tidelog.errors import (
     ConfigError,
@@ -210,8 +218,10 @@ class Controller:
         *,
         delete_topic_enable: bool = True,
         leadership: LeadershipConfig | None = None,
+        groups: RocketMQGroups | None = None,
     ) -> None:
         self.membership = membership
+        self.groups = groups  # RocketMQ master/slave groups: their masters elected here
         self.cache = cache
         self.client = membership.client
         self.log_defaults = log_defaults
@@ -236,6 +246,8 @@ class Controller:
     def start(self) -> None:
         self.membership.add_listener(self.wake)
         self.cache.add_listener(self.wake)
+        if self.groups is not None:
+            self.groups.add_listener(self.wake)
         self.client.ChildrenWatch(zk.DELETE_TOPICS_PATH, self._deletions_marked)
         self._thread.start()
 
@@ -364,7 +376,7 @@ class Controller:
         marked = set(self.client.get_children(zk.DELETE_TOPICS_PATH))
         for name in sorted(marked):
             self._delete_topic(writer, name)
-        retry = False
+        retry = self._elect_masters(writer, live)
         for topic in view.topics.values():
             if topic.name in marked:
                 continue
@@ -404,7 +416,18 @@ class Controller:
     ) -> bool:
         """Write the partition's next state if it changes; True if the pass should run again (a stale view)."""
         state, version = self._current(topic, partition)
-        desired = next_state(partition.replicas, state, live, unclean, writer.role.epoch, self.shutting_down)
+        group = self.groups.group_of(partition.replicas) if self.groups is not None else None
+        if group is not None and group.state is not None:
+            desired: zk.PartitionState | None = group_state(group.state, live, writer.role.epoch)
+            if state is not None and desired is not None:
+                if (desired.leader, desired.isr) == (state.leader, state.isr) and (
+                    state.leader_epoch >= desired.leader_epoch
+                ):
+                    return False
+                if state.leader_epoch >= desired.leader_epoch:  # leader epochs only grow
+                    desired = replace(desired, leader_epoch=state.leader_epoch + 1)
+        else:
+            desired = next_state(partition.replicas, state, live, unclean, writer.role.epoch, self.shutting_down)
         if desired is None:
             return False
         key = (topic.name, partition.partition)
@@ -432,6 +455,38 @@ class Controller:
         else:
             log.info("%s-%d: ISR %s -> %s", *key, list(state.isr), list(desired.isr))
         return False
+
+    def _in_group(self, partition: PartitionView) -> bool:
+        return self.groups is not None and self.groups.group_of(partition.replicas) is not None
+
+    def _elect_masters(self, writer: FencedWriter, live: set[int]) -> bool:
+        """A new master for each group whose master is gone (rocketmq_groups.elect_master); True to run again."""
+        if self.groups is None:
+            return False
+        retry = False
+        for view in self.groups.view.values():
+            if view.state is None:
+                continue
+            new = elect_master(view.state, live, self.log_defaults.unclean_leader_election_enable)
+            if new is None:
+                continue
+            path = zk.rocketmq_group_path(view.name)
+            try:
+                writer.commit(partial(_set_group, path, new.encode(), view.version))
+            except (BadVersionError, NoNodeError):
+                retry = True  # changed meanwhile: the watch brings the new state
+                continue
+            if new.master == zk.NO_LEADER:
+                log.warning(
+                    "RocketMQ group %s: master %d is gone and no live broker of the SyncStateSet %s can take over",
+                    view.name, view.state.master, list(view.state.sync_state_set),
+                )  # fmt: skip
+            else:
+                log.info(
+                    "RocketMQ group %s: master %d -> %d, master epoch %d",
+                    view.name, view.state.master, new.master, new.master_epoch,
+                )  # fmt: skip
+        return retry
 
     def _reread(self, topic: TopicView, partition: PartitionView) -> None:
         key = (topic.name, partition.partition)
@@ -482,6 +537,8 @@ class Controller:
         """The state that moves `broker_id`'s leadership (Kafka's ControlledShutdownLeaderSelector) or its ISR
         membership away; None to leave the partition as it is."""
         live = self.membership.live_brokers
+        if self._in_group(partition):
+            return None  # a group's master leads until its registration goes; then the group elects
         if state.leader == broker_id:
             candidates = [r for r in partition.replicas if r in live and r in state.isr and r not in self.shutting_down]
             if not candidates:
@@ -610,7 +667,7 @@ class Controller:
                 continue
             for partition in topic.partitions:
                 state, _version = self._current(topic, partition)
-                if state is not None and partition.replicas:
+                if state is not None and partition.replicas and not self._in_group(partition):
                     preferred_of.setdefault(partition.replicas[0], []).append(
                         ((topic.name, partition.partition), state)
                     )
@@ -861,3 +918,7 @@ def _reassigned(
     dropped = tuple(r for r in replicas if r not in target and r not in origin)
     full = tuple(target) + tuple(r for r in origin if r not in target) + dropped
     return full, tuple(r for r in target if r not in origin), tuple(r for r in full if r not in target)
+
+
+def _set_group(path: str, data: bytes, version: int, transaction: TransactionRequest) -> None:
+    transaction.set_data(path, data, version=version)

@@ -52,7 +52,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from tidelog.broker.acl import Operation, ResourceType
 from tidelog.broker.fetch_sessions import (
@@ -68,7 +68,7 @@ from tidelog.broker.handler import ApiHandler, Connection, HandlerTable, LeaderC
 from tidelog.broker.quotas import QuotaKind
 from tidelog.codec.legacy_write import downconvert
 from tidelog.config import LogConfig
-from tidelog.errors import ErrorCode, TidelogError
+from tidelog.errors import ErrorCode, NotLeaderOrFollowerError, TidelogError
 from tidelog.protocol.fetch_response import (
     NODE_ENDPOINTS_FROM,
     TOPIC_IDS_FROM,
@@ -98,6 +98,16 @@ REPLICA_STATE_FROM = 15  # Fetch v15+ (KIP-903): the follower's id inside replic
 SESSIONS_FROM = 7  # Fetch v7+ (KIP-227): session id and epoch
 LEADER_HINT_ERRORS = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH})  # KIP-951
 PartitionKey = tuple[str, int]
+
+
+class ReadReplicas(Protocol):
+    """KIP-392 (read_replicas.py): where a consumer should read, and which non-led partitions this broker serves."""
+
+    def serves_consumers(self, topic: str, partition: int) -> bool: ...
+
+    def preferred_read_replica(self, topic: str, partition: int, client_rack: str) -> int: ...
+
+
 # (topic, partition, follower broker id, its fetch offset) -> None; raises NotLeaderOrFollowerError (replica_manager.py)
 FollowerFetchRecorder = Callable[[str, int, int, int], None]
 
@@ -181,6 +191,7 @@ class FetchApis:
         quotas: ClientQuotaManager | None = None,
         cluster: ClusterTopics | None = None,
         sessions: FetchSessionCache | None = None,
+        read_replicas: ReadReplicas | None = None,
     ) -> None:
         self.engine = engine
         # incremental fetch sessions (KIP-227); without a cache every session request gets none
@@ -190,6 +201,7 @@ class FetchApis:
         self.log_defaults = log_defaults  # the broker's topic defaults (message.downconversion.enable)
         self.check_leader = check_leader  # a cluster's: only the leader serves a partition
         self.record_follower_fetch = record_follower_fetch  # a cluster's: followers' progress to the replica manager
+        self.read_replicas = read_replicas  # KIP-392 reads from RocketMQ slaves (read_replicas.py)
         self.authorizer = authorizer
         self.metrics = metrics
         self.is_stopping = is_stopping
@@ -245,7 +257,9 @@ class FetchApis:
             max_bytes = min(max_bytes, quotas.max_fetch_bytes(connection.principal, request.client_id) or max_bytes)
         read_committed = getattr(body, "isolation_level", 0) == READ_COMMITTED and replica_id < 0
         while True:
-            topics, total, failed = self._read(asked, max_bytes, denied, replica_id, read_committed)
+            topics, total, failed = self._read(
+                asked, max_bytes, denied, replica_id, read_committed, getattr(body, "rack_id", "") or ""
+            )
             remaining = deadline - loop.time()
             if total >= min_bytes or failed or not keys or remaining <= 0 or self.is_stopping():
                 break  # (nothing to wait for without partitions: answered at once, as Kafka does)
@@ -361,7 +375,13 @@ class FetchApis:
                 data.slices = ()
 
     def _read(
-        self, asked: list[FetchTopic], max_bytes: int, denied: set[str], replica_id: int, read_committed: bool
+        self,
+        asked: list[FetchTopic],
+        max_bytes: int,
+        denied: set[str],
+        replica_id: int,
+        read_committed: bool,
+        client_rack: str = "",
     ) -> tuple[list[TopicData], int, bool]:
         engine = self.engine
         remaining = max_bytes
@@ -382,12 +402,23 @@ class FetchApis:
                     continue
                 try:
                     if self.check_leader is not None:
-                        self.check_leader(
+                        self._check_reader(
                             name,
                             fetch_partition.partition,
                             getattr(fetch_partition, "current_leader_epoch", -1),
+                            replica_id,
                         )
                     partition_log = engine.partition(name, fetch_partition.partition)
+                    if replica_id < 0 and client_rack and self.read_replicas is not None:
+                        preferred = self.read_replicas.preferred_read_replica(
+                            name, fetch_partition.partition, client_rack
+                        )
+                        if preferred >= 0:  # no records: the consumer reads from there (as Kafka's leader answers)
+                            data.preferred_read_replica = preferred
+                            data.high_watermark = partition_log.high_watermark
+                            data.last_stable_offset = partition_log.last_stable_offset
+                            data.log_start_offset = partition_log.log_start_offset
+                            continue
                     if replica_id >= 0:
                         assert self.record_follower_fetch is not None
                         self.record_follower_fetch(
@@ -422,6 +453,19 @@ class FetchApis:
                 remaining -= size
             topics.append(topic)
         return topics, total, failed
+
+    def _check_reader(self, topic: str, partition: int, leader_epoch: int, replica_id: int) -> None:
+        """check_leader, except that a consumer may read a partition this broker serves as a read replica."""
+        assert self.check_leader is not None
+        try:
+            self.check_leader(topic, partition, leader_epoch)
+        except NotLeaderOrFollowerError:
+            if (
+                replica_id >= 0
+                or self.read_replicas is None
+                or not self.read_replicas.serves_consumers(topic, partition)
+            ):
+                raise
 
     # --- ListOffsets ------------------------------------------------------------------------------------------
 

@@ -22,6 +22,10 @@ on a worker thread (kazoo's calls block).
   Kafka leader did in ZooKeeper mode: read it, check that it still names this broker and this leader epoch, and
   set it with that znode version (a conditional write: a controller write in between makes it fail, and the next
   view decides). The leader uses a new ISR only once it is written.
+- A RocketMQ master/slave group (rocketmq_groups.py, `commitlog_replication`) copies the whole CommitLog itself:
+  its partitions are neither fetched by followers nor shrunk or grown here (the group's master keeps the ISR, the
+  SyncStateSet); the leader's high watermark is its log end, acks=all checks min.insync.replicas against the
+  state's ISR, and a SYNC_MASTER's acks=all waits for a slave (`CommitLogReplication`).
 - acks=all (`wait_replicated`): answered when the high watermark passes the batch; NOT_ENOUGH_REPLICAS before the
   append when the ISR is smaller than min.insync.replicas, NOT_ENOUGH_REPLICAS_AFTER_APPEND when it shrank below it
   by the time the batch was replicated, REQUEST_TIMED_OUT after the request's timeout, NOT_LEADER_OR_FOLLOWER when
@@ -35,7 +39,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kazoo.client import KazooClient
@@ -58,6 +62,7 @@ from tidelog.storage.api import Partition, StorageEngine
 if TYPE_CHECKING:
     from tidelog.broker.fetch import AppendNotifier
     from tidelog.broker.replica_fetcher import ReplicaFetchers
+    from tidelog.broker.rocketmq_groups import CommitLogReplication
 
 log = logging.getLogger("tidelog.replication")
 
@@ -112,8 +117,10 @@ class ReplicaManager:
         log_defaults: LogConfig,
         replica_lag_time_max_ms: int,
         clock: Callable[[], int] = now_ms,
+        commitlog_replication: CommitLogReplication | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self.commitlog_replication = commitlog_replication  # a RocketMQ group's: the HA service copies everything
         self.engine = engine
         self.metadata = metadata
         self.zk_client = zk_client
@@ -168,6 +175,12 @@ class ReplicaManager:
             partition = view.partition(*key)
             if partition is None or partition.state is None:
                 continue
+            if self.commitlog_replication is not None and partition.state is not None:
+                if replica.role is not Role.LEADER:
+                    self._resign(key, f"broker {replica.leader} is its group's master")
+                    continue  # the group's HA connection copies it, no fetcher
+                alone = replace(partition.state, isr=(self.broker_id,))
+                partition = replace(partition, replicas=(self.broker_id,), state=alone)
             if replica.role is Role.LEADER:
                 self._lead(view, key, replica.leader_epoch, partition)
             else:
@@ -301,6 +314,16 @@ class ReplicaManager:
         state = self.leaders.get((topic, partition))
         if state is None:
             raise NotLeaderOrFollowerError(f"broker {self.broker_id} does not lead {topic}-{partition}")
+        if self.commitlog_replication is not None:
+            partition_view = self.metadata.view.partition(topic, partition)
+            isr = partition_view.isr if partition_view is not None else ()
+            if len(isr) < state.min_insync_replicas:
+                raise NotEnoughReplicasError(
+                    f"{topic}-{partition} has {len(isr)} brokers in its group's SyncStateSet {list(isr)}, "
+                    f"min.insync.replicas is {state.min_insync_replicas}"
+                )
+            self.commitlog_replication.check_before_append(topic, partition)
+            return
         if len(state.isr) < state.min_insync_replicas:
             raise NotEnoughReplicasError(
                 f"{topic}-{partition} has {len(state.isr)} in-sync replicas {list(state.isr)}, "
@@ -312,6 +335,16 @@ class ReplicaManager:
         state = self.leaders.get((topic, partition))
         if state is None:
             raise NotLeaderOrFollowerError(f"broker {self.broker_id} no longer leads {topic}-{partition}")
+        if self.commitlog_replication is not None:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self.commitlog_replication.wait_replicated(topic, partition, end_offset)
+            except TimeoutError:
+                raise RequestTimedOutError(
+                    f"{topic}-{partition}: no slave reported offsets below {end_offset} within "
+                    f"{timeout_s * 1000:.0f} ms"
+                ) from None
+            return
         if state.handle.high_watermark >= end_offset:
             self._raise_if_too_few(topic, partition, state)
             return

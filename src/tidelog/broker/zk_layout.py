@@ -41,6 +41,33 @@ An operator who knows a Kafka cluster in ZooKeeper mode finds the same tree with
                                         block of producer ids a broker reserved (ProducerIdBlockZNode; the ends
                                         inclusive, as decimal strings)
 
+tidelog's own, for RocketMQ master/slave groups (rocketmq_groups.py; RocketMQ 5's controller keeps the same state in
+its ReplicasInfoManager: SyncStateInfo and BrokerReplicaInfo):
+
+    /tidelog/rocketmq/<brokerName>
+                            persistent  {"version":1,"brokers":[1,2],"master":1,"master_epoch":3,
+                                         "sync_state_set":[1,2],"sync_state_set_epoch":7,"master_role":"SYNC_MASTER",
+                                         "epoch_start_offset":123456,"epochs":[[1,0],[2,5000],[3,123456]]}
+                                        the group: every broker that ever joined it, the master (-1: none), the master
+                                        epoch (one higher at each election), the brokers in sync with the master and
+                                        that set's epoch, the master flavour a promoted slave takes, and the CommitLog
+                                        offset the master's epoch began at (-1 until the master wrote it) and that
+                                        of the last 100 epochs (a returning broker cuts its CommitLog at the start
+                                        of the first epoch after the one its records come from); changed
+                                        only with conditional writes on the znode's version
+    /tidelog/rocketmq/<brokerName>/brokers/<id>
+                            persistent  {"version":1,"ha_address":"127.0.0.1:10912","ha_client":null,
+                                         "commitlog_end":123456,"updated_ms":1700000000000}: where the member's HA
+                                        service listens (null while it serves no slave), on a slave the address of
+                                        its connection to the master (how the master tells which connection is
+                                        which member), and its CommitLog end, written at most once a second when it
+                                        moved (`tidelog rocketmq ha-status`); liveness is /brokers/ids
+    /tidelog/rocketmq/<brokerName>/topics/<topic>
+                            persistent  {"version":1,"topic_id":"...","since":123456}: the CommitLog offset the
+                                        master created the topic at (no message of it is older), written by the
+                                        master; a slave that created the topic later dispatches its messages from
+                                        there
+
 `host` and `port` repeat the PLAINTEXT endpoint for old tools (null and -1 without one), as Kafka writes them.
 The ephemeral nodes belong to the broker's ZooKeeper session: when the session ends (the broker died or stopped
 answering for zookeeper.session.timeout.ms) ZooKeeper removes them, which is how the others learn of it.
@@ -92,6 +119,8 @@ TOPIC_VERSION = 3
 PARTITION_STATE_VERSION = 1
 CONFIG_VERSION = 1
 NO_LEADER = -1  # a partition state's leader when no replica can lead (LeaderAndIsr.NoLeader)
+ROCKETMQ_GROUPS_PATH = "/tidelog/rocketmq"
+ROCKETMQ_GROUP_VERSION = 1
 
 
 class MalformedZnodeError(TidelogError):
@@ -415,3 +444,132 @@ class ProducerIdBlock:
             raise MalformedZnodeError(
                 f"znode {PRODUCER_ID_BLOCK_PATH}: not a producer id block: {data[:120]!r}"
             ) from None
+
+
+def rocketmq_group_path(broker_name: str) -> str:
+    return f"{ROCKETMQ_GROUPS_PATH}/{broker_name}"
+
+
+def rocketmq_members_path(broker_name: str) -> str:
+    return f"{ROCKETMQ_GROUPS_PATH}/{broker_name}/brokers"
+
+
+def rocketmq_member_path(broker_name: str, broker_id: int) -> str:
+    return f"{rocketmq_members_path(broker_name)}/{broker_id}"
+
+
+def rocketmq_topic_path(broker_name: str, topic: str) -> str:
+    return f"{rocketmq_group_path(broker_name)}/topics/{topic}"
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQGroup:
+    """`/tidelog/rocketmq/<brokerName>`: a RocketMQ master/slave group (see the module docstring)."""
+
+    brokers: tuple[int, ...]
+    master: int
+    master_epoch: int
+    sync_state_set: tuple[int, ...]
+    sync_state_set_epoch: int
+    master_role: str
+    epoch_start_offset: int = -1
+    epochs: tuple[tuple[int, int], ...] = ()  # (master epoch, start offset), oldest first (RocketMQ's epoch file)
+
+    def encode(self) -> bytes:
+        return _encode(
+            {
+                "version": ROCKETMQ_GROUP_VERSION,
+                "brokers": list(self.brokers),
+                "master": self.master,
+                "master_epoch": self.master_epoch,
+                "sync_state_set": list(self.sync_state_set),
+                "sync_state_set_epoch": self.sync_state_set_epoch,
+                "master_role": self.master_role,
+                "epoch_start_offset": self.epoch_start_offset,
+                "epochs": [list(entry) for entry in self.epochs],
+            }
+        )
+
+    @classmethod
+    def decode(cls, broker_name: str, data: bytes) -> RocketMQGroup:
+        path = rocketmq_group_path(broker_name)
+        value = _decode_object(path, data)
+        numbers = {}
+        for name in ("master", "master_epoch", "sync_state_set_epoch", "epoch_start_offset"):
+            number = value.get(name)
+            if not isinstance(number, int) or isinstance(number, bool):
+                raise MalformedZnodeError(f"znode {path}: {name} is not an integer: {number!r}")
+            numbers[name] = number
+        role = value.get("master_role")
+        if role not in ("SYNC_MASTER", "ASYNC_MASTER"):
+            raise MalformedZnodeError(f"znode {path}: master_role {role!r} is not SYNC_MASTER or ASYNC_MASTER")
+        epochs = value.get("epochs", [])
+        if not isinstance(epochs, list) or not all(
+            isinstance(entry, list)
+            and len(entry) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in entry)
+            for entry in epochs
+        ):
+            raise MalformedZnodeError(f"znode {path}: epochs is not a list of [epoch, start offset]: {epochs!r}")
+        return cls(
+            _broker_ids(path, "brokers", value.get("brokers")),
+            numbers["master"],
+            numbers["master_epoch"],
+            _broker_ids(path, "sync_state_set", value.get("sync_state_set")),
+            numbers["sync_state_set_epoch"],
+            role,
+            numbers["epoch_start_offset"],
+            tuple((entry[0], entry[1]) for entry in epochs),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQTopic:
+    """`/tidelog/rocketmq/<brokerName>/topics/<topic>`: the CommitLog offset the master created the topic at."""
+
+    topic_id: str
+    since: int
+
+    def encode(self) -> bytes:
+        return _encode({"version": ROCKETMQ_GROUP_VERSION, "topic_id": self.topic_id, "since": self.since})
+
+    @classmethod
+    def decode(cls, path: str, data: bytes) -> RocketMQTopic:
+        value = _decode_object(path, data)
+        topic_id, since = value.get("topic_id"), value.get("since")
+        if not isinstance(topic_id, str) or not isinstance(since, int) or isinstance(since, bool):
+            raise MalformedZnodeError(f"znode {path}: topic_id {topic_id!r} / since {since!r} are not a string / int")
+        return cls(topic_id, since)
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQMember:
+    """`/tidelog/rocketmq/<brokerName>/brokers/<id>`: where a member's HA service listens (None: it serves no
+    slave now) and, on a slave, its HA connection's own address (as the master's connection names it)."""
+
+    ha_address: str | None = None
+    ha_client: str | None = None
+    commitlog_end: int = -1  # the member's CommitLog end when it wrote the znode (-1: not yet)
+    updated_ms: int = 0  # when that was (ms since the epoch)
+
+    def encode(self) -> bytes:
+        return _encode(
+            {
+                "version": ROCKETMQ_GROUP_VERSION, "ha_address": self.ha_address, "ha_client": self.ha_client,
+                "commitlog_end": self.commitlog_end, "updated_ms": self.updated_ms,
+            }
+        )  # fmt: skip
+
+    @classmethod
+    def decode(cls, path: str, data: bytes) -> RocketMQMember:
+        value = _decode_object(path, data)
+        fields = []
+        for name in ("ha_address", "ha_client"):
+            text = value.get(name)
+            if text is not None and not isinstance(text, str):
+                raise MalformedZnodeError(f"znode {path}: {name} is not a string: {text!r}")
+            fields.append(text)
+        numbers = [value.get("commitlog_end", -1), value.get("updated_ms", 0)]
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
+            raise MalformedZnodeError(f"znode {path}: commitlog_end / updated_ms are not integers: {numbers!r}")
+        return cls(fields[0], fields[1], numbers[0], numbers[1])

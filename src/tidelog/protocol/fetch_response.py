@@ -53,6 +53,7 @@ class PartitionData:
     records: bytes | None = None  # used instead of slices when the bytes are already in memory
     current_leader: tuple[int, int] | None = None  # (leader id, leader epoch), v12+ when set
     aborted_transactions: Sequence[AbortedTransaction] | None = None  # a read_committed fetch's, v4+
+    preferred_read_replica: int = -1  # KIP-392, v11+: the replica the consumer should read from (-1: this one)
 
     @property
     def records_size(self) -> int:
@@ -113,7 +114,7 @@ def encode_fetch_response(
             if version >= 4:
                 out += _aborted_transactions(partition.aborted_transactions, flexible)
             if version >= 11:
-                out += _I32.pack(-1)  # preferred_read_replica
+                out += _I32.pack(partition.preferred_read_replica)
             size = partition.records_size
             out += encode_unsigned_varint(size + 1) if flexible else _I32.pack(size)
             if partition.records is not None:

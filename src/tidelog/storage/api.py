@@ -33,6 +33,12 @@ Two kinds of call, and where a server may make them:
   existing partitions (a partition reassignment); the RocketMQ engine refuses it (its topics in a cluster have one
   replica per partition, which cannot move without its data).
 
+Master/slave (the RocketMQ engine with tidelog.rocketmq.haEnable): the whole store - one CommitLog for every topic -
+is copied to slaves rather than each partition to followers. `StorageEngine.master_slave()` returns the store's
+`MasterSlaveStore` face (None for an engine or store without it): the role, what a SYNC_MASTER waits for, the role
+switches and the connections' status, which a broker of a cluster drives from ZooKeeper (broker/rocketmq_groups.py).
+The role switches and `wait_replicated` block: not for an event loop.
+
 Engines: storage/kafka (Kafka's log directory layout) and storage/rocketmq (RocketMQ's CommitLog and
 ConsumeQueues). They share storage/common and never import each other; nothing above storage imports them
 except `open_engine` in storage/__init__.py.
@@ -46,7 +52,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 from tidelog.codec.compression import Compression
 from tidelog.codec.record_batch import Record, build_batch
@@ -296,6 +302,82 @@ class Partition(ABC):
     def flush_due(self) -> bool: ...
 
 
+class SlaveReport(Protocol):
+    """A master's view of one connected slave."""
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def reported_offset(self) -> int: ...  # -1 before its first report
+    @property
+    def lag_bytes(self) -> int: ...  # the master's CommitLog end minus that
+    @property
+    def since_last_report_ms(self) -> int: ...
+
+
+class MasterReport(Protocol):
+    """A slave's view of its connection to its master."""
+
+    @property
+    def master_address(self) -> str: ...
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def max_offset(self) -> int: ...  # its CommitLog end
+    @property
+    def reported_offset(self) -> int: ...
+    @property
+    def local_address(self) -> str | None: ...  # the connection's own end, as the master names the slave
+
+
+class MasterSlaveStatus(Protocol):
+    @property
+    def role(self) -> str: ...
+    @property
+    def listen_port(self) -> int | None: ...  # a master's HA port
+    @property
+    def slaves(self) -> Sequence[SlaveReport]: ...
+    @property
+    def master(self) -> MasterReport | None: ...
+
+
+class MasterSlaveStore(Protocol):
+    """A store that copies its whole log to slaves (see the module docstring)."""
+
+    role: str  # ASYNC_MASTER, SYNC_MASTER or SLAVE
+
+    @property
+    def ha_port(self) -> int | None: ...  # the port a master listens on for slaves
+
+    @property
+    def commitlog_end(self) -> int: ...  # where the next byte of the store's log goes
+
+    def slave_available(self) -> bool:
+        """SYNC_MASTER: whether a slave is connected and near enough to be waited for."""
+        ...
+
+    def wait_queue_replicated(self, topic: str, partition: int, end_offset: int) -> None:
+        """SYNC_MASTER: block until a slave holds the partition's records below `end_offset`
+        (SlaveNotAvailableError, FlushSlaveTimeoutError); other roles return at once."""
+        ...
+
+    def become_master(self, role: str) -> None: ...
+
+    def become_slave(self, master_address: str, truncate_to: int | None = None) -> None:
+        """Follow `master_address`, first cutting the log at `truncate_to` when it goes past it."""
+        ...
+
+    def ha_status(self) -> MasterSlaveStatus: ...
+
+    def topic_creation_offsets(self) -> dict[str, tuple[str, int]]:
+        """Each topic's id and the log offset it was created at here."""
+        ...
+
+    def dispatch_topic_from(self, name: str, since: int) -> int:
+        """A slave's topic created after its messages arrived: make them readable from log offset `since` on."""
+        ...
+
+
 class StorageEngine(ABC):
     """One storage model behind the common calls; subclasses implement the abstract ones."""
 
@@ -306,6 +388,10 @@ class StorageEngine(ABC):
     @abstractmethod
     def compacts_topics(self) -> bool:
         """Does a log cleaner compact the topics with cleanup.policy=compact (else their owner must)?"""
+
+    def master_slave(self) -> MasterSlaveStore | None:
+        """The store's master/slave face, if it copies its whole log to slaves (see the module docstring)."""
+        return None
 
     # --- topics ---
     @abstractmethod

@@ -9,7 +9,10 @@ Rules it keeps:
   offsets, so store timestamps never go backwards in log order;
 - recovery scans from a chosen file, checking sizes, magic, the body CRC and that PHYSICALOFFSET is where the
   message lies, and cuts the log at the first message that fails (and at a Kafka batch whose last message is
-  missing); whatever followed is zeroed and later files are deleted.
+  missing); whatever followed is zeroed and later files are deleted;
+- a slave (ha_client.py) appends the master's bytes unchanged at its own max offset (`append_at`), so its files are
+  the master's byte for byte; a transfer may end inside a message, so only `complete_end` - the end of the last whole
+  Kafka batch - is dispatched, and the recovery above cuts a half-received one after a crash.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from tidelog.codec.rocketmq_message import (
     decode_dispatch_info,
     decode_message,
 )
-from tidelog.errors import KafkaStorageError, RecordTooLargeError
+from tidelog.errors import KafkaStorageError, RecordTooLargeError, UnexpectedAppendOffsetError
 from tidelog.storage.rocketmq.mapped_file import AllocateMappedFileService, MappedFile, MappedFileQueue
 
 log = logging.getLogger("tidelog.storage.rocketmq")
@@ -124,6 +127,53 @@ class CommitLog:
             mapped_file.last_store_timestamp = store_timestamp
             self.last_store_timestamp = store_timestamp
             return physical_offset
+
+    def append_at(self, offset: int, data: bytes) -> None:
+        """A slave's append of the master's CommitLog bytes (an HA transfer): `offset` must be this log's max offset,
+        or, in an empty log, the start of a file (the master's first file); `data` stays within one file."""
+        if offset % self.file_size + len(data) > self.file_size:
+            raise UnexpectedAppendOffsetError(
+                f"{len(data)} bytes at CommitLog offset {offset} would cross the end of a {self.file_size}-byte file"
+            )
+        with self.put_lock:
+            max_offset = self.queue.max_offset
+            empty = not self.queue.files
+            if offset != max_offset and not (empty and offset % self.file_size == 0):
+                raise UnexpectedAppendOffsetError(
+                    f"a transfer at CommitLog offset {offset} does not continue this CommitLog, which ends at "
+                    f"{max_offset}"
+                )
+            mapped_file = self.queue.last_file_for_append(offset)
+            if mapped_file.end_offset != offset:  # cannot happen after the checks above: never write elsewhere
+                raise AssertionError(f"file {mapped_file.path} ends at {mapped_file.end_offset}, not {offset}")
+            mapped_file.append(data)
+
+    def complete_end(self, start: int, end: int) -> tuple[int, int]:
+        """From `start` (the end of a whole Kafka batch), the end of the last whole Kafka batch before `end`,
+        following BLANK markers into the next file, and the store timestamp of its last message (0 if none)."""
+        complete, timestamp = start, 0
+        offset = start
+        while offset < end:
+            mapped_file = self.queue.find(offset)
+            if mapped_file is None or mapped_file.map is None:
+                break
+            base = mapped_file.file_from_offset
+            limit = min(end - base, mapped_file.wrote_position)
+            position = offset - base
+            try:
+                item = decode_dispatch_info(mapped_file.map, position, limit)
+            except InvalidMessage:  # the rest of the message has not come yet
+                break
+            if isinstance(item, Blank):
+                offset = base + self.file_size
+                if offset <= end:
+                    complete = offset
+                continue
+            offset += item.total_size
+            index, count = batch_position(item.properties)
+            if index == count - 1:
+                complete, timestamp = offset, item.store_timestamp
+        return complete, timestamp
 
     # --- reading ----------------------------------------------------------------------------------------------
 

@@ -246,6 +246,17 @@ class ReputMessageService:
                 dispatched += len(batch)
         return dispatched
 
+    def hold(self, action: Callable[[], None], *, rewind_to: int | None = None) -> None:
+        """Run `action` with dispatching held. `rewind_to`: the action cut the CommitLog there; offers are dropped
+        and dispatching goes on from it."""
+        with self._lock:
+            action()
+            if rewind_to is not None:
+                with self._offer_lock:
+                    self._offered.clear()
+                    self._offered_messages = 0
+                self.reput_from_offset = min(self.reput_from_offset, rewind_to)
+
     def _take_offered(self, start: int, end: int) -> tuple[DispatchBatch | None, int]:
         """Offered messages from `start` on that end by `end` (up to BATCH_MESSAGES, at least one offer), and where
         dispatching goes on after them; or None and where to read the CommitLog up to (the next offer's start, or

@@ -21,6 +21,14 @@ start) is extended with zeros and recovery takes the abnormal path, scanning fro
 dispatching again what the ConsumeQueues lost; a short IndexFile is dropped with those after it and rebuilt. A clean
 close flushes, dispatches everything, writes the checkpoint and removes `abort`.
 
+Master/slave replication (RocketMQ's HAService, with tidelog.rocketmq.haEnable): a master (ASYNC_MASTER or
+SYNC_MASTER) runs ha_master.py's HAService on haListenPort, woken by every put; a SLAVE runs ha_client.py's HAClient
+towards haMasterAddress, appends the master's CommitLog bytes at the same offsets, refuses puts, and dispatches its
+own ConsumeQueues and IndexFiles from what it received (up to the end of the last whole Kafka batch). Topics are not
+replicated: each store's topics file says which queues it builds. `become_master` and `become_slave` switch roles
+while the store is open (RocketMQ 4's manual switch, RocketMQ 5's controller promotion); `ha_status` reports the
+connections.
+
 The key index is derived data built after a message is stored: when it cannot be written (a full disk) the message
 is still stored - its produce succeeded - and the index catches up from the CommitLog later.
 """
@@ -34,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +59,7 @@ from tidelog.errors import (
     KeyIndexDisabledError,
     LogClosedError,
     OffsetOutOfRangeError,
+    SlaveNotAvailableError,
 )
 from tidelog.kafka_uuid import new_kafka_uuid
 from tidelog.storage.api import (
@@ -81,6 +90,9 @@ from tidelog.storage.rocketmq.consume_queue import (
 )
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, Dispatcher, ReputMessageService
 from tidelog.storage.rocketmq.flush import CommitLogFlusher
+from tidelog.storage.rocketmq.ha_client import HAClient, ReplicaLog, SlaveHAStatus
+from tidelog.storage.rocketmq.ha_master import HAService, SlaveStatus
+from tidelog.storage.rocketmq.ha_protocol import MASTER_ROLES, SLAVE, SYNC_MASTER
 from tidelog.storage.rocketmq.index_builder import INDEX_DIR, build_index, message_index_keys
 from tidelog.storage.rocketmq.mapped_file import OS_PAGE_SIZE, AllocateMappedFileService
 from tidelog.storage.rocketmq.message_queue import MessageQueue
@@ -122,6 +134,16 @@ def _parse_store_host(text: str) -> rm.HostAddress:
             "(messages here keep IPv4 hosts)"
         )
     return host
+
+
+@dataclass(frozen=True)
+class HAStatus:
+    """`RocketMQEngine.ha_status`: a master's port and slaves, or a slave's master and offsets."""
+
+    role: str
+    listen_port: int | None  # a master's HA port
+    slaves: list[SlaveStatus]  # a master's connected slaves
+    master: SlaveHAStatus | None  # a slave's connection
 
 
 class _RoundUnits:
@@ -238,6 +260,12 @@ class RocketMQEngine(StorageEngine):
         self.dispatcher = ReputMessageService(
             self.commitlog, self._reput_end_offset, self._dispatch_targets(), background=background
         )
+        self.role = store.broker_role
+        if self.role != MASTER_ROLES[0] and not store.ha_enable:
+            raise ConfigError(f"config tidelog.rocketmq.brokerRole: {self.role} needs tidelog.rocketmq.haEnable=true")
+        self.replica: ReplicaLog | None = None
+        self.ha_service: HAService | None = None
+        self.ha_client: HAClient | None = None
         self.recovery = self._recover()
         self.flusher = CommitLogFlusher(
             self.commitlog,
@@ -253,6 +281,12 @@ class RocketMQEngine(StorageEngine):
         self._last_thorough_cq_flush = time.monotonic()
         self.flusher.start()
         self.dispatcher.start()
+        if store.ha_enable:
+            if self.role != SLAVE:
+                self._serve_slaves()
+            elif store.ha_master_address or not self.config.replicated:
+                self._follow(store.ha_master_address)
+            # else: a slave in a cluster, whose broker calls become_slave once ZooKeeper names its master
         self.scheduler = Scheduler("tidelog-rocketmq-scheduler") if background else None
         self.deleter = DirectoryDeleter(self.scheduler, self.config.log_defaults.file_delete_delay_ms)
         if self.scheduler is not None:
@@ -473,10 +507,11 @@ class RocketMQEngine(StorageEngine):
                 )
 
     def _reput_end_offset(self) -> int:
-        """Where the dispatcher may read to: under SYNC_FLUSH only what is on disk (confirmOffset)."""
-        if self.store_config.sync_flush:
-            return self.commitlog.flushed_where
-        return self.commitlog.max_offset
+        """Where the dispatcher may read to: under SYNC_FLUSH only what is on disk (confirmOffset); on a slave only
+        up to the last whole Kafka batch received."""
+        end = self.commitlog.flushed_where if self.store_config.sync_flush else self.commitlog.max_offset
+        replica = self.replica
+        return end if replica is None else min(end, replica.complete_end)
 
     def _build_consume_queues(self, batch: DispatchBatch) -> None:
         """CommitLogDispatcherBuildConsumeQueue: one unit per message, the units of each queue written in order in
@@ -519,6 +554,11 @@ class RocketMQEngine(StorageEngine):
                 except (KafkaStorageError, OSError):
                     queue.forget_size()  # some units may be in: count again when asked
                     raise
+            if self.replica is not None:
+                for key in runs:
+                    following = self.queues.get(key)
+                    if following is not None:
+                        following.follow_dispatched_end()
 
     def catch_up(self) -> int:
         """Dispatch what the CommitLog holds beyond the queues now (a reader wants its own writes)."""
@@ -528,6 +568,8 @@ class RocketMQEngine(StorageEngine):
         """An append is in the CommitLog: under ASYNC_FLUSH it may be dispatched now."""
         if not self.store_config.sync_flush:
             self._dispatch_soon()
+        if self.ha_service is not None:
+            self.ha_service.notify_appended()
 
     def _commitlog_flushed(self, store_timestamp: int) -> None:
         """A flush moved: under SYNC_FLUSH what it covers may be dispatched now."""
@@ -765,6 +807,209 @@ class RocketMQEngine(StorageEngine):
                 self.index.flush()
             self.checkpoint.flush()
 
+    # --- master/slave replication -------------------------------------------------------------------------------
+
+    def _serve_slaves(self) -> None:
+        store = self.store_config
+        try:
+            self.ha_service = HAService(
+                self.commitlog,
+                host=store.ha_listen_host,
+                port=store.ha_listen_port,
+                heartbeat_interval_ms=store.ha_send_heartbeat_interval,
+                housekeeping_interval_ms=store.ha_housekeeping_interval,
+                transfer_batch_size=store.ha_transfer_batch_size,
+                slave_fallbehind_max=store.ha_slave_fallbehind_max,
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"config tidelog.rocketmq.haListenPort: cannot listen on {store.ha_listen_host}:{store.ha_listen_port}"
+                f" ({exc.strerror or exc})"
+            ) from exc
+        self.ha_service.start()
+
+    def _follow(self, master_address: str) -> None:
+        store = self.store_config
+        if not master_address:
+            raise ConfigError("config tidelog.rocketmq.haMasterAddress: a SLAVE needs its master's host:port")
+        self.replica = ReplicaLog(self.commitlog, self._dispatch_soon)
+        self.ha_client = HAClient(
+            master_address,
+            self.replica,
+            transfer_batch_size=store.ha_transfer_batch_size,
+            heartbeat_interval_ms=store.ha_send_heartbeat_interval,
+            housekeeping_interval_ms=store.ha_housekeeping_interval,
+        )
+        self.ha_client.start()
+
+    def master_slave(self) -> RocketMQEngine | None:
+        return self if self.store_config.ha_enable else None
+
+    @property
+    def commitlog_end(self) -> int:
+        return self.commitlog.max_offset
+
+    def slave_available(self) -> bool:
+        service = self.ha_service
+        return service is not None and service.is_slave_ok(self.commitlog.max_offset)
+
+    def wait_queue_replicated(self, topic: str, partition: int, end_offset: int) -> None:
+        self.partition(topic, partition).wait_replicated(end_offset)
+
+    @property
+    def ha_port(self) -> int | None:
+        """The port a master listens on for slaves (haListenPort, or the one chosen for 0)."""
+        return self.ha_service.port if self.ha_service is not None else None
+
+    def replicated_offset(self) -> int:
+        """The highest CommitLog offset a slave reported (a master's push2SlaveMaxOffset; 0 without HA)."""
+        return self.ha_service.push_to_slave_max_offset if self.ha_service is not None else 0
+
+    def wait_replicated(self, commitlog_offset: int) -> None:
+        """SYNC_MASTER: wait until a slave holds the CommitLog up to `commitlog_offset` (ha_master.HAService);
+        other roles return at once."""
+        if self.role != SYNC_MASTER:
+            return
+        service = self.ha_service
+        if service is None:
+            raise SlaveNotAvailableError("the HA service is stopped")
+        service.wait_replicated(commitlog_offset, self.store_config.sync_flush_timeout)
+
+    def ha_status(self) -> HAStatus:
+        service, client = self.ha_service, self.ha_client
+        return HAStatus(
+            self.role,
+            service.port if service is not None else None,
+            service.status() if service is not None else [],
+            client.status() if client is not None else None,
+        )
+
+    def _check_ha(self) -> None:
+        self._check_open()
+        if not self.store_config.ha_enable:
+            raise ConfigError("config tidelog.rocketmq.haEnable: role switches need master/slave replication on")
+
+    def become_master(self, role: str = MASTER_ROLES[0]) -> None:
+        """Promote (or re-role) this store: stop following, cut a half-received Kafka batch at the CommitLog's end
+        (nothing a whole batch wrote goes), dispatch everything received, continue every queue from its end, and
+        listen for slaves."""
+        if role not in MASTER_ROLES:
+            raise ConfigError(f"become_master: {role!r} is not one of {', '.join(MASTER_ROLES)}")
+        self._check_ha()
+        if self.ha_client is not None:
+            self.ha_client.shutdown()
+            self.ha_client = None
+        replica = self.replica
+        if replica is not None:
+            with self.commitlog.put_lock:
+                if self.commitlog.max_offset > replica.complete_end:
+                    log.warning(
+                        "%s: promoted with a Kafka batch half received: the CommitLog is cut from %d to %d",
+                        self.root, self.commitlog.max_offset, replica.complete_end,
+                    )  # fmt: skip
+                    self.commitlog.queue.truncate_dirty_files(replica.complete_end)
+            self.flusher.flush_now()
+            self.dispatcher.catch_up()
+            self.replica = None
+        with self.commitlog.put_lock:
+            if replica is not None:
+                with self._lock:
+                    for queue in self.queues.values():
+                        queue.take_over()
+            self.role = role
+        if self.ha_service is None:
+            self._serve_slaves()
+        log.info("%s: now %s at CommitLog offset %d", self.root, role, self.commitlog.max_offset)
+
+    def become_slave(self, master_address: str, truncate_to: int | None = None) -> None:
+        """Demote this store: refuse puts from now on, stop serving slaves (puts waiting for one fail), cut the
+        CommitLog at `truncate_to` when it goes past it (`truncate`), and follow `master_address` from its end."""
+        self._check_ha()
+        with self.commitlog.put_lock:
+            self.role = SLAVE
+        if self.ha_service is not None:
+            self.ha_service.shutdown()
+            self.ha_service = None
+        if self.ha_client is not None:
+            self.ha_client.shutdown()
+            self.ha_client = None
+        if truncate_to is not None and truncate_to < self.commitlog.max_offset:
+            self.truncate(truncate_to)
+        self._follow(master_address)
+        log.info("%s: now SLAVE of %s from CommitLog offset %d", self.root, master_address, self.commitlog.max_offset)
+
+    def topic_creation_offsets(self) -> dict[str, tuple[str, int]]:
+        """Each topic's id and the CommitLog offset it was created at in this store."""
+        with self._lock:
+            return {name: (record.topic_id, record.since) for name, record in self.registry.topics.items()}
+
+    def dispatch_topic_from(self, name: str, since: int) -> int:
+        """A topic this SLAVE created after its master's messages of it arrived (the master created it at CommitLog
+        offset `since`, below this store's own creation offset): lower its creation offset to `since` and dispatch
+        its messages already received into its queues again, with dispatching held; returns how many."""
+        with self._lock:
+            record = self.registry.topics.get(name)
+            if record is None or since >= record.since:
+                return 0
+        dispatched = 0
+
+        def redispatch() -> None:
+            nonlocal dispatched
+            with self.commitlog.put_lock, self._lock:
+                record.since = since
+                self._save_topics_file()
+                for queue_id in record.held():  # units dispatched since this store created it go, to come again
+                    queue = self.queues[(name, queue_id)]
+                    queue.consume_queue.restart_at(0)
+                    queue.truncated()
+            end = self.dispatcher.reput_from_offset
+            items = [
+                item for item in self.commitlog.iter_dispatch(max(since, self.commitlog.min_offset), end)
+                if item[1].topic == name
+            ]  # fmt: skip
+            if items:
+                self._build_consume_queues(DispatchBatch.from_infos(items))
+            dispatched = len(items)
+
+        self.dispatcher.hold(redispatch)
+        if dispatched:
+            log.info("%s: topic %s: dispatched %d messages received before it was created here", self.root, name,
+                     dispatched)  # fmt: skip
+        return dispatched
+
+    def truncate(self, offset: int) -> None:
+        """Cut a SLAVE's CommitLog at `offset` (a message boundary: where its new master's epoch began, which this
+        store's extra records never reached) as recovery cuts it: every file after it goes, the one holding it is
+        zeroed after it and synced, ConsumeQueue units pointing at or past it are dropped, producer snapshots past
+        each queue's new end deleted and the state rebuilt at its next use, IndexFiles indexing past it dropped
+        and what they held below it indexed again, and dispatching resumes at `offset`."""
+        if self.role != SLAVE or self.ha_client is not None:
+            raise ConfigError("truncate: only a SLAVE that is not following a master may be cut")
+        self.dispatcher.catch_up()
+
+        def cut() -> None:
+            with self.commitlog.put_lock, self._lock:
+                dropped = self.commitlog.max_offset - offset
+                self.commitlog.queue.truncate_dirty_files(offset)
+                last = self.commitlog.queue.last_file
+                if last is not None:
+                    os.fdatasync(last.fd)  # the zeroed tail must not come back after a crash
+                for queue in self.queues.values():
+                    queue.consume_queue.truncate_dirty_logic_files(offset)
+                    queue.producer_state.delete_snapshots_after(queue.consume_queue.max_offset)
+                    queue.truncated()
+                if self.index is not None:
+                    with self.index.lock:
+                        self.index.drop_beyond(offset)
+                        self._index_behind_from = self.index.last_indexed_offset
+                        self._index_up_to(offset, None)
+                log.warning(
+                    "%s: CommitLog cut from %d to %d (%d bytes the new master does not hold)",
+                    self.root, offset + dropped, offset, dropped,
+                )  # fmt: skip
+
+        self.dispatcher.hold(cut, rewind_to=offset)
+
     # --- shutdown ---------------------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -782,6 +1027,10 @@ class RocketMQEngine(StorageEngine):
                 queue.closed = True
         clean = True
         try:
+            if self.ha_client is not None:
+                self.ha_client.shutdown()
+            if self.ha_service is not None:
+                self.ha_service.shutdown()
             if self.scheduler is not None:
                 self.scheduler.shutdown(run_pending_one_shots=False)
             self.deleter.close()

@@ -21,6 +21,9 @@ a read turns ConsumeQueue units back into Kafka v2 batches built in memory. The 
   engine); `set_high_watermark` changes nothing (the high watermark stays the dispatched end), `read`'s
   `up_to_log_end` reads what it reads anyway (up to the dispatched end), and `end_offset_for_epoch` / `latest_epoch`
   answer as Kafka does for a log without leader epochs: (-1, -1) and -1. `EngineConfig.replicated` changes nothing;
+- RocketMQ's own replication (the engine's brokerRole, ha_master.py / ha_client.py) is the CommitLog's: on a SLAVE
+  every append is refused (NotLeaderOrFollowerError) and the queue's end follows what the dispatcher made of the
+  master's messages; under SYNC_MASTER `wait_replicated` waits for a slave to hold the queue's messages;
 - transactions (KIP-98): each message of a transactional batch has Kafka's transactional attribute bit in its FLAG
   (its SYSFLAG transaction type stays 0: RocketMQ would not dispatch a PREPARED or ROLLBACK message, and Kafka
   readers see an open transaction's records at once), the batch's last message names the producer
@@ -71,6 +74,7 @@ from tidelog.errors import (
     InvalidRecordError,
     KafkaStorageError,
     LogClosedError,
+    NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     ReplicationUnsupportedError,
@@ -92,6 +96,7 @@ from tidelog.storage.common.producer_state import CompletedTxn, ProducerStateMan
 from tidelog.storage.rocketmq.aborted_txns import AbortedTxn, AbortedTxnFile
 from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, QueueRun
+from tidelog.storage.rocketmq.ha_protocol import SLAVE, SYNC_MASTER
 
 if TYPE_CHECKING:
     from tidelog.storage.rocketmq.engine import RocketMQEngine
@@ -220,6 +225,7 @@ class MessageQueue(Partition):
         self._snapshot_offset = 0  # the queue offset of the newest producer snapshot (once the state is loaded)
         self._lock = threading.Lock()
         self._pending_flush: deque[tuple[int, int]] = deque()  # (CommitLog end, queue offset after it)
+        self._pending_replication: deque[tuple[int, int]] = deque()  # the same, kept under SYNC_MASTER
         self._flushed = self.next_offset
         self._size: int | None = None
         self._time_blocks = TimeBlocks()
@@ -318,6 +324,10 @@ class MessageQueue(Partition):
         with commitlog.put_lock:
             if self.closed:
                 raise self._closed_error()
+            if engine.role == SLAVE:
+                raise NotLeaderOrFollowerError(
+                    f"{self.name}: this RocketMQ store is a SLAVE (tidelog.rocketmq.brokerRole); puts go to its master"
+                )
             first = batches[0].header
             if self.has_transactions or any(b.header.producer_id >= 0 for b in batches):
                 self._load_producer_state()
@@ -367,6 +377,8 @@ class MessageQueue(Partition):
                 )  # fmt: skip
             with self._lock:
                 self._pending_flush.append((physical_offset + size, self.next_offset))
+                if engine.role == SYNC_MASTER:
+                    self._pending_replication.append((physical_offset + size, self.next_offset))
             first_offset = base_offset
             with self._lock:
                 for batch in batches:
@@ -764,6 +776,44 @@ class MessageQueue(Partition):
         with self._lock:
             needed = next((end for end, after in self._pending_flush if after >= target), None)
         self.engine.flusher.wait_flushed(self.engine.commitlog.max_offset if needed is None else needed)
+
+    def wait_replicated(self, up_to_offset: int | None = None) -> None:
+        """SYNC_MASTER (GroupTransferService): wait until a slave holds this queue's messages below `up_to_offset`
+        (all appended so far: None), up to syncFlushTimeout. Raises SlaveNotAvailableError at once without a slave
+        near enough, FlushSlaveTimeoutError after the timeout; the messages stay stored either way. Other roles
+        return at once. Blocks: not for the event loop."""
+        engine = self.engine
+        target = self.next_offset if up_to_offset is None else min(up_to_offset, self.next_offset)
+        reported = engine.replicated_offset()
+        with self._lock:
+            pending = self._pending_replication
+            while pending and pending[0][0] <= reported:
+                pending.popleft()
+            needed = next((end for end, after in pending if after >= target), None)
+        if needed is not None:
+            engine.wait_replicated(needed)
+
+    def follow_dispatched_end(self) -> None:
+        """On a slave, after the dispatcher wrote units: the queue's end is what the master's messages made it."""
+        self.next_offset = max(self.next_offset, self.consume_queue.max_offset, self.start_floor)
+
+    def take_over(self) -> None:
+        """A slave becomes master (under the put lock, everything dispatched): appends continue at the queue's end,
+        and the producer state is rebuilt from the CommitLog at its next use."""
+        self.next_offset = self._flushed = max(self.consume_queue.max_offset, self.start_floor)
+        with self._lock:
+            self._pending_flush.clear()
+            self._pending_replication.clear()
+        self.producer_state = ProducerStateManager(self.engine.producer_snapshot_dir(self.topic, self.queue_id))
+        self._producer_state_loaded = False
+
+    def truncated(self) -> None:
+        """The engine cut the CommitLog and this queue's units past it (under the put lock): the queue ends where
+        its units end, and what was derived from the records cut away is dropped."""
+        self.take_over()
+        self._size = None
+        with self._time_lock:
+            self._time_blocks = TimeBlocks()
 
     def delete_records(self, before_offset: int) -> int:
         """DeleteRecords: raise the log start offset. The messages stay in the CommitLog until retention."""
