@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions
+from txn_clients import create_topic, end_offsets, read_all
 
 import kafka_wire
 from broker_process import BrokerFactory, BrokerProcess
@@ -37,52 +37,8 @@ def txn_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProce
         factory.close_all()
 
 
-def create_topic(broker: BrokerProcess, name: str, partitions: int = 1) -> None:
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(10)
-
-
 def producer(broker: BrokerProcess, transactional_id: str, **extra: Any) -> Producer:
     return Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": transactional_id, **extra})
-
-
-def read_all(broker: BrokerProcess, topic: str, isolation: str, partitions: int = 1) -> list[bytes]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": broker.bootstrap,
-            "group.id": f"reader-{uuid.uuid4()}",
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    values: list[bytes] = []
-    at_eof: set[int] = set()
-    deadline = time.monotonic() + 15
-    try:
-        while len(at_eof) < partitions and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    at_eof.add(message.partition())
-                    continue
-                raise KafkaException(message.error())
-            values.append(message.value())
-    finally:
-        consumer.close()
-    assert len(at_eof) == partitions, "the consumer never reached the end"
-    return values
-
-
-def end_offsets(broker: BrokerProcess, topic: str, partitions: int = 1) -> list[int]:
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "watermarks"})
-    try:
-        return [consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in range(partitions)]
-    finally:
-        consumer.close()
 
 
 def commit_abort_commit(broker: BrokerProcess, topic: str) -> None:
