@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tidelog.broker.broker_channels import BrokerChannels
 from tidelog.broker.txn_markers import MARKER_TIMEOUT_S, TxnMarkerApis
 from tidelog.errors import ErrorCode
 from tidelog.protocol.client import BrokerConnection, BrokerConnectionError
@@ -57,11 +58,10 @@ class TxnMarkerChannel:
     ) -> None:
         self.broker_id = broker_id
         self.cache = cache
-        self.live_brokers = live_brokers
-        self.listener_name = listener_name
         self.local = local
-        self._destinations: dict[int, _Destination] = {}
-        self._closing: set[asyncio.Task[None]] = set()
+        self._destinations = BrokerChannels(
+            live_brokers, listener_name, f"tidelog-txn-markers-{broker_id}", _Destination
+        )
 
     async def send(
         self, producer_id: int, epoch: int, coordinator_epoch: int, commit: bool, partitions: list[TopicPartition]
@@ -85,8 +85,8 @@ class TxnMarkerChannel:
                     asyncio.ensure_future(self._write_here(producer_id, epoch, coordinator_epoch, commit, led))
                 )
                 continue
-            destination = self._destination(leader)
-            if destination is None:
+            destination = self._destinations.get(leader)
+            if destination is None:  # no endpoint of the inter-broker listener registered: the markers wait
                 codes.update(dict.fromkeys(led, ErrorCode.NOT_LEADER_OR_FOLLOWER))
                 continue
             marker = TxnMarkerApis.marker_request(producer_id, epoch, coordinator_epoch, commit, led)
@@ -108,34 +108,8 @@ class TxnMarkerChannel:
         )
         return dict(zip(partitions, written, strict=True))
 
-    def _destination(self, broker_id: int) -> _Destination | None:
-        """The queue to `broker_id` at its current endpoint (a broker that registered again may have moved)."""
-        registration = self.live_brokers().get(broker_id)
-        endpoint = registration.endpoint(self.listener_name) if registration is not None else None
-        if endpoint is None:
-            log.debug("no %s endpoint of broker %d is registered: its markers wait", self.listener_name, broker_id)
-            return None
-        destination = self._destinations.get(broker_id)
-        if destination is None or (destination.host, destination.port) != (endpoint.host, endpoint.port):
-            if destination is not None:
-                self._retire(destination)
-            destination = _Destination(
-                BrokerConnection(endpoint.host, endpoint.port, f"tidelog-txn-markers-{self.broker_id}")
-            )
-            self._destinations[broker_id] = destination
-        return destination
-
-    def _retire(self, destination: _Destination) -> None:
-        destination.retire()
-        task = asyncio.create_task(destination.closed())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
     async def close(self) -> None:
-        for destination in self._destinations.values():
-            self._retire(destination)
-        self._destinations = {}
-        await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._destinations.close()
 
 
 class _Destination:

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tidelog.broker.broker_channels import BrokerChannels
 from tidelog.broker.transaction_log import TRANSACTION_STATE_TOPIC
 from tidelog.codec.group_records import partition_for_group
 from tidelog.codec.record_batch import read_header
@@ -247,11 +248,9 @@ class CoordinatorChannel:
     ) -> None:
         self.broker_id = broker_id
         self.cache = cache
-        self.live_brokers = live_brokers
-        self.listener_name = listener_name
-        self._destinations: dict[int, _Destination] = {}
-        self._closing: set[asyncio.Task[None]] = set()
-        self._closed = False
+        self._destinations = BrokerChannels(
+            live_brokers, listener_name, f"tidelog-txn-verification-{broker_id}", _Destination
+        )
 
     def coordinator_of(self, transactional_id: str) -> int | None:
         """The broker leading the id's partition of `__transaction_state`, or None (no topic, no leader)."""
@@ -265,39 +264,15 @@ class CoordinatorChannel:
         self, coordinator: int, transactional_id: str, producer_id: int, epoch: int, partitions: list[TopicPartition]
     ) -> dict[TopicPartition, ErrorCode]:
         """The coordinator's code for each of `partitions` (NONE: in the producer's ongoing transaction)."""
-        if self._closed:  # the broker is stopping
+        if self._destinations.closed:  # the broker is stopping
             return dict.fromkeys(partitions, ErrorCode.NETWORK_EXCEPTION)
-        destination = self._destination(coordinator)
+        destination = self._destinations.get(coordinator)
         if destination is None:
             return dict.fromkeys(partitions, ErrorCode.COORDINATOR_NOT_AVAILABLE)
         return await destination.enqueue(transactional_id, producer_id, epoch, partitions)
 
-    def _destination(self, broker_id: int) -> _Destination | None:
-        """The queue to `broker_id` at its current endpoint (a broker that registered again may have moved)."""
-        registration = self.live_brokers().get(broker_id)
-        endpoint = registration.endpoint(self.listener_name) if registration is not None else None
-        if endpoint is None:
-            return None
-        destination = self._destinations.get(broker_id)
-        if destination is None or (destination.host, destination.port) != (endpoint.host, endpoint.port):
-            if destination is not None:
-                self._retire(destination)
-            connection = BrokerConnection(endpoint.host, endpoint.port, f"tidelog-txn-verification-{self.broker_id}")
-            destination = self._destinations[broker_id] = _Destination(connection)
-        return destination
-
-    def _retire(self, destination: _Destination) -> None:
-        destination.retire()
-        task = asyncio.create_task(destination.closed())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
     async def close(self) -> None:
-        self._closed = True
-        for destination in self._destinations.values():
-            self._retire(destination)
-        self._destinations = {}
-        await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._destinations.close()
 
 
 @dataclass
