@@ -22,6 +22,7 @@ from tidelog.errors import FrameError
 from tidelog.protocol.bounds import check_sizes_and_strip_unknown_tags
 from tidelog.protocol.fetch_response import NodeEndpoint, PartitionData, TopicData, encode_fetch_response
 from tidelog.protocol.framing import check_frame_size
+from tidelog.protocol.legacy_schemas import request_schema, response_schema
 from tidelog.protocol.messages import (
     ApiKey,
     MalformedRequestError,
@@ -508,3 +509,12 @@ def test_a_truncated_or_lying_produce_request_is_malformed_never_anything_else(v
         lying[topics_at : topics_at + 1] = b"\xff\xff\xff\xff\x03"
     with pytest.raises(MalformedRequestError):
         decode_request(bytes(lying), {ApiKey.PRODUCE: (0, 11)})
+
+
+def test_a_legacy_version_is_one_class_however_its_api_key_is_named() -> None:
+    """The legacy classes are built on first use: an ApiKey and its int (cached apart by functools) get the same class,
+    so a request decoded through either equals one built with the other."""
+    for api_key in (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS):
+        for version in (0,):
+            assert request_schema(api_key, version) is request_schema(int(api_key), version)
+            assert response_schema(int(api_key), version) is response_schema(api_key, version)

@@ -272,8 +272,12 @@ _RECIPES: dict[int, tuple[str, int, range, Callable[[int], _Change]]] = {
 }
 
 
-@cache
 def _legacy(api_key: int) -> dict[tuple[str, int], type]:
+    return _built(int(api_key))  # an ApiKey and its int must find the same classes (cache keys differ by type)
+
+
+@cache
+def _built(api_key: int) -> dict[tuple[str, int], type]:
     recipe = _RECIPES.get(api_key)
     return {} if recipe is None else _versions(*recipe)
 
