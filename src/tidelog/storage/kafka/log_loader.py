@@ -41,6 +41,7 @@ from tidelog.errors import CorruptCheckpointError, CorruptRecordError, TidelogEr
 from tidelog.storage.common.producer_state import ProducerStateManager
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.file_handles import FileHandles
 from tidelog.storage.kafka.key_index import KEY_INDEX_DIR
 from tidelog.storage.kafka.leader_epoch_cache import LeaderEpochCache
 from tidelog.storage.kafka.segment import (
@@ -88,8 +89,10 @@ class LogLoader:
         *,
         scheduler: Scheduler | None,
         clock: Callable[[], int],
+        handles: FileHandles | None = None,
     ) -> None:
         self.directory = directory
+        self.handles = handles  # the engine's open segment files (file_handles.py)
         self.name = name  # of the partition, in log messages
         self.topic_id = topic_id
         self.config = config
@@ -108,7 +111,7 @@ class LogLoader:
             base = offset_from_file_name(name)
             index_missing = not (self.directory / segment_file_name(base, INDEX_SUFFIX)).exists()
             time_index_missing = not (self.directory / segment_file_name(base, TIME_INDEX_SUFFIX)).exists()
-            segment = LogSegment(self.directory, base, self.config, now_ms=now)
+            segment = LogSegment(self.directory, base, self.config, now_ms=now, handles=self.handles)
             if index_missing or time_index_missing:
                 log.warning("%s: index files for segment %d are missing; rebuilding them", self.name, base)
                 needs_recovery.add(base)
@@ -137,7 +140,9 @@ class LogLoader:
                 segment.delete_files()
             segments = []
         if not segments:
-            segments.append(LogSegment(self.directory, max(log_start_offset, 0), self.config, now_ms=now))
+            segments.append(
+                LogSegment(self.directory, max(log_start_offset, 0), self.config, now_ms=now, handles=self.handles)
+            )
             log_end_offset = segments[0].base_offset
         for segment in segments[:-1]:
             segment.on_become_inactive()
