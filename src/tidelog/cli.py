@@ -104,7 +104,9 @@ def _query_message(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from tidelog.broker.run import serve
+    from tidelog.open_files import raise_open_file_limit
 
+    raise_open_file_limit()  # a broker with many partitions and connections needs many descriptors
     return serve(args.config, args.override)
 
 
