@@ -177,7 +177,14 @@ class AbstractIndex:
         return entries[: self._rules_kept(entries)]
 
     def check_entries(self) -> None:
-        """Every entry keeps the order appends keep (the zero-filled tail an untrimmed file has does not)."""
+        """Every entry keeps the order appends keep (the zero-filled tail an untrimmed file has does not: two zero
+        entries in a row never do, so a tail of them, found by a binary search, fails without reading it all)."""
+        written = self._written_entries()
+        if written + 1 < self.entries:
+            raise CorruptIndexError(
+                f"{self.path}: entries {written} to {self.entries - 1} are zeros (the preallocated tail of an index "
+                f"that was not trimmed)"
+            )
         entries = self.entry_array()
         kept = self._rules_kept(entries)
         if kept < len(entries):
