@@ -634,6 +634,11 @@ class KafkaEngine(StorageEngine):
         if self.cleaner_scheduler is not None:
             self.cleaner.abort()  # a pass in progress stops at its next chunk and leaves the log as it was
             self.cleaner_scheduler.shutdown()
+        try:  # on FLUSH_THREADS threads, before the scheduler runs what it still holds one task at a time (with
+            # many partitions, a leader-epoch checkpoint and a flush each): those then find nothing left to do
+            self.flush()
+        except (KafkaStorageError, OSError) as exc:  # each partition's close tries again and reports its own failure
+            log.warning("flushing the logs before the shutdown failed: %s", exc)
         if self.scheduler is not None:
             self.scheduler.shutdown()
         self.deleter.close()
