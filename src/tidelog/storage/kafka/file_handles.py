@@ -114,7 +114,7 @@ class LazyFile:
     """A segment file opened on first use (`get`): read-write and created if missing, or read-only (`writable`
     False: the dump-log tool's and the Spark path reader's indexes)."""
 
-    __slots__ = ("_file", "_handles", "_writable", "path", "used")
+    __slots__ = ("_closed", "_file", "_handles", "_writable", "path", "used")
 
     def __init__(self, path: Path, handles: FileHandles | None, *, writable: bool = True) -> None:
         self.path = path
@@ -122,6 +122,7 @@ class LazyFile:
         self._writable = writable
         self._file: SegmentFile | None = None
         self._handles = handles
+        self._closed = False  # by close(): never opened again (a deleted segment's name must not be recreated)
 
     @property
     def is_open(self) -> bool:
@@ -136,6 +137,8 @@ class LazyFile:
         return file
 
     def _open(self) -> SegmentFile:
+        if self._closed:
+            raise KafkaStorageError(f"{self.path} is closed")
         flags = os.O_CLOEXEC | (os.O_RDWR | os.O_CREAT if self._writable else os.O_RDONLY)
         try:
             fd = os.open(self.path, flags, 0o644)
@@ -165,6 +168,7 @@ class LazyFile:
     def close(self) -> None:
         """Close the file now (the segment closes or is deleted)."""
         file, self._file = self._file, None
+        self._closed = True
         if self._handles is not None:
             self._handles.forget(self)
         if file is not None:
