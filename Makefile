@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults test-rocketmq-ha-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-admin-stall bench-replication bench-transactions crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
+.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults test-rocketmq-ha-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-partitions bench-admin-stall bench-replication bench-transactions crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -94,7 +94,7 @@ test-rocketmq-ha-long: $(STAMP) system-deps java
 	$(PY) -m pytest -q -s -m slow tests/cluster/test_rocketmq_ha.py
 
 bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction \
-	bench-engines bench-admin-stall bench-replication bench-transactions
+	bench-engines bench-partitions bench-admin-stall bench-replication bench-transactions
 
 bench-append: $(STAMP)
 	$(PY) bench/append_throughput.py
@@ -126,6 +126,10 @@ bench-spark-sink: $(STAMP)
 
 bench-engines: $(STAMP)
 	$(PY) bench/engine_partitions.py --plot
+
+# 20,000 partitions (200 topics x 100) on one broker, Kafka engine: create, produce, consume, clean and kill -9 restarts
+bench-partitions: $(STAMP)
+	$(PY) bench/partitions_broker.py
 
 # heartbeat round trips while CreateTopics/CreatePartitions/DeleteTopics of 2,000 partitions run; writes its docs section
 bench-admin-stall: $(STAMP)

@@ -110,7 +110,9 @@ def _serve(args: argparse.Namespace) -> int:
     # in a working directory without hypothesis's cache)
     sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
     from tidelog.broker.run import serve
+    from tidelog.open_files import raise_open_file_limit
 
+    raise_open_file_limit()  # a broker with many partitions and connections needs many descriptors
     return serve(args.config, args.override)
 
 

@@ -274,11 +274,15 @@ class ProducerStateManager:
     # --- snapshots --------------------------------------------------------------------------------------------
 
     def snapshot_files(self) -> list[tuple[int, Path]]:
+        try:
+            names = os.listdir(self.directory)  # not Path.glob, which stats every name (opening many partitions)
+        except FileNotFoundError:
+            return []
         found = []
-        for path in self.directory.glob(f"*{SNAPSHOT_SUFFIX}"):
-            stem = path.name[: -len(SNAPSHOT_SUFFIX)]
-            if len(stem) == 20 and stem.isdigit():
-                found.append((int(stem), path))
+        for name in names:
+            stem = name[: -len(SNAPSHOT_SUFFIX)]
+            if name.endswith(SNAPSHOT_SUFFIX) and len(stem) == 20 and stem.isdigit():
+                found.append((int(stem), self.directory / name))
         return sorted(found)
 
     def take_snapshot(self, end_offset: int, *, keep: int = 2, sync: bool = True) -> None:

@@ -131,7 +131,8 @@ def segment_chunks(segment: LogSegment, position: int = 0) -> Iterator[tuple[byt
     """The segment's complete batches from `position` (a batch start), a few MiB at a time (a larger batch in a read
     of its own), walked by batch_chain's ChainReader. Each read has record_framing's spare bytes after it, so
     record_layout frames it without a copy. Stops quietly at a partial tail; damage is a CorruptRecordError."""
-    chain = ChainReader(segment.file.fileno(), position, segment.size, window=READ_CHUNK_BYTES, padding=PADDING)
+    file = segment.file  # held while the walk reads it
+    chain = ChainReader(file.fileno(), position, segment.size, window=READ_CHUNK_BYTES, padding=PADDING)
     for window in chain:
         yield window.data, batch_table(window)
     assert chain.stopped is not None
@@ -340,7 +341,7 @@ class Cleaner:
         for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
             (directory / (segment_file_name(group[0].base_offset, suffix) + CLEANED_SUFFIX)).unlink(missing_ok=True)
         cleaned = LogSegment(directory, group[0].base_offset, partition_log.config, now_ms=now,
-                             file_suffix=CLEANED_SUFFIX)  # fmt: skip
+                             file_suffix=CLEANED_SUFFIX, handles=group[0].handles)  # fmt: skip
         try:
             for segment in group:
                 for chunk, table in segment_chunks(segment):

@@ -21,9 +21,10 @@ import os
 import resource
 import threading
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tidelog.config import LONG_MAX, EngineConfig, LogConfig
 from tidelog.errors import (
@@ -47,6 +48,7 @@ from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRecord, Topi
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.batch_check import BatchCheckWorker
 from tidelog.storage.kafka.cleaner import CLEANER_OFFSET_CHECKPOINT, CleaningAborted, CleanStats, LogCleaner
+from tidelog.storage.kafka.file_handles import FileHandles, capacity_for_limit
 from tidelog.storage.kafka.key_index import PartitionKeyIndex, record_at
 from tidelog.storage.kafka.partition_log import PARTITION_DIR, PartitionLog, partition_dir_name
 
@@ -70,11 +72,13 @@ KNOWN_LOG_DIR_FILES = {
 }
 KEY_INDEX_INTERVAL_MS = 1000  # how often the key indexes follow the logs (tidelog.index.keys=true)
 FOREIGN_PARTITION_DIRS = {"__cluster_metadata-0"}  # KRaft's metadata log: not a topic of ours
-# Open files a partition holds: its active segment's .log, and .index and .timeindex twice each (the file and the
-# duplicate descriptor its memory mapping keeps). Partitions may take 3/4 of the process's open-file limit; the
-# rest is for client connections and segment rolls, so one request cannot leave the broker unable to accept.
-FILES_PER_PARTITION = 5
-PARTITION_SHARE_OF_OPEN_FILES = 0.75
+# Partitions hold no descriptor while idle (file_handles.py keeps at most half of the open-file limit open), so their
+# number is not bounded by descriptors; it is bounded all the same, at PARTITIONS_PER_OPEN_FILE times the hard
+# open-file limit, so that a CreateTopics asking for 2^31 partitions is refused instead of filling the disk with
+# directories. A broker near that bound that uses all its partitions at once reopens files at every use.
+PARTITIONS_PER_OPEN_FILE = 4
+FLUSH_THREADS = 8  # threads syncing partitions when many are dirty
+_T = TypeVar("_T")
 
 
 class KafkaEngine(StorageEngine):
@@ -96,6 +100,8 @@ class KafkaEngine(StorageEngine):
         self.key_indexes: dict[tuple[str, int], PartitionKeyIndex] = {}  # tidelog.index.keys=true
         self._log_dir_of: dict[tuple[str, int], Path] = {}
         self.registry = TopicRegistry(self.log_dirs)
+        # The segment files of every partition: opened when used, at most half the open-file limit kept open.
+        self.file_handles = FileHandles(capacity_for_limit())
         self._flush_check_ms = LONG_MAX  # the interval of the running chain of time-based flush checks
         self._flush_check_chain = 0
         # Checks the large batches of every partition while they are written (stopped by close()).
@@ -283,6 +289,7 @@ class KafkaEngine(StorageEngine):
             clock=self.clock,
             replicated=self.config.replicated,
             high_watermark=high_watermark,
+            handles=self.file_handles,
         )
         self.logs[(topic, partition)] = partition_log
         self._log_dir_of[(topic, partition)] = log_dir
@@ -416,8 +423,8 @@ class KafkaEngine(StorageEngine):
 
     def _flush_due_logs(self) -> None:
         now = self.clock()
-        for partition_log in list(self.logs.values()):
-            partition_log.flush_if_due(now)
+        dirty = [lg for lg in list(self.logs.values()) if lg.has_unflushed()]
+        _in_parallel(lambda partition_log: partition_log.flush_if_due(now), dirty)
 
     def delete_old_segments(self) -> int:
         return sum(partition_log.delete_old_segments() for partition_log in list(self.logs.values()))
@@ -461,7 +468,7 @@ class KafkaEngine(StorageEngine):
             self._check_open()
             self.registry.check_new(name)
             held = check_local_partitions(name, 0, count, local_partitions)
-            self._check_open_file_budget(name, count if held is None else len(held))
+            self._check_partition_budget(name, count if held is None else len(held))
             record = self.registry.add(name, count, overrides, topic_id=topic_id, local=held)
             for partition in record.held():
                 self._open_partition(self._least_loaded_dir(), name, partition)
@@ -469,16 +476,17 @@ class KafkaEngine(StorageEngine):
             self._schedule_flush_check()
             return self.registry.describe(name)
 
-    def _check_open_file_budget(self, topic: str, new_partitions: int) -> None:
-        """Refuse partitions the process could not keep open (a CreateTopics asking for 2^31 of them)."""
-        limit, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if limit == resource.RLIM_INFINITY:
+    def _check_partition_budget(self, topic: str, new_partitions: int) -> None:
+        """Refuse more than PARTITIONS_PER_OPEN_FILE partitions per descriptor of the hard open-file limit (a
+        CreateTopics asking for 2^31 of them)."""
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
             return
-        room = int(limit * PARTITION_SHARE_OF_OPEN_FILES) // FILES_PER_PARTITION - len(self.logs)
+        room = hard * PARTITIONS_PER_OPEN_FILE - len(self.logs)
         if new_partitions > room:
             raise InvalidPartitionsError(
-                f"topic {topic}: {new_partitions} more partitions would not fit the broker's open-file limit "
-                f"({limit}, ulimit -n); {max(room, 0)} more fit"
+                f"topic {topic}: {new_partitions} more partitions would exceed {PARTITIONS_PER_OPEN_FILE} per "
+                f"descriptor of the broker's hard open-file limit ({hard}, ulimit -Hn); {max(room, 0)} more fit"
             )
 
     def delete_topic(self, name: str) -> None:
@@ -506,7 +514,7 @@ class KafkaEngine(StorageEngine):
             wanted = check_local_partitions(name, 0, record.partitions, local_partitions) or []
             held = set(record.held())
             added = [p for p in wanted if p not in held]
-            self._check_open_file_budget(name, len(added))
+            self._check_partition_budget(name, len(added))
             for partition in added:
                 self._open_partition(self._least_loaded_dir(), name, partition)
             for partition in sorted(held - set(wanted)):
@@ -526,7 +534,7 @@ class KafkaEngine(StorageEngine):
             if held is None and record.local is not None:
                 held = list(range(record.partitions, total))
             new = range(record.partitions, total) if held is None else held
-            self._check_open_file_budget(name, len(new))
+            self._check_partition_budget(name, len(new))
             for partition in new:
                 self._open_partition(self._least_loaded_dir(), name, partition)
             if held is not None:
@@ -582,9 +590,14 @@ class KafkaEngine(StorageEngine):
         if topic is not None and partition is not None:
             self.partition_log(topic, partition).flush()
             return
-        for (log_topic, _), partition_log in list(self.logs.items()):
-            if topic is None or log_topic == topic:
-                partition_log.flush()
+        _in_parallel(
+            PartitionLog.flush,
+            [
+                lg
+                for (log_topic, _), lg in list(self.logs.items())
+                if (topic is None or log_topic == topic) and lg.has_unflushed()
+            ],
+        )
 
     def lookup_key(self, topic: str, key: bytes, *, max_results: int = 64) -> list[KeyLocation]:
         """Records of `topic` whose key is `key`, newest first (by timestamp, then offset), through the
@@ -621,6 +634,11 @@ class KafkaEngine(StorageEngine):
         if self.cleaner_scheduler is not None:
             self.cleaner.abort()  # a pass in progress stops at its next chunk and leaves the log as it was
             self.cleaner_scheduler.shutdown()
+        try:  # on FLUSH_THREADS threads, before the scheduler runs what it still holds one task at a time (with
+            # many partitions, a leader-epoch checkpoint and a flush each): those then find nothing left to do
+            self.flush()
+        except (KafkaStorageError, OSError) as exc:  # each partition's close tries again and reports its own failure
+            log.warning("flushing the logs before the shutdown failed: %s", exc)
         if self.scheduler is not None:
             self.scheduler.shutdown()
         self.deleter.close()
@@ -634,8 +652,7 @@ class KafkaEngine(StorageEngine):
                     log.error("%s-%d: cannot flush the key index at shutdown: %s", *key, exc.strerror or exc)
                     clean = False
                 key_index.close()
-            for partition_log in self.logs.values():
-                clean = partition_log.close() and clean
+            clean = all(_in_parallel(PartitionLog.close, list(self.logs.values()))) and clean
             try:
                 self.checkpoint_recovery_points()
                 self.checkpoint_log_start_offsets()
@@ -654,3 +671,13 @@ class KafkaEngine(StorageEngine):
         finally:
             self.check_worker.stop()
             self._release_dir_locks()
+
+
+def _in_parallel(work: Callable[[PartitionLog], _T], logs: list[PartitionLog]) -> list[_T]:
+    """`work` for each of `logs` (flushing or closing them), on up to FLUSH_THREADS threads when there are many: an
+    fsync leaves the GIL, and the filesystem commits concurrent syncs together (one journal commit covers the files
+    of many partitions). The first failure is raised once every call has ended."""
+    if len(logs) < FLUSH_THREADS:
+        return [work(partition_log) for partition_log in logs]
+    with ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="tidelog-flush") as pool:
+        return list(pool.map(work, logs))

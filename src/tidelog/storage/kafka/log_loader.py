@@ -41,6 +41,7 @@ from tidelog.errors import CorruptCheckpointError, CorruptRecordError, TidelogEr
 from tidelog.storage.common.producer_state import ProducerStateManager
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.file_handles import FileHandles
 from tidelog.storage.kafka.key_index import KEY_INDEX_DIR
 from tidelog.storage.kafka.leader_epoch_cache import LeaderEpochCache
 from tidelog.storage.kafka.segment import (
@@ -88,8 +89,10 @@ class LogLoader:
         *,
         scheduler: Scheduler | None,
         clock: Callable[[], int],
+        handles: FileHandles | None = None,
     ) -> None:
         self.directory = directory
+        self.handles = handles  # the engine's open segment files (file_handles.py)
         self.name = name  # of the partition, in log messages
         self.topic_id = topic_id
         self.config = config
@@ -102,13 +105,12 @@ class LogLoader:
         needs_recovery = self._clean_up_files()
         now = self.clock()
         segments: list[LogSegment] = []
-        for name in sorted(
-            p.name for p in self.directory.iterdir() if p.name.endswith(LOG_SUFFIX) and SEGMENT_FILE.match(p.name)
-        ):
+        names = set(os.listdir(self.directory))  # one listing, no stat per file: a broker opens many partitions
+        for name in sorted(n for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_FILE.match(n)):
             base = offset_from_file_name(name)
-            index_missing = not (self.directory / segment_file_name(base, INDEX_SUFFIX)).exists()
-            time_index_missing = not (self.directory / segment_file_name(base, TIME_INDEX_SUFFIX)).exists()
-            segment = LogSegment(self.directory, base, self.config, now_ms=now)
+            index_missing = segment_file_name(base, INDEX_SUFFIX) not in names
+            time_index_missing = segment_file_name(base, TIME_INDEX_SUFFIX) not in names
+            segment = LogSegment(self.directory, base, self.config, now_ms=now, handles=self.handles)
             if index_missing or time_index_missing:
                 log.warning("%s: index files for segment %d are missing; rebuilding them", self.name, base)
                 needs_recovery.add(base)
@@ -137,7 +139,9 @@ class LogLoader:
                 segment.delete_files()
             segments = []
         if not segments:
-            segments.append(LogSegment(self.directory, max(log_start_offset, 0), self.config, now_ms=now))
+            segments.append(
+                LogSegment(self.directory, max(log_start_offset, 0), self.config, now_ms=now, handles=self.handles)
+            )
             log_end_offset = segments[0].base_offset
         for segment in segments[:-1]:
             segment.on_become_inactive()
@@ -230,7 +234,7 @@ class LogLoader:
     def _clean_up_files(self) -> set[int]:
         """Step 2: finish or undo interrupted file operations; report stray files. Returns the base offsets of the
         segments that need recovery (those a swap put in place)."""
-        names = sorted(p.name for p in self.directory.iterdir())
+        names = sorted(os.listdir(self.directory))
         cleaned_bases = [offset_from_file_name(n) for n in names if n.endswith(CLEANED_SUFFIX) and n[:20].isdigit()]
         min_cleaned = min(cleaned_bases, default=None)
         swaps: list[str] = []
@@ -253,8 +257,10 @@ class LogLoader:
         needs_recovery: set[int] = set()
         for name in swaps:
             needs_recovery.add(self._complete_swap(name))
-        for path in self.directory.iterdir():
-            name = path.name
+        names = os.listdir(self.directory)  # again: leftovers went, swaps renamed files
+        present = set(names)
+        for name in names:
+            path = self.directory / name
             if name in (checkpoints.PARTITION_METADATA, checkpoints.LEADER_EPOCH_CHECKPOINT, KEY_INDEX_DIR):
                 continue
             if not SEGMENT_FILE.match(name):
@@ -262,7 +268,7 @@ class LogLoader:
                 continue
             if name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)):
                 log_file = self.directory / segment_file_name(offset_from_file_name(name), LOG_SUFFIX)
-                if not log_file.exists():
+                if log_file.name not in present:
                     log.info("%s: removing index %s that has no .log", self.name, name)
                     path.unlink()
         return needs_recovery

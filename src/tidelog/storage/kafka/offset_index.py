@@ -4,7 +4,7 @@ Entry, 8 bytes big-endian: relativeOffset int32 (offset - segment base) | positi
 An entry (O, P) means "the batch whose last offset is O starts at byte P"; appends are strictly
 increasing. `lookup(t)` gives the greatest entry with offset <= t, or (base, 0); scanning batches
 forward from there reaches the batch holding t. The storage engine opens it writable; the Spark path reader and
-the dump-log tool read-only (mapped_index.py).
+the dump-log tool read-only (abstract_index.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import NamedTuple
 import numpy as np
 
 from tidelog.errors import CorruptIndexError
-from tidelog.storage.kafka.mapped_index import MappedIndex
+from tidelog.storage.kafka.abstract_index import AbstractIndex
+from tidelog.storage.kafka.file_handles import FileHandles
 
 SUFFIX = ".index"
 
@@ -26,12 +27,20 @@ class OffsetPosition(NamedTuple):
     position: int
 
 
-class OffsetIndex(MappedIndex):
+class OffsetIndex(AbstractIndex):
     entry = struct.Struct(">ii")
     entry_dtype = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
 
-    def __init__(self, path: Path, base_offset: int, max_index_size: int = 0, *, writable: bool = True) -> None:
-        super().__init__(path, base_offset, max_index_size, writable=writable)
+    def __init__(
+        self,
+        path: Path,
+        base_offset: int,
+        max_index_size: int = 0,
+        *,
+        writable: bool = True,
+        handles: FileHandles | None = None,
+    ) -> None:
+        super().__init__(path, base_offset, max_index_size, writable=writable, handles=handles)
         self.last_offset = self._read_last_offset()
 
     def _relative_offset(self, slot: int) -> int:

@@ -75,6 +75,7 @@ from tidelog.storage.api import (
 )
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES, BatchCheckWorker, PendingCheck
+from tidelog.storage.kafka.file_handles import FileHandles
 from tidelog.storage.kafka.leader_epoch_cache import EpochEndOffset
 from tidelog.storage.kafka.log_loader import LogLoader, apply_batch, rebuild_producer_state
 from tidelog.storage.kafka.segment import SWAP_SUFFIX, LogSegment, now_ms
@@ -144,11 +145,13 @@ class PartitionLog(Partition):
         clock: Callable[[], int] = now_ms,
         replicated: bool = False,
         high_watermark: int | None = None,
+        handles: FileHandles | None = None,
     ) -> None:
         """Open (load, recovering if need be) the partition in `directory`, creating it if missing. Large batches
         are checked on `check_worker` (the engine's) while they are written; without one, before, like the
         others. `replicated`: the broker moves the high watermark, which starts at `high_watermark` (the
-        checkpointed one; None: the log start) kept within [log start, log end]."""
+        checkpointed one; None: the log start) kept within [log start, log end]. `handles`: the engine's open segment
+        files, which bound how many of them stay open (file_handles.py)."""
         self.directory = directory
         self.topic = topic
         self.partition = partition
@@ -157,6 +160,7 @@ class PartitionLog(Partition):
         self.scheduler = scheduler
         self.check_worker = check_worker
         self.clock = clock
+        self.handles = handles
         self.leader_epoch = DEFAULT_LEADER_EPOCH
         self._lock = threading.RLock()  # state: segments, offsets
         self._flush_lock = threading.Lock()  # fsync and file close never overlap
@@ -164,9 +168,8 @@ class PartitionLog(Partition):
         self._deleted = False  # closed because its topic was deleted: readers are told the partition is gone
         self.last_flush_ms = clock()
         self._new_files = True  # directory entries not yet known durable
-        loaded = LogLoader(directory, self.name, topic_id, config, scheduler=scheduler, clock=clock).load(
-            recovery_point, log_start_offset, had_clean_shutdown
-        )
+        loader = LogLoader(directory, self.name, topic_id, config, scheduler=scheduler, clock=clock, handles=handles)
+        loaded = loader.load(recovery_point, log_start_offset, had_clean_shutdown)
         self.segments = loaded.segments
         self._bases = [segment.base_offset for segment in self.segments]
         self.log_start_offset = loaded.log_start_offset
@@ -236,7 +239,7 @@ class PartitionLog(Partition):
                 self.producer_state.take_snapshot(new_base, sync=False)
             except OSError as exc:  # an optimisation only: recovery replays the log instead
                 log.warning("%s: cannot write the producer snapshot at %d: %s", self.name, new_base, exc.strerror)
-            segment = LogSegment(self.directory, new_base, self.config, now_ms=self.clock())
+            segment = LogSegment(self.directory, new_base, self.config, now_ms=self.clock(), handles=self.handles)
             self._add_segment(segment)
             self._new_files = True
             log.debug("%s: rolled new segment at offset %d", self.name, new_base)
@@ -750,6 +753,15 @@ class PartitionLog(Partition):
                 self.recovery_point = max(self.recovery_point, target)
                 self.last_flush_ms = self.clock()
 
+    def has_unflushed(self) -> bool:
+        """Would `flush()` have work: records past the recovery point, producer snapshots or leader epochs not yet
+        durable? (Read without the lock: the engine skips the logs that answer no before it starts its threads.)"""
+        return (
+            self.log_end_offset > self.recovery_point
+            or bool(self.producer_state.unsynced)
+            or self.leader_epoch_cache.unwritten
+        )
+
     def flush_if_due(self, now: int) -> None:
         """Time-based flush (`flush.ms`), called by the log manager's periodic task."""
         if now - self.last_flush_ms >= self.config.flush_ms and self.log_end_offset > self.recovery_point:
@@ -910,7 +922,7 @@ class PartitionLog(Partition):
         doomed = list(self.segments)
         for segment in doomed:
             segment.rename_to_deleted()  # first: the new segment may take the name of one of them
-        self.segments = [LogSegment(self.directory, offset, self.config, now_ms=self.clock())]
+        self.segments = [LogSegment(self.directory, offset, self.config, now_ms=self.clock(), handles=self.handles)]
         self._bases = [offset]
         self.log_start_offset = self.log_end_offset = self.high_watermark = self.recovery_point = offset
         self._clips.clear()

@@ -28,6 +28,7 @@ from tidelog.codec.record_set import decode_batch, peek_batch, read_batch_info
 from tidelog.config import INT_MAX, LogConfig
 from tidelog.errors import CorruptIndexError, CorruptRecordError, KafkaStorageError, TidelogError
 from tidelog.storage.api import FileSlice
+from tidelog.storage.kafka.file_handles import FileHandles, LazyFile, SegmentFile
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
 from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
@@ -72,27 +73,41 @@ class RecoveryResult(NamedTuple):
 
 class LogSegment:
     def __init__(
-        self, directory: Path, base_offset: int, config: LogConfig, *, now_ms: int, file_suffix: str = ""
+        self,
+        directory: Path,
+        base_offset: int,
+        config: LogConfig,
+        *,
+        now_ms: int,
+        file_suffix: str = "",
+        handles: FileHandles | None = None,
     ) -> None:
-        """`file_suffix` (CLEANED_SUFFIX) is appended to the file names of a segment being written aside."""
+        """`file_suffix` (CLEANED_SUFFIX) is appended to the file names of a segment being written aside. `handles`:
+        the engine's open segment files; the segment's files join them while they are open (file_handles.py)."""
         self.directory = directory
         self.base_offset = base_offset
         self.config = config
-        self.log_path = directory / (segment_file_name(base_offset, LOG_SUFFIX) + file_suffix)
-        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.file = os.fdopen(self._fd, "r+b", buffering=0)
-        self.size = os.fstat(self._fd).st_size
+        self.handles = handles
+        self._log = LazyFile(directory / (segment_file_name(base_offset, LOG_SUFFIX) + file_suffix), handles)
+        try:
+            self.size = os.stat(self._log.path).st_size
+        except FileNotFoundError:  # a new segment: its .log exists from now on
+            self.size = os.fstat(self._log.get().fileno()).st_size
         self.index = OffsetIndex(
             directory / (segment_file_name(base_offset, INDEX_SUFFIX) + file_suffix),
             base_offset,
             config.segment_index_bytes,
+            handles=handles,
         )
         self.time_index = TimeIndex(
             directory / (segment_file_name(base_offset, TIME_INDEX_SUFFIX) + file_suffix),
             base_offset,
             config.segment_index_bytes,
+            handles=handles,
         )
-        self.txn_index = TransactionIndex(directory / (segment_file_name(base_offset, TXN_INDEX_SUFFIX) + file_suffix))
+        self.txn_index = TransactionIndex(
+            directory / (segment_file_name(base_offset, TXN_INDEX_SUFFIX) + file_suffix), handles
+        )
         self.bytes_since_last_index_entry = 0
         self.max_timestamp_so_far = self.time_index.last_entry
         self.created_ms = now_ms
@@ -100,6 +115,15 @@ class LogSegment:
         self._append_ends: dict[int, int] = {}  # the offset after a recent append -> the byte its batch starts at
         jitter = config.segment_jitter_ms
         self.roll_jitter_ms = 0 if jitter == 0 else random.randrange(min(jitter, config.max_segment_ms))
+
+    @property
+    def log_path(self) -> Path:
+        return self._log.path
+
+    @property
+    def file(self) -> SegmentFile:
+        """The open `.log` (opened now if it was let go): hold it for as long as its descriptor is used."""
+        return self._log.get()
 
     # --- appending -------------------------------------------------------------------------------------------
 
@@ -118,19 +142,21 @@ class LogSegment:
         `verify`, if given, runs after the write; if it raises, the bytes are cut off again and nothing
         counts (readers never saw them: `size` moves only after)."""
         position = self.size
+        file = self._log.get()
+        fd = file.fileno()
         try:
-            written = os.pwritev(self._fd, chunks, position)
+            written = os.pwritev(fd, chunks, position)
             while written < size:  # short writes are legal; finish from a flat copy (rare)
                 flat = b"".join(bytes(c) for c in chunks)
-                written += os.pwrite(self._fd, flat[written:], position + written)
+                written += os.pwrite(fd, flat[written:], position + written)
             if verify is not None:
                 verify()
         except OSError as exc:
             with contextlib.suppress(OSError):  # leave no partial batch behind if the disk allows it
-                os.ftruncate(self._fd, position)
+                os.ftruncate(fd, position)
             raise KafkaStorageError(f"cannot append {size} bytes to {self.log_path}: {exc.strerror}") from exc
         except BaseException:
-            os.ftruncate(self._fd, position)
+            os.ftruncate(fd, position)
             raise
         if position == 0:
             self._rolling_based_timestamp = first_batch_max_timestamp
@@ -185,19 +211,21 @@ class LogSegment:
     def batch_locations(self, position: int, end: int | None = None) -> Iterator[BatchLocation]:
         """Headers of the batches from `position` (a batch start) to `end`; stops quietly at a partial tail and
         raises CorruptRecordError where the chain is damaged (batch_chain.py)."""
-        chain = self._header_walk(position, end)
+        file = self._log.get()  # held while the walk reads it
+        chain = self._header_walk(file, position, end)
         for window in chain:
             for slot in range(len(window.positions)):
                 yield _location(window, slot)
         self._raise_if_damaged(chain)
 
-    def _header_walk(self, position: int, end: int | None = None) -> ChainReader:
-        """The chain from `position` to `end` (default: the segment's size), walked over headers. The first read
-        covers one index interval (a lookup expects its batch within it), each later one twice the one before, up to
-        SCAN_CHUNK_BYTES; bodies that reach past a read are skipped unread."""
+    def _header_walk(self, file: SegmentFile, position: int, end: int | None = None) -> ChainReader:
+        """The chain of `file` (the open .log, held by the caller for the walk) from `position` to `end` (default:
+        the segment's size), walked over headers. The first read covers one index interval (a lookup expects its
+        batch within it), each later one twice the one before, up to SCAN_CHUNK_BYTES; bodies that reach past a
+        read are skipped unread."""
         first = self.config.index_interval_bytes + HEADER_SIZE
         end = self.size if end is None else end
-        return ChainReader(self._fd, position, end, window=SCAN_CHUNK_BYTES, first_window=first, whole=False)
+        return ChainReader(file.fileno(), position, end, window=SCAN_CHUNK_BYTES, first_window=first, whole=False)
 
     def _raise_if_damaged(self, chain: ChainReader) -> None:
         assert chain.stopped is not None
@@ -211,7 +239,7 @@ class LogSegment:
         was trusted at open) is not followed: the lookup scans from `starting_position` instead."""
         position = self._append_ends.get(target_offset, -1)
         if starting_position <= position < self.size:  # the batch after a recent append: its header says the rest
-            peeked = peek_batch(os.pread(self._fd, HEADER_SIZE, position), 0)
+            peeked = peek_batch(self.read_bytes(position, HEADER_SIZE), 0)
             if peeked is not None and peeked.last_offset >= target_offset:
                 return BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.header)
         entry = self.index.lookup(target_offset)
@@ -233,7 +261,8 @@ class LogSegment:
     ) -> BatchLocation | None:
         """The first batch from `position` whose last offset >= target, or None. Given `indexed_offset`, the batch at
         `position` must end at or before it, else CorruptIndexError."""
-        chain = self._header_walk(position)
+        file = self._log.get()  # held while the walk reads it
+        chain = self._header_walk(file, position)
         for window in chain:
             first = _location(window, 0)
             if indexed_offset is not None and first.last_offset > indexed_offset:
@@ -259,7 +288,7 @@ class LogSegment:
         length = min(limit - location.position, adjusted)
         if length <= 0:
             return None
-        return FileSlice(self.file, self.log_path, location.position, length)
+        return FileSlice(self._log.get(), self.log_path, location.position, length)
 
     def end_offset(self) -> int:
         """The offset after the last batch (the base offset when there is none): a walk from the last index entry."""
@@ -270,10 +299,11 @@ class LogSegment:
         return last + 1
 
     def read_batch_bytes(self, location: BatchLocation) -> bytes:
-        return os.pread(self._fd, location.size, location.position)
+        return self.read_bytes(location.position, location.size)
 
     def read_bytes(self, position: int, size: int) -> bytes:
-        return os.pread(self._fd, size, position)
+        file = self._log.get()
+        return os.pread(file.fileno(), size, position)
 
     def find_offset_by_timestamp(self, target_timestamp: int, starting_offset: int) -> TimestampOffset | None:
         """First record with timestamp >= target and offset >= starting_offset, via the time index."""
@@ -310,7 +340,7 @@ class LogSegment:
         """Max record timestamp, or the file's mtime when the segment holds none (as Kafka's retention uses)."""
         if self.max_timestamp_so_far.timestamp >= 0:
             return self.max_timestamp_so_far.timestamp
-        return int(os.fstat(self._fd).st_mtime * 1000)
+        return self.last_modified_ms()
 
     # --- recovery --------------------------------------------------------------------------------------------
 
@@ -322,7 +352,8 @@ class LogSegment:
         self.time_index.reset()
         self.txn_index.reset()
         interval = self.config.index_interval_bytes
-        file_size = os.fstat(self._fd).st_size
+        file = self._log.get()  # held while the scan reads it
+        file_size = os.fstat(file.fileno()).st_size
         max_ts, max_ts_offset = NO_TIMESTAMP, self.base_offset
         indexed_ts = NO_TIMESTAMP
         offset_entries: list[tuple[int, int]] = []
@@ -330,7 +361,7 @@ class LogSegment:
         epochs: list[tuple[int, int]] = []
         last_index_entry_position = 0
         last_offset = max(previous_last_offset, self.base_offset - 1)
-        chain = ChainReader(self._fd, 0, file_size, window=RECOVERY_CHUNK_BYTES)
+        chain = ChainReader(file.fileno(), 0, file_size, window=RECOVERY_CHUNK_BYTES)
         failure: ChainEnd | None = None
         for window in chain:
             batches, failure = check_stored(window, last_offset, self.base_offset)
@@ -364,7 +395,8 @@ class LogSegment:
         return RecoveryResult(truncated, epochs, str(stopped) if stopped.stop is not Stop.END else None)
 
     def truncate_log_file(self, size: int) -> None:
-        os.ftruncate(self._fd, size)
+        file = self._log.get()
+        os.ftruncate(file.fileno(), size)
         self.size = size
         self._append_ends.clear()
 
@@ -436,7 +468,8 @@ class LogSegment:
 
     def flush(self, *, indexes: bool = True) -> None:
         try:
-            os.fdatasync(self._fd)
+            file = self._log.get()
+            os.fdatasync(file.fileno())
         except OSError as exc:
             raise KafkaStorageError(f"cannot flush {self.log_path}: {exc.strerror}") from exc
         if indexes:
@@ -445,7 +478,8 @@ class LogSegment:
             self.txn_index.flush()
 
     def last_modified_ms(self) -> int:
-        return int(os.fstat(self._fd).st_mtime * 1000)
+        file = self._log.get()
+        return int(os.fstat(file.fileno()).st_mtime * 1000)
 
     def close(self) -> None:
         try:
@@ -455,7 +489,7 @@ class LogSegment:
         self.index.close()
         self.time_index.close()
         self.txn_index.close()
-        self.file.close()
+        self._log.close()
 
     def rename_to_deleted(self) -> None:
         """First step of deletion: readers holding slices keep the open file; the name says it is going."""
@@ -470,9 +504,7 @@ class LogSegment:
             (self.txn_index, TXN_INDEX_SUFFIX),
         ):
             index.rename(self.directory / (segment_file_name(self.base_offset, kind) + suffix))
-        new_log_path = self.directory / (segment_file_name(self.base_offset, LOG_SUFFIX) + suffix)
-        os.rename(self.log_path, new_log_path)
-        self.log_path = new_log_path
+        self._log.rename(self.directory / (segment_file_name(self.base_offset, LOG_SUFFIX) + suffix))
 
     def set_last_modified_ms(self, mtime_ms: int) -> None:
         os.utime(self.log_path, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
@@ -481,7 +513,7 @@ class LogSegment:
         self.index.delete()
         self.time_index.delete()
         self.txn_index.delete()
-        self.file.close()
+        self._log.close()
         self.log_path.unlink(missing_ok=True)
 
 

@@ -5,7 +5,7 @@ timestamp in the segment up to and including the batch whose last offset is O is
 with a timestamp above T lies after O. Entries are added only when the timestamp grows, so
 timestamps in the file strictly increase. One slot is kept free for the final entry written when
 the segment is rolled or closed, which always records the segment's max timestamp. The storage engine opens it
-writable; the Spark path reader and the dump-log tool read-only (mapped_index.py).
+writable; the Spark path reader and the dump-log tool read-only (abstract_index.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import NamedTuple
 import numpy as np
 
 from tidelog.errors import CorruptIndexError
-from tidelog.storage.kafka.mapped_index import MappedIndex
+from tidelog.storage.kafka.abstract_index import AbstractIndex
+from tidelog.storage.kafka.file_handles import FileHandles
 
 SUFFIX = ".timeindex"
 NO_TIMESTAMP = -1
@@ -28,12 +29,20 @@ class TimestampOffset(NamedTuple):
     offset: int
 
 
-class TimeIndex(MappedIndex):
+class TimeIndex(AbstractIndex):
     entry = struct.Struct(">qi")
     entry_dtype = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
 
-    def __init__(self, path: Path, base_offset: int, max_index_size: int = 0, *, writable: bool = True) -> None:
-        super().__init__(path, base_offset, max_index_size, writable=writable)
+    def __init__(
+        self,
+        path: Path,
+        base_offset: int,
+        max_index_size: int = 0,
+        *,
+        writable: bool = True,
+        handles: FileHandles | None = None,
+    ) -> None:
+        super().__init__(path, base_offset, max_index_size, writable=writable, handles=handles)
         self.last_entry = self._read_last_entry()
 
     def _timestamp(self, slot: int) -> int:

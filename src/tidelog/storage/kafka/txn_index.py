@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tidelog.errors import CorruptIndexError, KafkaStorageError
+from tidelog.storage.kafka.file_handles import FileHandles, LazyFile
 
 SUFFIX = ".txnindex"
 VERSION = 0
@@ -57,21 +58,23 @@ class TxnIndexSearch(NamedTuple):
 
 
 class TransactionIndex:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
+    def __init__(self, path: Path, handles: FileHandles | None = None) -> None:
+        """`handles`: the engine's open segment files, which this one joins while it is open (file_handles.py)."""
+        self._file = LazyFile(path, handles)
+        self._dirty = False  # written since the last sync
         self.entries: list[AbortedTxn] = []
         self._torn = 0  # bytes after the last whole entry (a torn append), found at open
         if path.exists():
-            self._open()
             data = path.read_bytes()
             self._torn = len(data) % ENTRY.size
             self.entries = parse_entries(data, path)
 
-    def _open(self) -> int:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        return self._fd
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def _exists(self) -> bool:
+        return self._file.is_open or self.path.exists()
 
     @property
     def last_offset(self) -> int | None:
@@ -84,12 +87,13 @@ class TransactionIndex:
                 f"{self.path}: aborted transaction ending at {entry.last_offset} does not follow the last one, "
                 f"ending at {self.entries[-1].last_offset}"
             )
-        fd = self._open()
         position = len(self.entries) * ENTRY.size
         try:
-            os.pwrite(fd, entry.encode(), position)
+            file = self._file.get()
+            os.pwrite(file.fileno(), entry.encode(), position)
         except OSError as exc:
             raise KafkaStorageError(f"cannot append to {self.path}: {exc.strerror}") from exc
+        self._dirty = True
         self.entries.append(entry)
 
     def collect(self, fetch_offset: int, upper_bound_offset: int) -> TxnIndexSearch:
@@ -111,11 +115,12 @@ class TransactionIndex:
     def reset(self) -> None:
         """Forget every entry (recovery rebuilds them from the log); an existing file is emptied."""
         self.entries = []
-        if self._fd is not None:
+        if self._exists():
             self._cut(0)
 
     def _cut(self, size: int) -> None:
-        os.ftruncate(self._open(), size)
+        os.ftruncate(self._file.get().fileno(), size)
+        self._dirty = True
         self._torn = 0
 
     def sanity_check(self) -> None:
@@ -127,21 +132,22 @@ class TransactionIndex:
                 raise CorruptIndexError(f"{self.path}: entry ending at {after.last_offset} is out of order")
 
     def flush(self) -> None:
-        if self._fd is not None:
+        if self._dirty:
+            self._dirty = False  # before the sync: a write racing it sets it again
             try:
-                os.fsync(self._fd)
+                os.fsync(self._file.get().fileno())
             except OSError as exc:
+                self._dirty = True
                 raise KafkaStorageError(f"cannot flush {self.path}: {exc.strerror}") from exc
 
     def rename(self, path: Path) -> None:
-        if self._fd is not None or self.path.exists():
-            os.rename(self.path, path)
-        self.path = path
+        if self._exists():
+            self._file.rename(path)
+        else:
+            self._file.path = path
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._file.close()
 
     def delete(self) -> None:
         self.close()

@@ -1,15 +1,20 @@
 """What Kafka's offset and time indexes share (AbstractIndex): a file of fixed-size entries, no header, no checksum.
 
-Opened writable (the storage engine's own segments), the file is memory-mapped. A new file is preallocated to
-`segment.index.bytes` rounded down to whole entries; an existing file is trusted as it is (entries = length /
-entry size), which is why an index must be trimmed to its real size on roll and on close, and re-expanded when
-its segment becomes active again. Lookups search the last 8 KiB ("warm" section) first: tail reads then touch
-only pages that are already in the page cache.
+Opened writable (the storage engine's own segments), a new file is preallocated to `segment.index.bytes` rounded
+down to whole entries; an existing file is trusted as it is (entries = length / entry size), which is why an index
+must be trimmed to its real size on roll and on close, and re-expanded when its segment becomes active again.
+
+The file is not memory-mapped: entries are written with pwrite and read with pread through a LazyFile
+(file_handles.py), which opens the file at its first use and lets the engine close it while the index is idle. A
+Python mmap keeps a duplicate descriptor of its own, so a mapped index would hold two descriptors and a mapping for
+as long as it is open; a store into a hole of the sparse preallocated file on a full disk would be a SIGBUS, and a
+reader's mapping of a file its writer trims too. Lookups read the last 8 KiB ("warm" section) with one pread and
+search it in memory: tail reads then touch only pages that are already in the page cache; a lookup further back
+searches the rest one entry read at a time.
 
 Opened read-only (`writable=False`, as Kafka's DumpLogSegments opens its indexes; the Spark path reader, the
-dump-log tool), nothing is created, written or mapped: entries are read with pread, since a mapped file that its
-writer trims (on roll) is a SIGBUS. The length found at open counts the entries, as Kafka does; bytes past a
-shorter file's end read as zeros, which is what the preallocated tail held. A lookup in a live broker's
+dump-log tool), nothing is created or written. The length found at open counts the entries, as Kafka does; bytes
+past a shorter file's end read as zeros, which is what the preallocated tail held. A lookup in a live broker's
 preallocated file may land on that tail, whose entries name position 0: a safe, slower place to scan from.
 `valid_entries()` gives what a reader can rely on in such a file: the entries before the zero-filled tail, up to
 the first that breaks the order appends keep.
@@ -17,7 +22,6 @@ the first that breaks the order appends keep.
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 import threading
@@ -29,44 +33,51 @@ from typing import Self
 import numpy as np
 
 from tidelog.errors import CorruptIndexError, KafkaStorageError
+from tidelog.storage.kafka.file_handles import FileHandles, LazyFile
 
 WARM_SECTION_BYTES = 8192
 
 
-class MappedIndex:
+class AbstractIndex:
     entry: struct.Struct  # set by subclasses
     entry_dtype: np.dtype  # the same entry as a numpy record, for reading many at once
 
-    def __init__(self, path: Path, base_offset: int, max_index_size: int = 0, *, writable: bool = True) -> None:
-        """`max_index_size` is the size a new writable file is preallocated to; read-only it is the length found."""
-        self.path = path
+    def __init__(
+        self,
+        path: Path,
+        base_offset: int,
+        max_index_size: int = 0,
+        *,
+        writable: bool = True,
+        handles: FileHandles | None = None,
+    ) -> None:
+        """`max_index_size` is the size a new writable file is preallocated to; read-only it is the length found.
+        `handles`: the engine's open segment files, which this one joins while it is open."""
         self.base_offset = base_offset
         self.writable = writable
-        self._guard = threading.Lock()  # remapping vs. a concurrent flush from the flusher thread
+        self._guard = threading.Lock()  # entries and length vs. a concurrent resize or flush
+        self._dirty = False  # written or resized since the last sync
         size = self.entry.size
-        self._map: mmap.mmap | None = None
+        self._file = LazyFile(path, handles, writable=writable)
+        try:
+            length = os.stat(path).st_size
+            existed = True
+        except FileNotFoundError:  # read-only: no index, no entries
+            length, existed = 0, False
         if not writable:
-            try:
-                self._fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:  # no index: no entries
-                self._fd = -1
-            self._length = os.fstat(self._fd).st_size if self._fd >= 0 else 0
-            self.entries = self._length // size
-            self.max_index_size = self._length - self._length % size
+            self._length = length
+            self.entries = length // size
+            self.max_index_size = length - length % size
             return
         self.max_index_size = max(size, max_index_size - max_index_size % size)
-        existed = path.exists()
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if existed:
-            length = os.fstat(self._fd).st_size
             self.entries = length // size
             self._length = length
         else:
-            os.ftruncate(self._fd, self.max_index_size)
+            os.ftruncate(self._file.get().fileno(), self.max_index_size)
             self.entries = 0
             self._length = self.max_index_size
-        if self._length:
-            self._map = mmap.mmap(self._fd, self._length)
+            self._dirty = True
 
     def __enter__(self) -> Self:
         return self
@@ -75,6 +86,10 @@ class MappedIndex:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
 
     # --- size management ----------------------------------------------------------------------------------------
 
@@ -90,21 +105,17 @@ class MappedIndex:
         return self.entries >= self.max_entries
 
     def resize(self, new_size: int) -> None:
-        """Set the file (and mapping) length, keeping the entries that fit; the file is never left partial."""
+        """Set the file length, keeping the entries that fit; the file is never left partial."""
         size = self.entry.size
         new_length = max(0, new_size - new_size % size)
         with self._guard:
             if new_length == self._length:
                 return
-            if self._map is not None:
-                self._map.flush()
-                self._map.close()
-                self._map = None
-            os.ftruncate(self._fd, new_length)
+            file = self._file.get()
+            os.ftruncate(file.fileno(), new_length)
+            self._dirty = True
             self._length = new_length
             self.entries = min(self.entries, new_length // size)
-            if new_length:
-                self._map = mmap.mmap(self._fd, new_length)
 
     def trim_to_valid_size(self) -> None:
         self.resize(self.entries * self.entry.size)
@@ -125,18 +136,17 @@ class MappedIndex:
     # --- entries ------------------------------------------------------------------------------------------------
 
     def read_entry(self, n: int) -> tuple[int, ...]:
-        if self._map is not None:
-            return self.entry.unpack_from(self._map, n * self.entry.size)
         return self.entry.unpack(self._read_entries(n, 1))
 
     def _read_entries(self, first: int, count: int) -> bytes:
-        """Entries [first, first + count) as bytes: from the mapping, or read from the file (zeros past its end)."""
+        """Entries [first, first + count) as bytes, read from the file (zeros past its end)."""
         size = self.entry.size
-        if self._map is not None:
-            return self._map[first * size : (first + count) * size]
-        if count <= 0 or self._fd < 0:
+        if count <= 0:
             return b""
-        data = os.pread(self._fd, count * size, first * size)
+        if not self._length:  # no file (read-only), or an empty one
+            return bytes(count * size)
+        file = self._file.get()
+        data = os.pread(file.fileno(), count * size, first * size)
         return data.ljust(count * size, b"\0")
 
     def entry_array(self, count: int | None = None) -> np.ndarray:
@@ -167,7 +177,14 @@ class MappedIndex:
         return entries[: self._rules_kept(entries)]
 
     def check_entries(self) -> None:
-        """Every entry keeps the order appends keep (the zero-filled tail an untrimmed file has does not)."""
+        """Every entry keeps the order appends keep (the zero-filled tail an untrimmed file has does not: two zero
+        entries in a row never do, so a tail of them, found by a binary search, fails without reading it all)."""
+        written = self._written_entries()
+        if written + 1 < self.entries:
+            raise CorruptIndexError(
+                f"{self.path}: entries {written} to {self.entries - 1} are zeros (the preallocated tail of an index "
+                f"that was not trimmed)"
+            )
         entries = self.entry_array()
         kept = self._rules_kept(entries)
         if kept < len(entries):
@@ -191,36 +208,35 @@ class MappedIndex:
             self.entries += 1
 
     def _pwrite(self, data: bytes, position: int) -> None:
-        """Entries are written with pwrite, not through the mapping: the preallocated file is sparse, and a
-        store into a hole on a full disk is a SIGBUS that kills the process, where pwrite reports ENOSPC.
-        The mapping shares the page cache, so lookups see the entry at once."""
+        """Entries are written with pwrite: the preallocated file is sparse, and a store into a hole of a mapping
+        on a full disk would be a SIGBUS that kills the process, where pwrite reports ENOSPC."""
         try:
-            os.pwrite(self._fd, data, position)
+            file = self._file.get()
+            os.pwrite(file.fileno(), data, position)
         except OSError as exc:
             raise KafkaStorageError(f"cannot write index entry to {self.path}: {exc.strerror}") from exc
+        self._dirty = True
 
     def _largest_lower_bound(self, target: int) -> int:
         """Slot of the greatest entry whose key (its first field: relative offset, timestamp) <= target, or -1:
-        Kafka's warm-then-cold binary search."""
+        Kafka's warm-then-cold binary search. The warm section is read with one pread and searched in memory."""
         entries = self.entries
         if entries == 0:
             return -1
-        key = self._key()
-        warm = WARM_SECTION_BYTES // self.entry.size
-        first_hot = max(0, entries - 1 - warm)
-        if key(first_hot) < target:
-            return self._binary_search(target, key, first_hot, entries - 1)
-        if key(0) > target:
+        size = self.entry.size
+        first_hot = max(0, entries - 1 - WARM_SECTION_BYTES // size)
+        hot = self._read_entries(first_hot, entries - first_hot)
+        unpack = self.entry.unpack_from
+        first_hot_key = unpack(hot, 0)[0]
+        if first_hot_key < target:
+            return first_hot + self._binary_search(
+                target, lambda slot: unpack(hot, slot * size)[0], 0, entries - 1 - first_hot
+            )
+        if first_hot == 0:
+            return 0 if first_hot_key == target else -1
+        if self.read_entry(0)[0] > target:
             return -1
-        return self._binary_search(target, key, 0, first_hot)
-
-    def _key(self) -> Callable[[int], int]:
-        """Slot -> its entry's first field; straight from the mapping when there is one (the lookups of every read)."""
-        buf = self._map
-        if buf is None:
-            return lambda slot: self.read_entry(slot)[0]
-        unpack, size = self.entry.unpack_from, self.entry.size
-        return lambda slot: unpack(buf, slot * size)[0]
+        return self._binary_search(target, lambda slot: self.read_entry(slot)[0], 0, first_hot)
 
     @staticmethod
     def _binary_search(target: int, key: Callable[[int], int], lo: int, hi: int) -> int:
@@ -238,36 +254,29 @@ class MappedIndex:
     # --- durability and lifetime --------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        with self._guard:
-            if self._map is not None:
-                self._map.flush()
+        """Make what was written (and the length) durable; nothing to do when nothing changed since the last."""
+        if self._dirty:
+            self._dirty = False  # before the sync: a write racing it sets it again
+            file = self._file.get()
+            try:
+                os.fdatasync(file.fileno())
+            except OSError as exc:
+                self._dirty = True
+                raise KafkaStorageError(f"cannot flush {self.path}: {exc.strerror}") from exc
 
     def close(self) -> None:
         """Trim to the valid entries (so Kafka and a later open trust the length), make them durable (a clean
-        shutdown means no rebuild on the next start), and release the file. Read-only: only release it."""
+        shutdown means no rebuild on the next start), and close the file. Read-only: only close it."""
         if self.writable:
             self.trim_to_valid_size()
-        with self._guard:
-            if self._map is not None:
-                self._map.flush()
-                self._map.close()
-                self._map = None
-            if self._fd >= 0:
-                if self.writable:
-                    os.fsync(self._fd)
-                os.close(self._fd)
-                self._fd = -1
+            if self._dirty:
+                self._dirty = False
+                os.fsync(self._file.get().fileno())
+        self._file.close()
 
     def rename(self, new_path: Path) -> None:
-        os.rename(self.path, new_path)
-        self.path = new_path
+        self._file.rename(new_path)
 
     def delete(self) -> None:
-        with self._guard:
-            if self._map is not None:
-                self._map.close()
-                self._map = None
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+        self._file.close()
         self.path.unlink(missing_ok=True)
