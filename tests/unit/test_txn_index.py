@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tidelog.errors import CorruptIndexError
-from tidelog.storage.kafka.txn_index import AbortedTxn, TransactionIndex
+from tidelog.storage.common.aborted_txn import AbortedTxn
+from tidelog.storage.kafka.txn_index import TransactionIndex
 
 
 def test_an_entry_is_34_bytes_version_producer_first_last_lso(tmp_path: Path) -> None:

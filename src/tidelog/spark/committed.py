@@ -36,9 +36,9 @@ from tidelog.codec.control_record import read_end_txn_marker
 from tidelog.codec.record_batch import read_header
 from tidelog.errors import CorruptCheckpointError, LogFilesError
 from tidelog.spark.logfiles import PartitionFiles
+from tidelog.storage.common.aborted_txn import AbortedTxn, parse_entries
 from tidelog.storage.common.producer_state import SNAPSHOT_SUFFIX, read_snapshot
 from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
-from tidelog.storage.kafka.txn_index import AbortedTxn, parse_entries
 
 WALK_CHUNK_BYTES = 4 << 20
 

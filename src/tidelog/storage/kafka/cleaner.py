@@ -78,6 +78,7 @@ from tidelog.codec.record_layout import RecordLayout, key_digest_array, key_dige
 from tidelog.codec.varint import encode_varint, encode_varlong
 from tidelog.config import INT_MAX, CleanerConfig
 from tidelog.errors import CorruptCheckpointError, CorruptRecordError
+from tidelog.storage.common.aborted_txn import AbortedTxn
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.kafka.offset_map import NOT_FOUND, OffsetMap
 from tidelog.storage.kafka.segment import (
@@ -89,7 +90,6 @@ from tidelog.storage.kafka.segment import (
     segment_file_name,
 )
 from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
-from tidelog.storage.kafka.txn_index import AbortedTxn
 
 if TYPE_CHECKING:
     from tidelog.storage.kafka.partition_log import PartitionLog, ProducerLastRecord

@@ -38,6 +38,7 @@ from tidelog.codec.control_record import read_end_txn_marker
 from tidelog.codec.record_batch import BatchHeader
 from tidelog.config import LogConfig
 from tidelog.errors import CorruptCheckpointError, CorruptRecordError, TidelogError
+from tidelog.storage.common.aborted_txn import AbortedTxn
 from tidelog.storage.common.producer_state import ProducerStateManager
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka import checkpoints
@@ -57,7 +58,7 @@ from tidelog.storage.kafka.segment import (
     segment_file_name,
 )
 from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
-from tidelog.storage.kafka.txn_index import AbortedTxn, TransactionIndex
+from tidelog.storage.kafka.txn_index import TransactionIndex
 
 log = logging.getLogger("tidelog.storage")
 

@@ -1,15 +1,9 @@
 """`<base>.txnindex`: the aborted transactions whose ABORT marker lies in a segment (Kafka's TransactionIndex).
 
-Entry, 34 bytes big-endian (Kafka's AbortedTxn):
-
-    version i16 = 0 | producerId i64 | firstOffset i64 | lastOffset i64 | lastStableOffset i64
-
-`firstOffset` is the transaction's first offset (possibly in an earlier segment), `lastOffset` its ABORT marker's
-offset, `lastStableOffset` the partition's last stable offset once the marker was written (the first offset of the
-earliest transaction still open then, else lastOffset + 1). Entries are appended in marker order, so lastOffset
-increases strictly. The file exists only once a segment gets its first entry (as Kafka creates it lazily); the
-entries are also kept in memory, the file is only appended to, cut (`truncate_to`, with the segment) and emptied
-(`reset`, before recovery rebuilds it).
+Entries are Kafka's AbortedTxn, 34 bytes big-endian (storage/common/aborted_txn.py); `firstOffset` may lie in an
+earlier segment. Entries are appended in marker order, so lastOffset increases strictly. The file exists only once a
+segment gets its first entry (as Kafka creates it lazily); the entries are also kept in memory, the file is only
+appended to, cut (`truncate_to`, with the segment) and emptied (`reset`, before recovery rebuilds it).
 
 A read_committed Fetch of [fetch offset, upper bound) needs every aborted transaction whose marker is at or after
 the fetch offset and whose first offset is below the bound: `collect` walks a segment's entries and says the search
@@ -20,36 +14,14 @@ at or above that offset), else the next segment's index is searched too.
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 from typing import NamedTuple
 
 from tidelog.errors import CorruptIndexError, KafkaStorageError
+from tidelog.storage.common.aborted_txn import ENTRY, AbortedTxn, parse_entries
 from tidelog.storage.kafka.file_handles import FileHandles, LazyFile
 
 SUFFIX = ".txnindex"
-VERSION = 0
-ENTRY = struct.Struct(">hqqqq")
-
-
-class AbortedTxn(NamedTuple):
-    producer_id: int
-    first_offset: int
-    last_offset: int
-    last_stable_offset: int
-
-    def encode(self) -> bytes:
-        return ENTRY.pack(VERSION, *self)
-
-
-def parse_entries(data: bytes, path: Path) -> list[AbortedTxn]:
-    """The whole entries of a `.txnindex` file's bytes; an unknown version is a CorruptIndexError."""
-    entries: list[AbortedTxn] = []
-    for version, *fields in ENTRY.iter_unpack(data[: len(data) - len(data) % ENTRY.size]):
-        if version != VERSION:
-            raise CorruptIndexError(f"{path}: entry {len(entries)} has unknown version {version}")
-        entries.append(AbortedTxn(*fields))
-    return entries
 
 
 class TxnIndexSearch(NamedTuple):

@@ -1,10 +1,7 @@
 """`aborted.txnindex`: the aborted transactions of one queue of the RocketMQ engine, beside its producer snapshots
 (`tidelog-producer-snapshots/<topic>-<queue>/`). RocketMQ has no segments of a queue, so one file holds the whole
-queue's entries, in Kafka's `.txnindex` entry layout (34 bytes, big-endian):
-
-    version i16 = 0 | producerId i64 | firstOffset i64 | lastOffset i64 | lastStableOffset i64
-
-`firstOffset` is the transaction's first queue offset, `lastOffset` the queue offset of its ABORT marker,
+queue's entries, in Kafka's `.txnindex` entry layout (storage/common/aborted_txn.py): `firstOffset` is the
+transaction's first queue offset, `lastOffset` the queue offset of its ABORT marker,
 `lastStableOffset` the queue's last stable offset once the marker was written. Entries are in marker order, so
 lastOffset increases strictly.
 
@@ -25,28 +22,15 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import struct
 from pathlib import Path
-from typing import NamedTuple
 
 from tidelog.atomic_files import TEMP_SUFFIX, fsync_directory
-from tidelog.errors import CorruptIndexError, KafkaStorageError
+from tidelog.errors import KafkaStorageError
+from tidelog.storage.common.aborted_txn import AbortedTxn, parse_entries
 
 log = logging.getLogger("tidelog.storage.rocketmq")
 
 ABORTED_TXNS_FILE = "aborted.txnindex"
-VERSION = 0
-ENTRY = struct.Struct(">hqqqq")
-
-
-class AbortedTxn(NamedTuple):
-    producer_id: int
-    first_offset: int
-    last_offset: int
-    last_stable_offset: int
-
-    def encode(self) -> bytes:
-        return ENTRY.pack(VERSION, *self)
 
 
 class AbortedTxnFile:
@@ -82,12 +66,7 @@ class AbortedTxnFile:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return []
-        entries: list[AbortedTxn] = []
-        for version, *fields in ENTRY.iter_unpack(data[: len(data) - len(data) % ENTRY.size]):
-            if version != VERSION:
-                raise CorruptIndexError(f"{self.path}: entry {len(entries)} has unknown version {version}")
-            entries.append(AbortedTxn(*fields))
-        return entries
+        return parse_entries(data, self.path)
 
     def hold(self, entries: list[AbortedTxn]) -> None:
         """Take `entries` (in marker order) as the queue's, the file left as it is."""

@@ -92,8 +92,9 @@ from tidelog.storage.api import (
     ProducerSummary,
     TimestampAndOffset,
 )
+from tidelog.storage.common.aborted_txn import AbortedTxn
 from tidelog.storage.common.producer_state import CompletedTxn, ProducerStateManager
-from tidelog.storage.rocketmq.aborted_txns import AbortedTxn, AbortedTxnFile
+from tidelog.storage.rocketmq.aborted_txns import AbortedTxnFile
 from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, QueueRun
 from tidelog.storage.rocketmq.ha_protocol import SLAVE, SYNC_MASTER
