@@ -18,7 +18,6 @@ TimeIndex (as Kafka's tool opens its own index classes), so a live broker's segm
 from __future__ import annotations
 
 import os
-import struct
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,13 +37,13 @@ from tidelog.codec.record_batch import (
 )
 from tidelog.codec.record_set import BatchInfo, decode_batch, is_valid, read_batch_info
 from tidelog.errors import CorruptIndexError, TidelogError
+from tidelog.storage.common.aborted_txn import ENTRY as TXN_ENTRY
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import TimeIndex
 
 INT_MAX = (1 << 31) - 1
 READ_BYTES = 8 << 20  # a window of the log read at once (a larger batch is read whole)
 LOOKUP_BYTES = 64 << 10  # the same to find the batch an index entry names
-_TXN_ENTRY = struct.Struct(">hqqqq")
 
 
 @dataclass
@@ -355,9 +354,9 @@ def _dump_time_index(path: Path, options: DumpOptions, problems: _Problems, out:
 
 def _dump_txn_index(path: Path, out: TextIO, err: TextIO) -> None:
     raw = path.read_bytes()
-    if len(raw) % _TXN_ENTRY.size:
-        print(f"{path}: length {len(raw)} is not a multiple of {_TXN_ENTRY.size}; ignoring the tail", file=err)
-    for version, producer_id, first, last, last_stable in _TXN_ENTRY.iter_unpack(raw[: len(raw) - len(raw) % 34]):
+    if len(raw) % TXN_ENTRY.size:
+        print(f"{path}: length {len(raw)} is not a multiple of {TXN_ENTRY.size}; ignoring the tail", file=err)
+    for version, producer_id, first, last, last_stable in TXN_ENTRY.iter_unpack(raw[: len(raw) - len(raw) % TXN_ENTRY.size]):
         print(
             f"version: {version >> 8} producerId: {producer_id} firstOffset: {first} "
             f"lastOffset: {last} lastStableOffset: {last_stable}",
