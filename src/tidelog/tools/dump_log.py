@@ -356,7 +356,8 @@ def _dump_txn_index(path: Path, out: TextIO, err: TextIO) -> None:
     raw = path.read_bytes()
     if len(raw) % TXN_ENTRY.size:
         print(f"{path}: length {len(raw)} is not a multiple of {TXN_ENTRY.size}; ignoring the tail", file=err)
-    for version, producer_id, first, last, last_stable in TXN_ENTRY.iter_unpack(raw[: len(raw) - len(raw) % TXN_ENTRY.size]):
+    whole = raw[: len(raw) - len(raw) % TXN_ENTRY.size]
+    for version, producer_id, first, last, last_stable in TXN_ENTRY.iter_unpack(whole):
         print(
             f"version: {version >> 8} producerId: {producer_id} firstOffset: {first} "
             f"lastOffset: {last} lastStableOffset: {last_stable}",
