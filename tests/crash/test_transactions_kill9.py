@@ -34,6 +34,7 @@ LONG_TRIALS = 60
 PARTITIONS = 3
 SOURCE, SINK, GROUP, TRANSACTIONAL_ID = "eos-a", "eos-b", "eos-loop", "eos-loop-txn"
 TIMEOUT_S = 60.0
+CATCH_UP_S = 240.0  # for the loop to commit everything after the last kill
 BURST = 400  # records per partition before each kill
 BROKER_CONFIG = {
     "group.initial.rebalance.delay.ms": 0,
@@ -193,7 +194,9 @@ def run_trials(start_broker: Any, tmp_path: Path, trials: int, seed: int, mode: 
         feeder.finish()
         source = read_topic(broker.bootstrap, SOURCE, "read_uncommitted")
         ends = {p: len(values) for p, values in source.items()}
-        deadline = time.monotonic() + TIMEOUT_S
+        # the loop takes the partitions one after another (librdkafka queues a fetch's records by partition) at 100
+        # records a transaction: on a loaded machine catching up with every burst takes longer than one request
+        deadline = time.monotonic() + CATCH_UP_S
         while (committed := committed_offsets(broker.bootstrap)) != ends and time.monotonic() < deadline:
             loop.ensure_running()
             time.sleep(0.2)
