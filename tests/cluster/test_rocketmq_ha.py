@@ -330,3 +330,86 @@ def test_sync_master_without_slave_refuses_acks_all(cluster_broker: ClusterBroke
     response = kafka_wire.request(brokers[1].bootstrap, ApiKey.PRODUCE, kafka_wire.PRODUCE_VERSION, body)
     assert response.responses[0].partition_responses[0].error_code == NOT_ENOUGH_REPLICAS
     assert kafka_wire.produce_error(brokers[1].bootstrap, "lonely", 0) == 0  # acks=1 is answered after the write
+
+
+def commit_offset(bootstrap: str, topic: str, group_id: str, offset: int) -> None:
+    """Commit `offset` of partition 0 for `group_id` (synchronously, as a member of the group) and read it back."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id, "enable.auto.commit": False})
+    try:
+        deadline = time.monotonic() + FAILOVER_S
+        while True:
+            try:
+                consumer.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+                break
+            except Exception as exc:  # the coordinator may be moving: librdkafka raises the retriable error
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"commit of {group_id} failed: {exc}") from exc
+                time.sleep(0.2)
+        assert committed(consumer, topic) == offset
+    finally:
+        consumer.close()
+
+
+def committed(consumer: Consumer, topic: str) -> int:
+    return int(consumer.committed([TopicPartition(topic, 0)], timeout=30)[0].offset)
+
+
+def transactional_produce(bootstrap: str, topic: str, values: list[bytes], commit: bool) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}", "linger.ms": 2})
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(topic, value)
+    if commit:
+        producer.commit_transaction(60)
+    else:
+        producer.abort_transaction(60)
+
+
+def read_committed(bootstrap: str, topic: str) -> list[bytes]:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"rc-{time.monotonic_ns()}", "isolation.level": "read_committed",
+         "enable.auto.commit": False, "enable.partition.eof": True}
+    )  # fmt: skip
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is None:
+            continue
+        if message.error() is not None:
+            if message.error().code() == KafkaError._PARTITION_EOF:
+                break
+            continue
+        values.append(message.value())
+    consumer.close()
+    return values
+
+
+def test_consumer_groups_and_transactions_on_a_group(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
+    """`__consumer_offsets` and `__transaction_state` are placed on the group (its master leads every partition):
+    offsets are committed, transactions commit and abort, before and after the master's failover."""
+    brokers = start_group(cluster_broker, zk_client)
+    bootstrap = ",".join(b.bootstrap for b in brokers.values())
+    create_topic(brokers[1].bootstrap, "work", 1, factor=1)
+    assert json.loads(zk_client.get("/brokers/topics/work")[0])["partitions"] == {"0": [1, 2]}  # the whole group
+    commit_offset(bootstrap, "work", "members", 7)
+    offsets = json.loads(zk_client.get("/brokers/topics/__consumer_offsets")[0])["partitions"]
+    assert set(map(tuple, offsets.values())) == {(1, 2)}
+    transactional_produce(bootstrap, "work", [b"c1", b"c2"], commit=True)
+    transactional_produce(bootstrap, "work", [b"a1"], commit=False)
+    states = json.loads(zk_client.get("/brokers/topics/__transaction_state")[0])["partitions"]
+    assert set(map(tuple, states.values())) == {(1, 2)}
+    assert read_committed(bootstrap, "work") == [b"c1", b"c2"]
+
+    brokers[1].kill()
+    wait_for(lambda: group(zk_client)["master"] == 2, timeout_s=FAILOVER_S, what="broker 2 master")
+    consumer = Consumer({"bootstrap.servers": brokers[2].bootstrap, "group.id": "members"})
+    wait_for(lambda: committed(consumer, "work") == 7, timeout_s=FAILOVER_S, what="the commit kept")
+    consumer.close()
+    brokers[1].restart()
+    wait_for(lambda: sorted(group(zk_client)["sync_state_set"]) == [1, 2], timeout_s=FAILOVER_S, what="rejoined")
+    commit_offset(bootstrap, "work", "members", 9)
+    transactional_produce(bootstrap, "work", [b"c3"], commit=True)
+    assert read_committed(bootstrap, "work") == [b"c1", b"c2", b"c3"]
