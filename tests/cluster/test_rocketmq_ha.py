@@ -59,6 +59,11 @@ HA = {
     # a slave stopped (SIGSTOP) for a few seconds stays in the SyncStateSet (test_old_master_...)
     "tidelog.rocketmq.haHousekeepingInterval": 6000,
     "tidelog.rocketmq.brokerName": GROUP,
+    # the machine's disk is shared: other users' files must not make retention delete this module's CommitLog
+    # files (a slave would then need offsets its master no longer holds)
+    "tidelog.rocketmq.diskMaxUsedSpaceRatio": 95,
+    "tidelog.rocketmq.diskSpaceCleanForciblyRatio": 95,
+    "tidelog.rocketmq.diskSpaceWarningLevelRatio": 99,
     "offsets.topic.num.partitions": 2,
     "transaction.state.log.num.partitions": 2,
     "group.initial.rebalance.delay.ms": 0,
