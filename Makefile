@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults test-rocketmq-ha-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-partitions bench-admin-stall bench-replication bench-transactions crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
+.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults test-rocketmq-ha-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-partitions bench-admin-stall bench-replication bench-rocketmq-ha bench-transactions crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -89,12 +89,13 @@ crash-transactions-long: $(STAMP)
 test-cluster-faults: $(STAMP) system-deps java
 	$(PY) -m pytest -q -s -m slow tests/cluster
 
-# RocketMQ master/slave groups: the master killed with SIGKILL 100 times (tests/cluster/test_rocketmq_ha.py)
+# RocketMQ master/slave groups: the master killed with SIGKILL 100 times (tests/cluster/test_rocketmq_ha.py; another
+# count with TIDELOG_ROCKETMQ_HA_KILLS=N)
 test-rocketmq-ha-long: $(STAMP) system-deps java
 	$(PY) -m pytest -q -s -m slow tests/cluster/test_rocketmq_ha.py
 
 bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction \
-	bench-engines bench-partitions bench-admin-stall bench-replication bench-transactions
+	bench-engines bench-partitions bench-admin-stall bench-replication bench-rocketmq-ha bench-transactions
 
 bench-append: $(STAMP)
 	$(PY) bench/append_throughput.py
@@ -139,6 +140,11 @@ bench-admin-stall: $(STAMP)
 # writes its docs section (needs Debian's zookeeper package: make system-deps)
 bench-replication: $(STAMP) system-deps java
 	$(PY) bench/replication.py --write-report
+
+# RocketMQ master/slave groups: SYNC_MASTER and ASYNC_MASTER produce throughput as shares of a lone master, the
+# slave's lag under full load, failover time from kill -9 of the master (prints its figures; bench/README.md)
+bench-rocketmq-ha: $(STAMP) system-deps java
+	$(PY) bench/rocketmq_ha.py
 
 # Coverage-guided fuzzing (atheris), 1,000,000 inputs per target; figures in docs/reliability.md.
 fuzz-long: $(STAMP)

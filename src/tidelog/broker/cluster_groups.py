@@ -171,7 +171,7 @@ class ClusterGroups:
 
     async def _create_topic(self) -> None:
         factor = min(self.config.offsets_topic_replication_factor, len(self.membership.live_brokers))
-        if not self.topics.replicates:  # the RocketMQ engine: one replica of each partition
+        if not self.topics.replicates:  # the RocketMQ engine: one replica, or a whole group (cluster_topics.py)
             factor = min(factor, 1)
         if factor < 1:
             return
@@ -186,4 +186,7 @@ class ClusterGroups:
         except Exception as exc:  # ZooKeeper unreachable: the next FindCoordinator tries again
             log.warning("cannot create %s: %s", OFFSETS_TOPIC, exc)
             return
-        log.info("created %s: %d partitions, replication factor %d", OFFSETS_TOPIC, plan.partition_count, factor)
+        log.info(
+            "created %s: %d partitions, replication factor %d",
+            OFFSETS_TOPIC, plan.partition_count, len(plan.partitions[0]),
+        )  # fmt: skip

@@ -8,10 +8,13 @@ metadata cache do the rest).
   a count or factor beside it (INVALID_REQUEST). Without one, replicas are placed by replica_assignment.py. The
   config overrides (`/config/topics/<t>`) and the assignment with a new topic id (`/brokers/topics/<t>`) are written
   in one transaction; a topic znode that exists, or a topic still marked for deletion, is TOPIC_ALREADY_EXISTS.
-- On RocketMQ master/slave groups (rocketmq_groups.py) a replication factor above 1 places every partition on one
-  group: its replicas are the group's brokers, master first (a factor larger than every group with a master, or
-  an explicit assignment that is not a group's brokers, is INVALID_REPLICATION_FACTOR / INVALID_REPLICA_ASSIGNMENT);
-  new partitions of such a topic go to the same group.
+- On RocketMQ master/slave groups (rocketmq_groups.py) every topic is placed on one group, whatever its replication
+  factor: each partition's replicas are the group's brokers, master first, so a group's master leads it and it
+  follows the master through failovers (a slave's store refuses every write; the whole CommitLog is copied to every
+  member anyway). A factor below the group's size is raised to it; a factor larger than every group with a master
+  is INVALID_REPLICATION_FACTOR, an explicit assignment that is not a group's brokers INVALID_REPLICA_ASSIGNMENT;
+  new partitions of a topic go to its group. The internal topics (`__consumer_offsets`, `__transaction_state`) are
+  placed the same way.
 - Deleting a topic creates `/admin/delete_topics/<t>`; the controller removes the topic's znodes.
 - Adding partitions rewrites `/brokers/topics/<t>` with the new partitions appended (a conditional write on the
   znode's version), placed as Kafka's addPartitions places them or as the request says.
@@ -125,7 +128,7 @@ class ClusterTopics:
                     f"Replication factor: {factor} larger than available brokers: {len(live)} "
                     f"(live brokers: {', '.join(str(b.broker_id) for b in live) or 'none'})."
                 )
-            if factor > 1 and self.groups is not None:
+            if self.groups is not None:
                 try:
                     replicas = self.groups.placement_for(name, factor)
                 except ValueError as exc:
@@ -133,18 +136,12 @@ class ClusterTopics:
                 partitions = dict.fromkeys(range(count), replicas)
             else:
                 partitions = assign_replicas(live, count, factor, rng=self.rng)
-        widest = max(len(replicas) for replicas in partitions.values())
-        if widest > 1 and self.groups is not None:
-            stray = next((r for r in partitions.values() if self.groups.group_of(r) is None), None)
-            if stray is not None:
-                raise InvalidReplicaAssignmentError(
-                    f"replicas {list(stray)} are not the brokers of one RocketMQ master/slave group: with the "
-                    "RocketMQ engine a partition's replicas are its group's brokers"
-                )
-        elif widest > 1 and not self.replicates:
+        if self.groups is not None:
+            self._check_on_groups(partitions)
+        elif max(len(replicas) for replicas in partitions.values()) > 1 and not self.replicates:
             raise InvalidReplicationFactorError(
-                f"Replication factor {widest} needs the Kafka engine: the RocketMQ engine (tidelog.storage.engine="
-                "rocketmq) keeps one replica of each partition."
+                f"Replication factor {len(partitions[0])} needs the Kafka engine: the RocketMQ engine "
+                "(tidelog.storage.engine=rocketmq) keeps one replica of each partition without master/slave groups."
             )
         return zk.TopicAssignment(name, new_kafka_uuid(), partitions)
 
@@ -242,8 +239,10 @@ class ClusterTopics:
                 )
             added = {current + i: tuple(brokers) for i, brokers in enumerate(assignments)}
             _check_assignment(added, factor, {b.broker_id for b in live})
-        elif self.groups is not None and factor > 1:
-            group = self.groups.group_of(topic.partitions[0].replicas)
+            if self.groups is not None:
+                self._check_on_groups(added)
+        elif self.groups is not None:
+            group = self.groups.placed_on(topic.partitions[0].replicas)
             if group is None or group.state is None:
                 raise InvalidReplicaAssignmentError(f"topic {name}'s RocketMQ master/slave group is gone")
             added = dict.fromkeys(range(current, count), topic.partitions[0].replicas)
@@ -252,6 +251,17 @@ class ClusterTopics:
             start = max(0, next((i for i, b in enumerate(live) if b.broker_id >= first), 0))
             added = assign_replicas(live, count - current, factor, start_index=start, start_partition=current)
         return topic, added
+
+    def _check_on_groups(self, partitions: Assignment) -> None:
+        """With RocketMQ master/slave groups every partition is led by a group's master: its replicas must be the
+        brokers of one group (INVALID_REPLICA_ASSIGNMENT)."""
+        assert self.groups is not None
+        stray = next((r for r in partitions.values() if self.groups.placed_on(r) is None), None)
+        if stray is not None:
+            raise InvalidReplicaAssignmentError(
+                f"replicas {list(stray)} are not the brokers of one RocketMQ master/slave group: with the RocketMQ "
+                "engine a partition's replicas are its group's brokers (its master leads it)"
+            )
 
     async def add_partitions(self, topic: TopicView, added: Assignment) -> None:
         await asyncio.to_thread(self._write_partitions, topic, added)

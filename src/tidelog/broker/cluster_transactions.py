@@ -174,7 +174,7 @@ class ClusterTransactions:
 
     async def _create_topic(self) -> None:
         factor = min(self.config.transaction_state_log_replication_factor, len(self.membership.live_brokers))
-        if not self.topics.replicates:  # the RocketMQ engine: one replica of each partition (it refuses markers)
+        if not self.topics.replicates:  # the RocketMQ engine: one replica, or a whole group (cluster_topics.py)
             factor = min(factor, 1)
         if factor < 1:
             return
@@ -188,4 +188,7 @@ class ClusterTransactions:
         except Exception as exc:  # ZooKeeper unreachable: the next FindCoordinator tries again
             log.warning("cannot create %s: %s", TRANSACTION_STATE_TOPIC, exc)
             return
-        log.info("created %s: %d partitions, replication factor %d", TRANSACTION_STATE_TOPIC, partitions, factor)
+        log.info(
+            "created %s: %d partitions, replication factor %d",
+            TRANSACTION_STATE_TOPIC, partitions, len(plan.partitions[0]),
+        )  # fmt: skip

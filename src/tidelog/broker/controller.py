@@ -39,7 +39,10 @@ event loop awaits), so a job never races a pass:
   until their registration goes;
 - a leader election (`elect_leaders`, the ElectLeaders API): PREFERRED moves each named partition's leadership to
   its preferred replica (the first of its assignment) when that broker is live, not shutting down and in the ISR;
-  UNCLEAN gives a partition without a live leader its first live replica;
+  UNCLEAN gives a partition without a live leader its first live replica. A partition of a RocketMQ master/slave
+  group is never changed by it (its group's master leads it): PREFERRED answers ELECTION_NOT_NEEDED when the master
+  is the first replica, PREFERRED_LEADER_NOT_AVAILABLE otherwise; UNCLEAN ELECTION_NOT_NEEDED with a live master,
+  ELIGIBLE_LEADERS_NOT_AVAILABLE without (the controller's master election gives it one);
 - a partition reassignment (`alter_reassignments`, the AlterPartitionReassignments API; Kafka 2.4+'s KIP-455 in
   ZooKeeper mode): with the original replicas ORS (the replicas but those being added) and the target TRS, the topic
   znode gets replicas = TRS + (ORS - TRS), adding_replicas = TRS - ORS, removing_replicas = ORS - TRS, in one
@@ -588,6 +591,9 @@ class Controller:
         eligible = [r for r in partition.replicas if r in live and r not in self.shutting_down]
         key = f"{partition.topic}-{partition.partition}"
         outcome.clear()
+        if self._in_group(partition):
+            outcome.append(_group_election(election_type, partition, state, key, live))
+            return None  # the group's master leads: only the group's own election or switch-role moves it
         if election_type == ElectionType.PREFERRED:
             preferred = partition.replicas[0]
             if state.leader == preferred:
@@ -918,6 +924,29 @@ def _reassigned(
     dropped = tuple(r for r in replicas if r not in target and r not in origin)
     full = tuple(target) + tuple(r for r in origin if r not in target) + dropped
     return full, tuple(r for r in target if r not in origin), tuple(r for r in full if r not in target)
+
+
+def _group_election(
+    election_type: ElectionType, partition: PartitionView, state: zk.PartitionState, key: str, live: Collection[int]
+) -> tuple[ErrorCode, str | None]:
+    """ElectLeaders on a partition of a RocketMQ master/slave group, which never changes its state: the group's
+    master leads it (controller's master election, `tidelog rocketmq switch-role`)."""
+    if election_type == ElectionType.PREFERRED:
+        if state.leader == partition.replicas[0]:
+            return ErrorCode.ELECTION_NOT_NEEDED, "Leader election not needed for topic partition."
+        return (
+            ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+            f"Failed to elect leader for partition {key}: preferred replica {partition.replicas[0]} is not the master "
+            f"of its RocketMQ master/slave group (broker {state.leader} is); `tidelog rocketmq switch-role` moves "
+            "the master",
+        )
+    if state.leader in live:
+        return ErrorCode.ELECTION_NOT_NEEDED, "Leader election not needed for topic partition."
+    return (
+        ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+        f"Failed to elect leader for partition {key}: its RocketMQ master/slave group has no live master (the "
+        "controller elects one from the SyncStateSet)",
+    )
 
 
 def _set_group(path: str, data: bytes, version: int, transaction: TransactionRequest) -> None:

@@ -314,16 +314,21 @@ class RocketMQGroups:
     # --- what the others ask -------------------------------------------------------------------------------------
 
     def group_of(self, replicas: Collection[int]) -> GroupView | None:
-        """The group whose brokers are exactly `replicas` (a topic placed on it), if any."""
-        if len(replicas) < 2:
-            return None
+        """The group whose brokers are exactly `replicas` (a topic placed on it) if it has two or more: the
+        partitions the controller mirrors from the group and the HA service copies."""
+        return self.placed_on(replicas) if len(replicas) >= 2 else None
+
+    def placed_on(self, replicas: Collection[int]) -> GroupView | None:
+        """The group whose brokers are exactly `replicas`, whatever its size (a lone master's group included)."""
         wanted = set(replicas)
         return next((g for g in self.view.values() if g.state is not None and set(g.state.brokers) == wanted), None)
 
     def placement_for(self, name: str, factor: int) -> tuple[int, ...]:
-        """The replicas of a new partition of topic `name` with `factor` > 1: a group of at least that many
-        brokers with a master (the same one for every partition of the topic); INVALID_REPLICATION_FACTOR
-        otherwise (raised by the caller from the ValueError's text)."""
+        """The replicas of every partition of a new topic `name`: all the brokers of one group with a master and at
+        least `factor` brokers (chosen by the topic's name), master first. A factor below the group's size is
+        raised to it (the whole CommitLog is copied to every member anyway), so every partition is led by a
+        group's master and follows it through failovers. No such group: a ValueError (the caller raises
+        INVALID_REPLICATION_FACTOR from its text)."""
         groups = sorted(
             (g for g in self.view.values() if g.state is not None and g.state.master != NO_MASTER),
             key=lambda g: g.name,
@@ -333,8 +338,8 @@ class RocketMQGroups:
             sizes = ", ".join(f"{g.name}: {len(g.state.brokers)}" for g in groups if g.state is not None)
             raise ValueError(
                 f"Replication factor {factor} needs a RocketMQ master/slave group of at least {factor} brokers with a "
-                f"master; the groups are {sizes or 'none'} (each group copies one CommitLog: a topic's replicas are "
-                "its group's brokers)"
+                f"master; the groups with a master are {sizes or 'none'} (each group copies one CommitLog: a "
+                "topic's replicas are its group's brokers)"
             )
         chosen = fitting[sum(name.encode()) % len(fitting)]
         assert chosen.state is not None

@@ -148,11 +148,14 @@ class CommitLog:
                 raise AssertionError(f"file {mapped_file.path} ends at {mapped_file.end_offset}, not {offset}")
             mapped_file.append(data)
 
-    def complete_end(self, start: int, end: int) -> tuple[int, int]:
+    def complete_end(self, start: int, end: int, scan_from: int | None = None) -> tuple[int, int, int]:
         """From `start` (the end of a whole Kafka batch), the end of the last whole Kafka batch before `end`,
-        following BLANK markers into the next file, and the store timestamp of its last message (0 if none)."""
+        following BLANK markers into the next file, the store timestamp of its last message (0 if none), and where
+        the walk stopped (the start of the first message not whole before `end`). `scan_from`: a message start at
+        or after `start` up to which an earlier walk found no batch's end (the walk resumes there, so a Kafka batch
+        received in many pieces is walked once, not once per piece)."""
         complete, timestamp = start, 0
-        offset = start
+        offset = start if scan_from is None else max(start, scan_from)
         while offset < end:
             mapped_file = self.queue.find(offset)
             if mapped_file is None or mapped_file.map is None:
@@ -173,7 +176,7 @@ class CommitLog:
             index, count = batch_position(item.properties)
             if index == count - 1:
                 complete, timestamp = offset, item.store_timestamp
-        return complete, timestamp
+        return complete, timestamp, offset
 
     # --- reading ----------------------------------------------------------------------------------------------
 

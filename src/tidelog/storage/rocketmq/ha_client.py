@@ -55,6 +55,7 @@ class ReplicaLog:
         self.on_complete = on_complete
         self.complete_end = commitlog.max_offset  # recovery leaves the log at the end of a whole batch
         self._next_message = self.complete_end  # where the next message header starts
+        self._scanned = self.complete_end  # where the walk for the end of a whole batch goes on from
 
     def append(self, offset: int, body: bytes) -> int:
         """Append a transfer's body at `offset` (the CommitLog's max offset); returns the new max offset. Raises
@@ -66,7 +67,9 @@ class ReplicaLog:
             commitlog.append_at(offset, body)  # checks the offset
             self._next_message = next_message
             self.complete_end = max(self.complete_end, commitlog.min_offset)  # an empty slave starts at a file start
-            end, timestamp = commitlog.complete_end(self.complete_end, commitlog.max_offset)
+            end, timestamp, self._scanned = commitlog.complete_end(
+                self.complete_end, commitlog.max_offset, self._scanned
+            )
             moved = end > self.complete_end
             self.complete_end = end
             if timestamp:
