@@ -358,6 +358,18 @@ def test_placement_slave_refuses_and_reads(cluster: Cluster) -> None:
     acked: dict[int, list[tuple[int, bytes]]] = {}
     produce(brokers[1].bootstrap, "near", [make_value("p", n, 100) for n in range(500)], acked)
     assert kafka_wire.fetch_error(brokers[3].bootstrap, "near", 0) == 0  # slaveReadEnable: it serves consumers
+
+    def status() -> dict[int, dict[str, Any]]:
+        out = tidelog("rocketmq", "ha-status", "--zookeeper", cluster.zookeeper.connect, "--json")
+        return {row["broker"]: row for row in json.loads(out)}
+
+    # the master sends a consumer to a slave in its rack only while that slave is in sync (a loaded machine can keep
+    # one behind for a while, and the master then serves the records itself)
+    wait_for(
+        lambda: (rows := status())[2]["lag_bytes"] == 0 and rows[3]["lag_bytes"] == 0 and rows[1]["commitlog_end"] > 0,
+        what="ha-status: no lag",
+    )
+    wait_for(lambda: 3 in cluster.group()["sync_state_set"], what="slave 3 in the SyncStateSet")
     for rack, reader in (("r3", 3), ("r1", 1)):
         fetched_from: list[int] = []
 
@@ -384,14 +396,6 @@ def test_placement_slave_refuses_and_reads(cluster: Cluster) -> None:
         assert read == acked[0]
         assert fetched_from and fetched_from[-1] == reader, f"rack {rack}: fetched from {fetched_from}"
 
-    def status() -> dict[int, dict[str, Any]]:
-        out = tidelog("rocketmq", "ha-status", "--zookeeper", cluster.zookeeper.connect, "--json")
-        return {row["broker"]: row for row in json.loads(out)}
-
-    wait_for(
-        lambda: (rows := status())[2]["lag_bytes"] == 0 and rows[3]["lag_bytes"] == 0 and rows[1]["commitlog_end"] > 0,
-        what="ha-status: no lag",
-    )
     rows = status()
     assert [rows[b]["role"] for b in (1, 2, 3)] == ["master", "slave", "slave"]
     assert all(rows[b]["in_sync"] and rows[b]["live"] for b in (2, 3))
@@ -480,7 +484,9 @@ def run_failovers(cluster: Cluster, kills: int) -> None:
                 lambda m=master: cluster.group()["master"] not in (m, -1), timeout_s=FAILOVER_S, what="a new master"
             )
             after = cluster.group()
-            assert after["master_epoch"] == epoch + 1 and after["sync_state_set"] == [after["master"]]
+            # elected with a SyncStateSet of itself; the slaves in sync may have rejoined it by the time this reads
+            assert after["master_epoch"] == epoch + 1 and after["master"] in after["sync_state_set"]
+            assert master not in after["sync_state_set"]
             restarts[master] = cluster.launcher.submit(cluster.brokers[master].restart)
             producer.wait_progress(100, f"acknowledgements from the new master {after['master']}")
         print(f"{kills} kills in {time.monotonic() - started:.1f} s")
