@@ -350,8 +350,10 @@ def test_placement_slave_refuses_and_reads(cluster: Cluster) -> None:
     create_topic(brokers[1].bootstrap, "near", 1)
     assert cluster.replicas("near") == {"0": [1, 2, 3]}
     wait_for(lambda: cluster.zk.exists(f"/tidelog/rocketmq/{GROUP}/topics/near"), what="the topic's creation offset")
-    first = cluster.state("near", 0)
-    assert first["leader"] == 1 and sorted(first["isr"]) == [1, 2, 3]
+    wait_for(  # the controller mirrors the group into the new partition's state
+        lambda: (state := cluster.state("near", 0))["leader"] == 1 and sorted(state["isr"]) == [1, 2, 3],
+        what="the partition state mirroring the group",
+    )
     assert kafka_wire.produce_error(brokers[2].bootstrap, "near", 0) == NOT_LEADER_OR_FOLLOWER
     assert kafka_wire.produce_error(brokers[3].bootstrap, "near", 0) == NOT_LEADER_OR_FOLLOWER
     assert kafka_wire.fetch_error(brokers[2].bootstrap, "near", 0) == NOT_LEADER_OR_FOLLOWER  # no slaveReadEnable
@@ -370,16 +372,18 @@ def test_placement_slave_refuses_and_reads(cluster: Cluster) -> None:
         what="ha-status: no lag",
     )
     wait_for(lambda: 3 in cluster.group()["sync_state_set"], what="slave 3 in the SyncStateSet")
-    for rack, reader in (("r3", 3), ("r1", 1)):
+
+    def read_near(rack: str, attempt: int) -> list[int]:
+        """A fresh consumer in `rack` reads the partition whole; the brokers its statistics say it fetched from."""
         fetched_from: list[int] = []
 
-        def stats(text: str, fetched_from: list[int] = fetched_from) -> None:
+        def stats(text: str) -> None:
             partition = json.loads(text)["topics"].get("near", {}).get("partitions", {}).get("0")
             if partition is not None:
                 fetched_from.append(partition["broker"])
 
         consumer = Consumer(
-            {"bootstrap.servers": brokers[1].bootstrap, "group.id": f"near-{rack}", "client.rack": rack,
+            {"bootstrap.servers": brokers[1].bootstrap, "group.id": f"near-{rack}-{attempt}", "client.rack": rack,
              "auto.offset.reset": "earliest", "statistics.interval.ms": 200, "stats_cb": stats}
         )  # fmt: skip
         consumer.assign([TopicPartition("near", 0, 0)])
@@ -394,7 +398,17 @@ def test_placement_slave_refuses_and_reads(cluster: Cluster) -> None:
             consumer.poll(0.2)
         consumer.close()
         assert read == acked[0]
-        assert fetched_from and fetched_from[-1] == reader, f"rack {rack}: fetched from {fetched_from}"
+        return fetched_from
+
+    # the master's choice follows its own view of the partition's ISR (the SyncStateSet mirrored into the partition
+    # state, then into each broker's metadata cache): a consumer that came before that view caught up was served by
+    # the master; a later one must be sent to the slave in its rack
+    for rack, reader in (("r3", 3), ("r1", 1)):
+        deadline = time.monotonic() + 30
+        attempt = 0
+        while (fetched_from := read_near(rack, attempt))[-1:] != [reader] and time.monotonic() < deadline:
+            attempt += 1
+        assert fetched_from and fetched_from[-1] == reader, f"rack {rack}: fetched from {fetched_from} ({attempt})"
 
     rows = status()
     assert [rows[b]["role"] for b in (1, 2, 3)] == ["master", "slave", "slave"]
