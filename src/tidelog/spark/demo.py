@@ -548,7 +548,9 @@ def _report(
             .withColumnRenamed("sum(count)", "visits")
             .collect()
         }
-        if Path(parquet_dir).exists()  # a run cut short before its first window closed wrote none
+        # a run cut short before its first window closed wrote no part file (an interrupted write leaves only its
+        # _temporary directory), and Spark cannot read a Parquet directory without one
+        if any(Path(parquet_dir).glob("*.parquet"))
         else {}
     )
     table = Table(title=f"top pages (batch read of page_visits {how})")
