@@ -24,6 +24,7 @@ import tidelog
 from tidelog import Record
 from tidelog.codec.record_batch import build_batch
 from tidelog.errors import FlushSlaveTimeoutError, NotLeaderOrFollowerError, SlaveNotAvailableError
+from tidelog.storage.api import AbortedTransaction
 from tidelog.storage.rocketmq.engine import RocketMQEngine
 from tidelog.storage.rocketmq.ha_protocol import encode_report, encode_transfer
 
@@ -225,6 +226,52 @@ def test_slave_restart_continues_mid_file_and_a_wiped_slave_copies_again(
     stores.append(slave)
     assert_same_store(master, slave)
     assert "starts at CommitLog offset 0" in caplog.text
+
+
+def test_a_slave_and_a_promoted_slave_know_the_aborted_transactions(
+    tmp_path: Path, stores: list[RocketMQEngine]
+) -> None:
+    """What a read_committed consumer gets from a slave (slaveReadEnable) and from the slave once promoted: the
+    slave learns which queues hold transactions from the FLAG of the messages it receives and follows their producer
+    state from the CommitLog, so its last stable offset and aborted transactions are the master's - also for
+    transactions that end after it first answered - and stay so after `become_master`."""
+    master = open_master(tmp_path / "master")
+    stores.append(master)
+    assert master.ha_port is not None
+    slave = open_slave(tmp_path / "slave", master.ha_port)
+    stores.append(slave)
+    orders = master.partition("orders", 0)
+
+    def transactional(producer_id: int, count: int) -> None:
+        records = [Record(b"t%d-%d" % (producer_id, n)) for n in range(count)]
+        orders.append(build_batch(records, producer_id=producer_id, producer_epoch=0, is_transactional=True))
+
+    def seen(engine: RocketMQEngine) -> tuple[int, int, list[AbortedTransaction]]:
+        queue = engine.partition("orders", 0)
+        end = queue.high_watermark
+        return end, queue.last_stable_offset, queue.aborted_transactions(0, end)
+
+    put(master, 3, seed=11)
+    base = orders.log_end_offset
+    transactional(1, 3)  # base .. base+2, aborted at base+7
+    transactional(2, 2)  # base+3 .. base+4, committed at base+8
+    transactional(3, 2)  # base+5 .. base+6, open
+    orders.append_marker(1, 0, coordinator_epoch=5, commit=False)
+    orders.append_marker(2, 0, coordinator_epoch=5, commit=True)
+    wait_until(lambda: synced(master, slave))
+    assert seen(master) == (base + 9, base + 5, [AbortedTransaction(1, base)])
+    assert seen(slave) == seen(master)
+    orders.append_marker(3, 0, coordinator_epoch=5, commit=False)  # after the slave's first answer
+    transactional(4, 1)
+    wait_until(lambda: synced(master, slave))
+    assert seen(master) == (base + 11, base + 10, [AbortedTransaction(1, base), AbortedTransaction(3, base + 5)])
+    assert seen(slave) == seen(master)
+    slave.become_master()
+    assert seen(slave) == seen(master)
+    promoted = slave.partition("orders", 0)
+    promoted.append_marker(4, 0, coordinator_epoch=5, commit=False)
+    assert seen(slave)[1:] == (base + 12, [AbortedTransaction(1, base), AbortedTransaction(3, base + 5),
+                                           AbortedTransaction(4, base + 10)])  # fmt: skip
 
 
 def test_role_switch(tmp_path: Path, stores: list[RocketMQEngine]) -> None:

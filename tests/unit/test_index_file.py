@@ -36,7 +36,7 @@ def java_hash(text: str) -> int:
 
 
 def dispatch(offset: int, topic: str, properties: str, store_timestamp: int, sys_flag: int = 0) -> rm.DispatchInfo:
-    return rm.DispatchInfo(100, 0, 0, offset, sys_flag, store_timestamp, topic, properties.encode())
+    return rm.DispatchInfo(100, 0, 0, 0, offset, sys_flag, store_timestamp, topic, properties.encode())
 
 
 def batch_of(items: list[tuple[int, rm.DispatchInfo]]) -> DispatchBatch:

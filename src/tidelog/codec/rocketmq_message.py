@@ -984,6 +984,7 @@ class DispatchInfo(NamedTuple):
 
     total_size: int
     queue_id: int
+    flag: int  # FLAG: tidelog keeps a Kafka batch's transactional and control attributes there
     queue_offset: int
     physical_offset: int
     sys_flag: int
@@ -1012,9 +1013,7 @@ def _decode_dispatch_info(buf: MessageBuffer, pos: int, end: int) -> DispatchInf
         return Blank(total)
     if magic not in (MAGIC_V1, MAGIC_V2) or total < FIXED_SIZE + 3 or total > end - pos:
         raise InvalidMessage(f"no valid message at {pos} (magic {magic & 0xFFFFFFFF:#010x}, size {total})")
-    _total, _magic, _crc, queue_id, _flag, queue_offset, physical_offset, sys_flag = _DISPATCH_HEAD.unpack_from(
-        buf, pos
-    )
+    _total, _magic, _crc, queue_id, flag, queue_offset, physical_offset, sys_flag = _DISPATCH_HEAD.unpack_from(buf, pos)
     at = pos + 48 + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
     (store_ts,) = _INT64.unpack_from(buf, at)
     at += 8 + (20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8) + 12
@@ -1037,5 +1036,13 @@ def _decode_dispatch_info(buf: MessageBuffer, pos: int, end: int) -> DispatchInf
     if at + 2 + properties_length != limit:
         raise InvalidMessage(f"message at {pos}: TOTALSIZE {total} disagrees with its fields")
     return DispatchInfo(
-        total, queue_id, queue_offset, physical_offset, sys_flag, store_ts, topic, bytes(buf[at + 2 : pos + total])
+        total,
+        queue_id,
+        flag,
+        queue_offset,
+        physical_offset,
+        sys_flag,
+        store_ts,
+        topic,
+        bytes(buf[at + 2 : pos + total]),
     )

@@ -75,6 +75,9 @@ class DispatchBatch:
     runs: list[QueueRun]
     keys: IndexKeys | None = None
     properties: Sequence[bytes] | None = None
+    # int64 FLAG of each message (a Kafka batch's transactional and control attributes), for a batch read back from
+    # the CommitLog; None for a batch the appender offered (it applied the attributes itself). A slave reads back.
+    flags: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -95,15 +98,15 @@ class DispatchBatch:
                 runs.append(QueueRun(info.topic, info.queue_id, index, index + 1))
         columns = np.array(
             [
-                (offset, i.total_size, i.queue_offset, i.store_timestamp, i.sys_flag, _tags_code(i))
+                (offset, i.total_size, i.queue_offset, i.store_timestamp, i.sys_flag, _tags_code(i), i.flag)
                 for offset, i in items
             ],
             dtype=np.int64,
-        ).reshape(-1, 6)
-        offsets, sizes, queue_offsets, store_timestamps, sys_flags, tags_codes = columns.T.copy()
+        ).reshape(-1, 7)
+        offsets, sizes, queue_offsets, store_timestamps, sys_flags, tags_codes, flags = columns.T.copy()
         return cls(
             offsets, sizes, queue_offsets, store_timestamps, sys_flags, tags_codes, runs,
-            properties=[info.properties for _offset, info in items],
+            properties=[info.properties for _offset, info in items], flags=flags,
         )  # fmt: skip
 
     def head(self, count: int) -> DispatchBatch:
@@ -125,6 +128,7 @@ class DispatchBatch:
             self.sys_flags[rows], self.tags_codes[rows], runs,
             None if self.keys is None else self.keys.rows(start, stop),
             None if self.properties is None else self.properties[rows],
+            None if self.flags is None else self.flags[rows],
         )  # fmt: skip
 
     @classmethod

@@ -95,7 +95,7 @@ from tidelog.storage.rocketmq.ha_master import HAService, SlaveStatus
 from tidelog.storage.rocketmq.ha_protocol import MASTER_ROLES, SLAVE, SYNC_MASTER
 from tidelog.storage.rocketmq.index_builder import INDEX_DIR, build_index, message_index_keys
 from tidelog.storage.rocketmq.mapped_file import OS_PAGE_SIZE, AllocateMappedFileService
-from tidelog.storage.rocketmq.message_queue import MessageQueue
+from tidelog.storage.rocketmq.message_queue import TXN_ATTRIBUTES, MessageQueue
 from tidelog.storage.rocketmq.retention import CleanCommitLogService
 
 log = logging.getLogger("tidelog.storage.rocketmq")
@@ -555,9 +555,16 @@ class RocketMQEngine(StorageEngine):
                     queue.forget_size()  # some units may be in: count again when asked
                     raise
             if self.replica is not None:
-                for key in runs:
+                transactional = None if batch.flags is None else (batch.flags & TXN_ATTRIBUTES) != 0
+                for key, spans in runs.items():
                     following = self.queues.get(key)
                     if following is not None:
+                        if (
+                            transactional is not None
+                            and not following.has_transactions
+                            and any(transactional[start:stop].any() for start, stop in spans)
+                        ):
+                            following.holds_transactions()
                         following.follow_dispatched_end()
 
     def catch_up(self) -> int:

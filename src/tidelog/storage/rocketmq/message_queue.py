@@ -224,6 +224,7 @@ class MessageQueue(Partition):
         self.has_transactions = self.aborted_txns.exists  # see aborted_txns.py: the file says the queue holds some
         self._producer_state_loaded = False
         self._snapshot_offset = 0  # the queue offset of the newest producer snapshot (once the state is loaded)
+        self._state_end = 0  # the loaded producer state covers the queue's messages below this offset
         self._lock = threading.Lock()
         self._pending_flush: deque[tuple[int, int]] = deque()  # (CommitLog end, queue offset after it)
         self._pending_replication: deque[tuple[int, int]] = deque()  # the same, kept under SYNC_MASTER
@@ -389,6 +390,7 @@ class MessageQueue(Partition):
                     elif not header.is_control:
                         self.producer_state.update(header, first_offset, now)
                     first_offset += batch.count
+                self._state_end = self.next_offset
         engine.appended()
         log_append_time = self.config.message_timestamp_type == "LogAppendTime"
         return AppendResult(
@@ -489,7 +491,7 @@ class MessageQueue(Partition):
         return completed
 
     def _ensure_producer_state(self) -> None:
-        if not self._producer_state_loaded:
+        if not self._producer_state_loaded or self.engine.replica is not None:
             with self.engine.commitlog.put_lock:
                 self._load_producer_state()
 
@@ -499,8 +501,15 @@ class MessageQueue(Partition):
         no snapshot: a batch stored long ago may still be retried), the FLAG of each saying whether its batch was
         transactional or an end-transaction marker. The aborted transactions: the file's entries below where the
         replay starts, the replay's after it; an ABORT marker whose transaction began below the log start (the
-        replay cannot see its start) keeps the file's entry."""
+        replay cannot see its start) keeps the file's entry.
+
+        On a slave the messages come from the master's CommitLog, not through `append`: once loaded, the state
+        follows them here, replaying what the dispatcher added since (under the queue's lock: readers that already
+        caught up may be reading the state)."""
         if self._producer_state_loaded:
+            if self.engine.replica is not None and self._state_end < self.consume_queue.max_offset:
+                with self._lock:
+                    self._replay_units(self._state_end, self.consume_queue.max_offset, {})
             return
         try:
             self._replay_producers()
@@ -520,6 +529,11 @@ class MessageQueue(Partition):
                 self.aborted_txns.replace(kept)
             else:
                 self.aborted_txns.hold(kept)
+        self._replay_units(start, end, replayed)
+
+    def _replay_units(self, start: int, end: int, replayed: dict[int, AbortedTxn]) -> None:
+        """Apply the producer properties and FLAGs of the messages [start, end) to the state (`_load_producer_state`);
+        `replayed`: aborted-transaction entries the file held for markers in that range."""
         for queue_offset, physical_offset, size in self.units(start, end):
             message = self.engine.read_message(physical_offset, size)
             info = rm.producer_info(message.properties_bytes)
@@ -542,6 +556,7 @@ class MessageQueue(Partition):
             earlier = replayed.get(queue_offset)
             if completed is None and earlier is not None and earlier.producer_id == info.producer_id:
                 self.aborted_txns.append(earlier)
+        self._state_end = max(self._state_end, end)
 
     def snapshot_producer_state(self, *, force: bool = False) -> bool:
         """Write the producer state as `<log end offset>.snapshot` when PRODUCER_SNAPSHOT_UNITS offsets were
@@ -550,7 +565,8 @@ class MessageQueue(Partition):
         if not self._producer_state_loaded:
             return False  # no idempotent producer wrote since the start: the files on disk still hold
         with self.engine.commitlog.put_lock:
-            end = self.next_offset
+            self._load_producer_state()  # on a slave: what arrived since it last followed
+            end = self._state_end
             appended = end - self._snapshot_offset
             if not self.producer_state.producers or appended <= 0 or (not force and appended < PRODUCER_SNAPSHOT_UNITS):
                 return False
@@ -793,6 +809,15 @@ class MessageQueue(Partition):
             needed = next((end for end, after in pending if after >= target), None)
         if needed is not None:
             engine.wait_replicated(needed)
+
+    def holds_transactions(self) -> None:
+        """On a slave: the dispatcher saw a transactional message or a marker of this queue (its FLAG). As the
+        queue's first transactional batch does on the master, this creates `aborted.txnindex`: from now on the last
+        stable offset and the aborted transactions come from the producer state, which follows the CommitLog."""
+        with self.engine.commitlog.put_lock:
+            if not self.has_transactions:
+                self.aborted_txns.create()
+                self.has_transactions = True
 
     def follow_dispatched_end(self) -> None:
         """On a slave, after the dispatcher wrote units: the queue's end is what the master's messages made it."""
