@@ -106,6 +106,12 @@ def produce_error(bootstrap: str, topic: str, partition: int) -> int:
 
 def fetch_error(bootstrap: str, topic: str, partition: int, leader_epoch: int = -1) -> int:
     """The error code a consumer's Fetch of `topic`-`partition` from offset 0 gets from this broker."""
+    return int(fetch_partition(bootstrap, topic, partition, leader_epoch=leader_epoch).error_code)
+
+
+def fetch_partition(bootstrap: str, topic: str, partition: int, *, leader_epoch: int = -1, rack: str = "") -> Any:
+    """What a consumer in `rack` gets for its Fetch of `topic`-`partition` from offset 0 (error_code, records,
+    preferred_read_replica, ...)."""
     body = {
         "replica_id": -1,
         "max_wait": 0,
@@ -129,10 +135,10 @@ def fetch_error(bootstrap: str, topic: str, partition: int, leader_epoch: int = 
             }
         ],
         "forgotten_topics_data": [],
-        "rack_id": "",
+        "rack_id": rack,
     }
     response = request(bootstrap, ApiKey.FETCH, FETCH_VERSION, body)
-    return int(response.responses[0].partitions[0].error_code)
+    return response.responses[0].partitions[0]
 
 
 def find_coordinator(bootstrap: str, group: str) -> tuple[int, int]:

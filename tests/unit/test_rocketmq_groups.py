@@ -3,6 +3,8 @@ SyncStateSet as RocketMQ 5's controller does, and mirroring a group into its par
 
 from __future__ import annotations
 
+import pytest
+
 from tidelog.broker import zk_layout as zk
 from tidelog.broker.rocketmq_groups import NO_MASTER, elect_master, group_state, placement
 
@@ -44,3 +46,7 @@ def test_group_znode_round_trip() -> None:
     assert zk.RocketMQGroup.decode("g", GROUP.encode()) == GROUP
     member = zk.RocketMQMember("127.0.0.1:10912", None)
     assert zk.RocketMQMember.decode("/x", member.encode()) == member
+    slave = zk.RocketMQMember(None, "127.0.0.1:50000", 4096, 1_700_000_000_000, serves_reads=True)
+    assert zk.RocketMQMember.decode("/x", slave.encode()) == slave
+    with pytest.raises(zk.MalformedZnodeError, match="serves_reads"):
+        zk.RocketMQMember.decode("/x", b'{"version": 1, "serves_reads": "yes"}')

@@ -146,6 +146,7 @@ class Broker:
                 slave_fallbehind_max=rocketmq.ha_slave_fallbehind_max,
                 live_brokers=lambda: membership.live_brokers.keys(),
                 log_dir=log_dir,
+                serves_reads=rocketmq.slave_read_enable,
             )
         if self.cluster is not None:
             self.metadata = MetadataCache(self.cluster.client, config.node_id, self.engine, self.admin)

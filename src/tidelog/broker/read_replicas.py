@@ -8,9 +8,10 @@ default false); Kafka clients are told where to read by KIP-392's preferred read
   `org.apache.kafka.common.replica.RackAwareReplicaSelector`; unset, as in Kafka, means the leader serves every
   read). The master answers a consumer's Fetch (v11+) that names a `rack_id` with `preferred_read_replica` = the
   first live member of the partition's ISR (the group's SyncStateSet) other than itself whose `broker.rack` equals
-  the consumer's rack - only when the master's own rack is not the consumer's, the master's `slaveReadEnable` is
-  true, and the partition is on a RocketMQ group - and with no records (the consumer fetches again from that
-  replica, as Kafka's leader answers). Otherwise the master reads as always (preferred read replica -1);
+  the consumer's rack and that serves consumers (its member znode says so: its own `slaveReadEnable`) - only when
+  the master's own rack is not the consumer's, the master's `slaveReadEnable` is true, and the partition is on a
+  RocketMQ group - and with no records (the consumer fetches again from that replica, as Kafka's leader answers).
+  Otherwise the master reads as always (preferred read replica -1);
 - a broker whose `slaveReadEnable` is true serves consumers the group partitions it holds without leading them: up
   to its own high watermark, which on a slave is what it has dispatched from the CommitLog its master sent (never
   past what it holds). Without it a consumer's Fetch there is NOT_LEADER_OR_FOLLOWER, as for any partition it does
@@ -64,11 +65,19 @@ class SlaveReads:
         view = self.cache.view.partition(topic, partition)
         if view is None or view.state is None or view.state.leader != self.broker_id:
             return -1
-        if self.groups.group_of(view.replicas) is None:
+        group = self.groups.group_of(view.replicas)
+        if group is None:
             return -1
         live = self.live_brokers()
         for broker in view.state.isr:
             registration = live.get(broker)
-            if broker != self.broker_id and registration is not None and registration.rack == client_rack:
+            member = group.members.get(broker)
+            if (
+                broker != self.broker_id
+                and registration is not None
+                and registration.rack == client_rack
+                and member is not None
+                and member.serves_reads
+            ):
                 return broker
         return -1

@@ -152,6 +152,7 @@ class RocketMQGroups:
         slave_fallbehind_max: int,
         live_brokers: Callable[[], Collection[int]],
         log_dir: Path,
+        serves_reads: bool = False,
     ) -> None:
         if not BROKER_NAME.match(broker_name):
             raise ConfigError(
@@ -165,6 +166,7 @@ class RocketMQGroups:
         self.housekeeping_ms = housekeeping_interval_ms
         self.slave_fallbehind_max = slave_fallbehind_max
         self.live_brokers = live_brokers
+        self.serves_reads = serves_reads  # slaveReadEnable, published in the member znode
         self.epoch_file = log_dir / EPOCH_FILE
         self.local_epoch = read_local_epoch(self.epoch_file)
         self.view: Mapping[str, GroupView] = {}
@@ -471,7 +473,7 @@ class RocketMQGroups:
             and (end == published.commitlog_end or now_ms - published.updated_ms < MEMBER_PROGRESS_S * 1000)
         ):
             return
-        member = zk.RocketMQMember(ha_address, ha_client, end, now_ms)
+        member = zk.RocketMQMember(ha_address, ha_client, end, now_ms, self.serves_reads)
         self.client.set(zk.rocketmq_member_path(self.broker_name, self.broker_id), member.encode())
         self._published = member
 

@@ -545,18 +545,21 @@ class RocketMQTopic:
 @dataclass(frozen=True, slots=True)
 class RocketMQMember:
     """`/tidelog/rocketmq/<brokerName>/brokers/<id>`: where a member's HA service listens (None: it serves no
-    slave now) and, on a slave, its HA connection's own address (as the master's connection names it)."""
+    slave now) and, on a slave, its HA connection's own address (as the master's connection names it); whether it
+    serves consumers the group's partitions while a slave (its `slaveReadEnable`: a master sends consumers of another
+    rack only to a member that does)."""
 
     ha_address: str | None = None
     ha_client: str | None = None
     commitlog_end: int = -1  # the member's CommitLog end when it wrote the znode (-1: not yet)
     updated_ms: int = 0  # when that was (ms since the epoch)
+    serves_reads: bool = False
 
     def encode(self) -> bytes:
         return _encode(
             {
                 "version": ROCKETMQ_GROUP_VERSION, "ha_address": self.ha_address, "ha_client": self.ha_client,
-                "commitlog_end": self.commitlog_end, "updated_ms": self.updated_ms,
+                "commitlog_end": self.commitlog_end, "updated_ms": self.updated_ms, "serves_reads": self.serves_reads,
             }
         )  # fmt: skip
 
@@ -572,4 +575,7 @@ class RocketMQMember:
         numbers = [value.get("commitlog_end", -1), value.get("updated_ms", 0)]
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
             raise MalformedZnodeError(f"znode {path}: commitlog_end / updated_ms are not integers: {numbers!r}")
-        return cls(fields[0], fields[1], numbers[0], numbers[1])
+        serves_reads = value.get("serves_reads", False)
+        if not isinstance(serves_reads, bool):
+            raise MalformedZnodeError(f"znode {path}: serves_reads is not a boolean: {serves_reads!r}")
+        return cls(fields[0], fields[1], numbers[0], numbers[1], serves_reads)
