@@ -68,6 +68,7 @@ class BrokerProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.starts = 0
         self._stdout_thread: threading.Thread | None = None
+        self._lines: queue.Queue[str | None] = queue.Queue()  # the stdout lines of the running process
 
     # --- addresses and state ---------------------------------------------------------------------------------
 
@@ -114,6 +115,12 @@ class BrokerProcess:
 
     def start(self, ports: dict[str, int] | None = None) -> None:
         """Start on `ports` (listener name -> port; 0 or missing = ephemeral)."""
+        self.launch(ports)
+        self.wait_ready()
+
+    def launch(self, ports: dict[str, int] | None = None) -> None:
+        """Start the process without waiting for it (`wait_ready`). Call it from a thread that outlives the broker:
+        the broker dies with the thread that started it (PR_SET_PDEATHSIG)."""
         assert not self.running, "the broker is already running"
         wanted = ports or {}
         listeners = ",".join(f"{name}://127.0.0.1:{wanted.get(name, 0)}" for name in self.listeners)
@@ -141,9 +148,14 @@ class BrokerProcess:
                 env=env,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
-        lines: queue.Queue[str | None] = queue.Queue()
-        self._stdout_thread = threading.Thread(target=_pump, args=(self.proc, lines), daemon=True)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stdout_thread = threading.Thread(target=_pump, args=(self.proc, self._lines), daemon=True)
         self._stdout_thread.start()
+
+    def wait_ready(self) -> None:
+        """Wait for the ready line of the process `launch` started; its ports from it."""
+        assert self.proc is not None
+        args, lines = self.proc.args, self._lines
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
@@ -159,7 +171,7 @@ class BrokerProcess:
                 self.ports = dict(zip(self.listeners, bound, strict=True))
                 return
         self._reap()
-        raise BrokerStartError(f"{reason}: {' '.join(args)}\n--- stderr ---\n{self.stderr_tail()}")
+        raise BrokerStartError(f"{reason}: {' '.join(map(str, args))}\n--- stderr ---\n{self.stderr_tail()}")
 
     def stop(self) -> int:
         """SIGTERM, wait, and assert a clean exit (code 0)."""
@@ -231,6 +243,8 @@ def _pump(proc: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
 
 
 class BrokerFactory:
+    """Starts brokers, each with a log dir of its own under `base_dir`."""
+
     def __init__(self, base_dir: Path) -> None:
         self.base_dir = base_dir
         self.brokers: list[BrokerProcess] = []
@@ -244,9 +258,11 @@ class BrokerFactory:
         sync_flush: bool = False,
         listeners: Sequence[str] = ("PLAINTEXT",),
         before_start: Callable[[Path], None] | None = None,
+        launch_only: bool = False,
         **kwargs: Any,
     ) -> BrokerProcess:
-        """A started broker; `before_start(log_dir)` may prepare its log dir first (e.g. `tidelog users --add`)."""
+        """A started broker; `before_start(log_dir)` may prepare its log dir first (e.g. `tidelog users --add`);
+        `launch_only`: its process started, not waited for (`BrokerProcess.wait_ready`)."""
         settings = engine_overrides(engine, sync_flush=sync_flush)
         settings.update({str(k): str(v) for k, v in (overrides or {}).items()})
         settings.update({_config_key(k): str(v) for k, v in kwargs.items()})
@@ -258,7 +274,10 @@ class BrokerFactory:
         broker = BrokerProcess(log_dir, self.base_dir / f"broker{index}.stderr", settings, listeners)
         self.brokers.append(broker)
         LIVE.append(broker)
-        broker.start()
+        if launch_only:
+            broker.launch()
+        else:
+            broker.start()
         return broker
 
     def close_all(self) -> None:

@@ -12,10 +12,11 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from broker_process import BrokerProcess, _die_with_parent  # the same parent-death signal as the brokers
+from broker_process import BrokerFactory, BrokerProcess, _die_with_parent  # the same parent-death signal as the brokers
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")  # its manifest names the jars it needs
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -23,7 +24,41 @@ TICK_MS = 200  # sessions may last 2-20 ticks: 0.4-4 s by default; maxSessionTim
 START_TIMEOUT_S = 30.0
 SESSION_TIMEOUT_MS = 4000  # the cluster suites' zookeeper.session.timeout.ms: a killed broker leaves within seconds
 
-ClusterBroker = Callable[..., BrokerProcess]  # tests/cluster/conftest.py: start(broker_id, overrides) -> broker
+
+class ClusterBroker:
+    """Starts brokers with `broker.id` that join one test's ZooKeeper (tests/cluster/conftest.py `cluster_broker`):
+    `start(broker_id, overrides)` one; `start.all(broker_ids, overrides)` several, the first alone (it becomes the
+    controller, as when they start one by one) and the others side by side (a start is mostly Python importing:
+    two cores start two brokers in little more than the time of one). Every process is started from the calling
+    thread: a broker dies with the thread that started it."""
+
+    def __init__(self, factory: BrokerFactory, zookeeper_connect: str) -> None:
+        self.factory = factory
+        self.zookeeper_connect = zookeeper_connect
+
+    def __call__(
+        self, broker_id: int, overrides: Mapping[str, Any] | None = None, *, launch_only: bool = False
+    ) -> BrokerProcess:
+        return self.factory(
+            {
+                "broker.id": broker_id,
+                "zookeeper.connect": self.zookeeper_connect,
+                "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
+                # the last broker of a test to stop has nowhere to move its leadership: it retries its controlled
+                # shutdown (3 times) half a second apart instead of Kafka's 5 s, so the test's teardown is quick
+                "controlled.shutdown.retry.backoff.ms": 500,
+                **(overrides or {}),
+            },
+            launch_only=launch_only,
+        )
+
+    def all(self, broker_ids: Sequence[int], overrides: Mapping[str, Any] | None = None) -> dict[int, BrokerProcess]:
+        first, *others = broker_ids
+        started = {first: self(first, overrides)}
+        launched = {broker_id: self(broker_id, overrides, launch_only=True) for broker_id in others}
+        for broker in launched.values():
+            broker.wait_ready()
+        return started | launched
 
 
 class ZooKeeperChroot:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fault_proxy import ProxyRegistry
 from kazoo.client import KazooClient
 
-from broker_process import BrokerFactory, BrokerProcess
+from broker_process import BrokerFactory
 from zookeeper_process import (
-    SESSION_TIMEOUT_MS,
     ClusterBroker,
     ZooKeeperChroot,
     ZooKeeperProcess,
@@ -62,22 +60,9 @@ def zk_client(zookeeper: ZooKeeperChroot) -> Iterator[KazooClient]:
 
 @pytest.fixture
 def cluster_broker(tmp_path: Path, zookeeper: ZooKeeperChroot) -> Iterator[ClusterBroker]:
-    """Starts a broker with `broker.id` that joins the test's ZooKeeper."""
+    """Starts brokers with `broker.id` that join the test's ZooKeeper (one, or several side by side: `.all`)."""
     factory = BrokerFactory(tmp_path / "brokers")
-
-    def start(broker_id: int, overrides: dict[str, Any] | None = None) -> BrokerProcess:
-        settings = {
-            "broker.id": broker_id,
-            "zookeeper.connect": zookeeper.connect,
-            "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
-            # the last broker of a test to stop has nowhere to move its leadership: it retries its controlled
-            # shutdown (3 times) half a second apart instead of Kafka's 5 s, so the test's teardown is quick
-            "controlled.shutdown.retry.backoff.ms": 500,
-            **(overrides or {}),
-        }
-        return factory(settings)
-
-    yield start
+    yield ClusterBroker(factory, zookeeper.connect)
     factory.close_all()
 
 

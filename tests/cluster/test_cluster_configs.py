@@ -27,7 +27,7 @@ def described(bootstrap: str, topic: str) -> dict[str, tuple[str, int]]:
 def test_configs_altered_through_one_broker_reach_the_other(
     cluster_broker: ClusterBroker, zk_client: KazooClient
 ) -> None:
-    brokers = {broker_id: cluster_broker(broker_id) for broker_id in (1, 2)}
+    brokers = cluster_broker.all((1, 2))
     wait_for(lambda: registered(zk_client) == [1, 2], what="two registrations")
     admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
     admin.create_topics([NewTopic("tuned", 1, 2)], operation_timeout=20)["tuned"].result(timeout=30)

@@ -40,7 +40,7 @@ def quotas(bootstrap: str) -> dict[Any, dict[str, float]]:
 def test_quotas_altered_through_one_broker_reach_the_other(
     cluster_broker: ClusterBroker, zk_client: KazooClient
 ) -> None:
-    brokers = {broker_id: cluster_broker(broker_id) for broker_id in (1, 2)}
+    brokers = cluster_broker.all((1, 2))
     wait_for(lambda: registered(zk_client) == [1, 2], what="two registrations")
 
     assert alter(brokers[1].bootstrap, {"user": "alice", "client-id": None}, "producer_byte_rate", 1024) == 0

@@ -38,7 +38,7 @@ SETTINGS = {
 
 
 def start_cluster(cluster_broker: ClusterBroker, zk: KazooClient) -> dict[int, BrokerProcess]:
-    brokers = {broker_id: cluster_broker(broker_id, SETTINGS) for broker_id in (1, 2, 3)}
+    brokers = cluster_broker.all((1, 2, 3), SETTINGS)
     wait_for(lambda: registered(zk) == [1, 2, 3], what="three registrations")
     return brokers
 

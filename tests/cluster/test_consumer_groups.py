@@ -41,7 +41,7 @@ def test_a_consumer_group_survives_a_coordinator_failover(
     cluster_broker: ClusterBroker, zk_client: KazooClient
 ) -> None:
     settings = {"offsets.topic.num.partitions": 1, "group.consumer.min.session.timeout.ms": 1000}
-    brokers = {broker_id: cluster_broker(broker_id, settings) for broker_id in (1, 2, 3)}
+    brokers = cluster_broker.all((1, 2, 3), settings)
     wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
     admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
     admin.create_topics([NewTopic(TOPIC, 4, 3)])[TOPIC].result(timeout=30)

@@ -163,7 +163,7 @@ def full_isr(zk: KazooClient) -> bool:
 
 
 def kill_leaders(kills: int, cluster_broker: ClusterBroker, zk: KazooClient) -> None:
-    brokers: dict[int, BrokerProcess] = {b: cluster_broker(b, SETTINGS) for b in (1, 2, 3)}
+    brokers: dict[int, BrokerProcess] = cluster_broker.all((1, 2, 3), SETTINGS)
     wait_for(lambda: registered(zk) == [1, 2, 3], what="three registrations")
     bootstrap = ",".join(b.bootstrap for b in brokers.values())
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -245,7 +245,7 @@ def test_every_replica_killed_at_once(flush: str, cluster_broker: ClusterBroker,
     flush.messages=1 (each acknowledged batch fsynced by the leader and by every follower before the next fetch).
     A power loss of every machine at once is what separates the two (docs/cluster.md): only the second survives it."""
     settings = {**SETTINGS, **({"log.flush.interval.messages": 1} if flush == "fsync" else {})}
-    brokers: dict[int, BrokerProcess] = {b: cluster_broker(b, settings) for b in (1, 2, 3)}
+    brokers: dict[int, BrokerProcess] = cluster_broker.all((1, 2, 3), settings)
     wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
     bootstrap = ",".join(b.bootstrap for b in brokers.values())
     admin = AdminClient({"bootstrap.servers": bootstrap})

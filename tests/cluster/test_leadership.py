@@ -52,7 +52,7 @@ def leaders(zk: KazooClient, topic: str) -> dict[int, int]:
 
 
 def start_cluster(cluster_broker: ClusterBroker, overrides: dict[str, Any]) -> dict[int, BrokerProcess]:
-    return {broker_id: cluster_broker(broker_id, {**QUIET, **overrides}) for broker_id in (1, 2, 3)}
+    return cluster_broker.all((1, 2, 3), {**QUIET, **overrides})
 
 
 def create_topic(zk: KazooClient, brokers: dict[int, BrokerProcess]) -> dict[int, list[int]]:

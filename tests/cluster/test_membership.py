@@ -53,7 +53,7 @@ def test_brokers_register_as_kafka_does_and_metadata_lists_them(
 def test_a_killed_controller_is_replaced_and_leaves_the_broker_list(
     cluster_broker: ClusterBroker, zk_client: KazooClient
 ) -> None:
-    brokers = {broker_id: cluster_broker(broker_id) for broker_id in (1, 2, 3)}
+    brokers = cluster_broker.all((1, 2, 3))
     first = wait_for(lambda: controller(zk_client), what="a controller")
     brokers[first].kill()  # SIGKILL: its session times out, ZooKeeper drops its ephemeral nodes
     second = wait_for(lambda: (c := controller(zk_client)) not in (None, first) and c, what="a new controller")
@@ -66,7 +66,7 @@ def test_a_killed_controller_is_replaced_and_leaves_the_broker_list(
 def test_a_stopped_controller_hands_over_without_waiting_for_its_session(
     cluster_broker: ClusterBroker, zk_client: KazooClient
 ) -> None:
-    brokers = {broker_id: cluster_broker(broker_id, {"zookeeper.session.timeout.ms": 30_000}) for broker_id in (1, 2)}
+    brokers = cluster_broker.all((1, 2), {"zookeeper.session.timeout.ms": 30_000})
     first = wait_for(lambda: controller(zk_client), what="a controller")
     started = time.monotonic()
     assert brokers[first].stop() == 0  # SIGTERM: it resigns and deregisters before it exits
@@ -78,7 +78,7 @@ def test_a_stopped_controller_hands_over_without_waiting_for_its_session(
 def test_a_paused_controller_comes_back_fenced(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
     """SIGSTOP past the session timeout: ZooKeeper expires the session, another broker is elected with a higher
     epoch; after SIGCONT the old controller finds its session gone, does not claim the role, and registers again."""
-    brokers = {broker_id: cluster_broker(broker_id) for broker_id in (1, 2, 3)}
+    brokers = cluster_broker.all((1, 2, 3))
     first = wait_for(lambda: controller(zk_client), what="a controller")
     os.kill(brokers[first].pid, signal.SIGSTOP)
     try:

@@ -97,7 +97,7 @@ def write_json(path: Path, value: Any) -> str:
 def test_replicas_move_between_brokers(
     cluster_broker: ClusterBroker, zk_client: KazooClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    brokers = {broker_id: cluster_broker(broker_id, SETTINGS) for broker_id in (1, 2, 3)}
+    brokers = cluster_broker.all((1, 2, 3), SETTINGS)
     wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
     bootstrap = ",".join(b.bootstrap for b in brokers.values())
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -164,7 +164,7 @@ def test_replicas_move_between_brokers(
 def test_reassignment_errors_listing_and_cancel(
     cluster_broker: ClusterBroker, zk_client: KazooClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    brokers = {broker_id: cluster_broker(broker_id, SETTINGS) for broker_id in (1, 2, 3)}
+    brokers = cluster_broker.all((1, 2, 3), SETTINGS)
     wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
     admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
     admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[1, 2]])])[TOPIC].result(60)
@@ -243,7 +243,7 @@ def test_a_reassignment_survives_a_controller_failover(
 ) -> None:
     """The reassignment's state is the topic znode: a new controller completes what the stopped one started, and
     the stopped broker, removed meanwhile, deletes its replica when it starts again."""
-    brokers = {broker_id: cluster_broker(broker_id, SETTINGS) for broker_id in (1, 2, 3)}
+    brokers = cluster_broker.all((1, 2, 3), SETTINGS)
     wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
     first = int(wait_for(lambda: controller(zk_client), what="a controller"))  # type: ignore[call-overload]
     kept, added = (b for b in (1, 2, 3) if b != first)

@@ -44,7 +44,7 @@ def log_bytes(broker: BrokerProcess, topic: str, partition: int) -> bytes:
 
 
 def start_cluster(cluster_broker: ClusterBroker, zk: KazooClient, **overrides: Any) -> dict[int, BrokerProcess]:
-    brokers = {broker_id: cluster_broker(broker_id, {**REPLICATION, **overrides}) for broker_id in (1, 2, 3)}
+    brokers = cluster_broker.all((1, 2, 3), {**REPLICATION, **overrides})
     wait_for(lambda: registered(zk) == [1, 2, 3], what="three registrations")
     return brokers
 
@@ -296,7 +296,7 @@ def test_a_v15_follower_fetch_moves_the_high_watermark_and_v16_names_the_leader(
     moves the high watermark. A consumer's Fetch v16 at the follower is refused NOT_LEADER_OR_FOLLOWER with the
     leader, its epoch and its endpoint (KIP-951)."""
     patient = {**REPLICATION, "replica.lag.time.max.ms": 60_000, "zookeeper.session.timeout.ms": 30_000}
-    brokers = {broker_id: cluster_broker(broker_id, patient) for broker_id in (1, 2)}
+    brokers = cluster_broker.all((1, 2), patient)
     wait_for(lambda: registered(zk_client) == [1, 2], what="two registrations")
     admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
     [future] = admin.create_topics([NewTopic("by-id", 1, replica_assignment=[[1, 2]])], operation_timeout=30).values()

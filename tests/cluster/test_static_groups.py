@@ -54,7 +54,7 @@ def test_static_members_survive_a_coordinator_failover(cluster_broker: ClusterBr
         "group.initial.rebalance.delay.ms": 500,  # the two members joining together form one generation
         "group.min.session.timeout.ms": 1000,
     }
-    brokers = {broker_id: cluster_broker(broker_id, settings) for broker_id in (1, 2, 3)}
+    brokers = cluster_broker.all((1, 2, 3), settings)
     wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
     first = wait_for(lambda: coordinator_of(brokers[1].bootstrap), what="a coordinator")
     assert isinstance(first, int)

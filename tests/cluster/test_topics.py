@@ -125,7 +125,7 @@ def read_in_group(bootstrap: str, group: str, topic: str, count: int) -> list[st
 
 def test_a_topic_replicated_over_three_brokers(cluster_broker: ClusterBroker, zk_client: KazooClient) -> None:
     settings = {"offsets.topic.num.partitions": 3, "group.initial.rebalance.delay.ms": 0}
-    brokers = {broker_id: cluster_broker(broker_id, settings) for broker_id in (1, 2, 3)}
+    brokers = cluster_broker.all((1, 2, 3), settings)
     wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
     victim = wait_for(lambda: controller(zk_client), what="a controller")
     assert isinstance(victim, int)
