@@ -835,6 +835,18 @@ class RocketMQEngine(StorageEngine):
             ) from exc
         self.ha_service.start()
 
+    def _cut_half_received(self, replica: ReplicaLog, why: str) -> None:
+        """A transfer can end inside a message: a store that stops following its master (promoted, or following
+        another) keeps its CommitLog only up to the end of the last whole Kafka batch received, as recovery after a
+        crash does; what follows was never dispatched."""
+        with self.commitlog.put_lock:
+            if self.commitlog.max_offset > replica.complete_end:
+                log.warning(
+                    "%s: %s with a Kafka batch half received: the CommitLog is cut from %d to %d",
+                    self.root, why, self.commitlog.max_offset, replica.complete_end,
+                )  # fmt: skip
+                self.commitlog.queue.truncate_dirty_files(replica.complete_end)
+
     def _follow(self, master_address: str) -> None:
         store = self.store_config
         if not master_address:
@@ -908,13 +920,7 @@ class RocketMQEngine(StorageEngine):
             self.ha_client = None
         replica = self.replica
         if replica is not None:
-            with self.commitlog.put_lock:
-                if self.commitlog.max_offset > replica.complete_end:
-                    log.warning(
-                        "%s: promoted with a Kafka batch half received: the CommitLog is cut from %d to %d",
-                        self.root, self.commitlog.max_offset, replica.complete_end,
-                    )  # fmt: skip
-                    self.commitlog.queue.truncate_dirty_files(replica.complete_end)
+            self._cut_half_received(replica, "promoted")
             self.flusher.flush_now()
             self.dispatcher.catch_up()
             self.replica = None
@@ -929,8 +935,10 @@ class RocketMQEngine(StorageEngine):
         log.info("%s: now %s at CommitLog offset %d", self.root, role, self.commitlog.max_offset)
 
     def become_slave(self, master_address: str, truncate_to: int | None = None) -> None:
-        """Demote this store: refuse puts from now on, stop serving slaves (puts waiting for one fail), cut the
-        CommitLog at `truncate_to` when it goes past it (`truncate`), and follow `master_address` from its end."""
+        """Demote this store (or point a slave at another master): refuse puts from now on, stop serving slaves
+        (puts waiting for one fail), stop following, cut a half-received Kafka batch at the CommitLog's end (the
+        next master sends it again from the last whole one), cut the CommitLog at `truncate_to` when it goes past it
+        (`truncate`), and follow `master_address` from its end."""
         self._check_ha()
         with self.commitlog.put_lock:
             self.role = SLAVE
@@ -940,6 +948,8 @@ class RocketMQEngine(StorageEngine):
         if self.ha_client is not None:
             self.ha_client.shutdown()
             self.ha_client = None
+        if self.replica is not None:
+            self._cut_half_received(self.replica, "following another master")
         if truncate_to is not None and truncate_to < self.commitlog.max_offset:
             self.truncate(truncate_to)
         self._follow(master_address)
