@@ -590,9 +590,10 @@ def test_wiped_slave_copies_everything_again(cluster: Cluster) -> None:
 
 def test_old_master_with_extra_records_is_cut_and_follows(cluster: Cluster) -> None:
     """The master takes records its slaves never receive (both processes stopped, for less than their ZooKeeper
-    session and haHousekeepingInterval, so they stay electable), is killed, a slave is promoted; the old master
-    comes back, cuts its CommitLog at the new epoch's start and follows: files identical, every acks=all record
-    acknowledged under SYNC_MASTER read back once."""
+    session and haHousekeepingInterval, so they stay electable) - acks=1 writes, answered, and an acks=all one, not
+    answered while no slave can copy it (SYNC_MASTER) - is killed, a slave is promoted; the old master comes back,
+    cuts its CommitLog at the new epoch's start and follows: files identical, every acks=all record acknowledged
+    under SYNC_MASTER read back once."""
     cluster.in_sync()
     master = cluster.master()
     slaves = [cluster.brokers[b] for b in (1, 2, 3) if b != master]
@@ -600,9 +601,16 @@ def test_old_master_with_extra_records_is_cut_and_follows(cluster: Cluster) -> N
     create_topic(cluster.bootstrap, "extra", 1)
     acked: dict[int, list[tuple[int, bytes]]] = {}
     produce(cluster.bootstrap, "extra", [make_value("p", n, 200) for n in range(300)], acked)
+    unanswered = build_batch([Record(make_value("w", 0))])
+    waiting = {
+        "transactional_id": None, "acks": -1, "timeout": 30_000,
+        "topic_data": [{"name": "extra", "partition_data": [{"index": 0, "records": unanswered}]}],
+    }  # fmt: skip
     for slave in slaves:
         os.kill(slave.pid, signal.SIGSTOP)
     try:
+        with pytest.raises(TimeoutError):  # no answer: the acknowledgement waits for a slave to have the record
+            kafka_wire.request(old.bootstrap, ApiKey.PRODUCE, kafka_wire.PRODUCE_VERSION, waiting, timeout_s=0.8)
         produce_unreplicated(old.bootstrap, "extra", 2)
         old.kill()
     finally:
