@@ -144,6 +144,9 @@ def test_the_cluster_demo_counts_every_window_once_across_a_failover(
     # not a terminal: plain status lines with the partition's leader, not only a final frame
     assert len([line for line in out.splitlines() if "page_visits-0: leader" in line]) >= 2, out
     assert "every window counted, none twice" in out
+    held = re.search(r"page_visits_per_window holds ([\d,]+) window results \(committed, each micro-batch once", out)
+    assert held, out
+    assert int(held[1].replace(",", "")) == spark.read.parquet(str(data / "windows.parquet")).count() > 0, out
     assert re.search(r"had ([\d,]+) acknowledged; page_visits holds \1 \(read through the brokers\): none lost", out)
     assert "stopped brokers 1,2,3 (SIGTERM, exit codes 0, 0, 0) and ZooKeeper" in out
     assert not spark.streams.active

@@ -16,8 +16,10 @@ the leader of a partition killed mid-stream, and every window still counted exac
    (RESTART_AFTER_S after the election, same id, port and log directory) and rejoining the partition's ISR;
 4. reports `tidelog demo`'s check (the top pages of a batch read of `page_visits`, through the brokers, against the
    sum of the windowed counts in Parquet: "every window counted, none twice"), the records the producer had
-   acknowledged against those in `page_visits`, and the failover's figures. Exit code 0 only when the last window
-   closed, both counts agree, no delivery failed and the failover went through to the rejoin;
+   acknowledged against those in `page_visits`, the window results in `page_visits_per_window` read read_committed
+   (the exactly-once sink writes each micro-batch in transactions committed with Spark's batch, so a batch replayed
+   across the failover leaves its first attempt aborted, never counted), and the failover's figures. Exit code 0 only
+   when the last window closed, both counts agree, no delivery failed and the failover went through to the rejoin;
 5. stops the brokers (SIGTERM: a controlled shutdown each), then ZooKeeper - also on Ctrl-C or an error, and at the
    deadline through `tidelog demo`'s watchdog. The children are started with PR_SET_PDEATHSIG, so even a demo that
    is killed leaves none behind.
@@ -54,6 +56,7 @@ WATCHDOG_STOP_S = 2.0  # per process, when the watchdog stops the cluster
 OVERRIDES = {
     "zookeeper.session.timeout.ms": str(SESSION_TIMEOUT_MS),
     "offsets.topic.num.partitions": "5",  # not 50 partitions x 3 replicas on a laptop's cores
+    "transaction.state.log.num.partitions": "5",  # the exactly-once sink's coordinators, likewise
     "group.initial.rebalance.delay.ms": "0",
     "num.partitions": str(EVENTS_PARTITIONS),
     # at the end the last broker to stop has nowhere to move its leadership: it asks again 3 times, 0.5 s apart
@@ -97,6 +100,7 @@ class ClusterBrokers(DemoBrokers):
     topic_config: ClassVar[dict[str, str]] = {"min.insync.replicas": "2"}
     stop_reserve_s = STOP_RESERVE_S + 15.0  # the report reads through the brokers, and three brokers stop
     strict = True
+    exactly_once = True  # the sink's transactions span the failover: their markers are replicated like any batch
 
     def __init__(self, directory: Path, seconds: float) -> None:
         self.kill_after_s = seconds * KILL_AT
