@@ -8,10 +8,10 @@ import socket
 import struct
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from tidelog.codec.record_batch import Record, build_batch
+from tidelog.protocol.legacy_schemas import request_schema, response_schema
 from tidelog.protocol.messages import ApiKey, build
 
 METADATA_VERSION = 12
@@ -30,7 +30,7 @@ def request(bootstrap: str, api_key: int, version: int, body: dict[str, Any], ti
 
 def encode_request(api_key: int, version: int, body: dict[str, Any], correlation_id: int = 1) -> bytes:
     """The framed request (size, header, body), kio's fields by name as `build` takes them."""
-    request_cls = load_request_schema(api_key, version)
+    request_cls = request_schema(api_key, version)  # kio's, or Kafka 3.9's oldest that kio lacks
     buffer = io.BytesIO()
     header = {
         "request_api_key": api_key,
@@ -46,7 +46,7 @@ def encode_request(api_key: int, version: int, body: dict[str, Any], correlation
 
 def decode_response(api_key: int, version: int, data: bytes) -> Any:
     """The kio response entity of a response frame's payload (what follows its size)."""
-    response_cls = load_response_schema(api_key, version)
+    response_cls = response_schema(api_key, version)
     _header, offset = entity_reader(response_cls.__header_schema__)(data, 0)
     response, _ = entity_reader(response_cls)(data, offset)
     return response

@@ -1615,3 +1615,38 @@ def test_an_empty_group_whose_offsets_all_expired_is_removed(start_broker) -> No
     time.sleep(1.5)  # a few more retention checks
     assert group not in listed_groups(client), "a group without members or offsets is still listed"
     assert describe_group(client, group).state == ConsumerGroupState.DEAD
+
+
+def test_offset_commit_v0_has_no_member_id(gbroker) -> None:
+    """OffsetCommit v0 carries neither a generation nor a member id (a commit outside the group's generations):
+    a group with members refuses it with UNKNOWN_MEMBER_ID, a group without members stores it, and the connection
+    stays up. (The protocol fuzzer found v0 failing the handler: it read the member id v0 does not have.)"""
+    import kafka_wire
+
+    create_topic(gbroker.bootstrap, "v0-commits", 1)
+    consumer = Consumer(
+        {"bootstrap.servers": gbroker.bootstrap, "group.id": "v0-members", "session.timeout.ms": SESSION_MS,
+         "heartbeat.interval.ms": HEARTBEAT_MS, "enable.auto.commit": False}
+    )  # fmt: skip
+    try:
+        consumer.subscribe(["v0-commits"])
+        wait_for(lambda: consumer.poll(0.1) is None and consumer.assignment(), "the consumer's assignment")
+
+        def commit_v0(group: str) -> int:
+            body = {
+                "group_id": group,
+                "topics": [{"name": "v0-commits", "partitions": [{"partition_index": 0, "committed_offset": 3}]}],
+            }
+            response = kafka_wire.request(gbroker.bootstrap, OFFSET_COMMIT, 0, body)
+            return int(response.topics[0].partitions[0].error_code)
+
+        assert commit_v0("v0-members") == UNKNOWN_MEMBER_ID
+        assert commit_v0("v0-no-members") == NONE
+        stored = Consumer({"bootstrap.servers": gbroker.bootstrap, "group.id": "v0-no-members"})
+        try:
+            assert stored.committed([TopicPartition("v0-commits", 0)], timeout=TIMEOUT_S)[0].offset == 3
+        finally:
+            stored.close()
+    finally:
+        consumer.close()
+    assert "unexpected error" not in gbroker.stderr_text()

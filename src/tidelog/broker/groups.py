@@ -861,6 +861,7 @@ class GroupCoordinator:
         generation = body.generation_id_or_member_epoch
         group = self.groups.get(body.group_id)
         instance_id = getattr(body, "group_instance_id", None)
+        member_id = getattr(body, "member_id", "")  # v0 has none: a commit outside the group's generations
         error = NONE
         if not body.group_id:
             error = INVALID_GROUP_ID
@@ -870,13 +871,13 @@ class GroupCoordinator:
             error = elsewhere
         elif self.consumer_groups.owns(body.group_id):
             error = self.consumer_groups.offset_commit_error(
-                body.group_id, body.member_id, instance_id, generation, request.api_version
+                body.group_id, member_id, instance_id, generation, request.api_version
             )
         elif generation < 0 and (group is None or not group.members):
             pass  # a group that only stores offsets (the admin client, manual assignment)
-        elif generation < 0 and not body.member_id and instance_id is None:
+        elif generation < 0 and not member_id and instance_id is None:
             error = UNKNOWN_MEMBER_ID  # a group with members: only they commit
-        elif group is None or (error := self._member_error(group, body.member_id, instance_id, "offset-commit")):
+        elif group is None or (error := self._member_error(group, member_id, instance_id, "offset-commit")):
             error = UNKNOWN_MEMBER_ID if group is None else error
         elif generation != group.generation:
             error = ILLEGAL_GENERATION
