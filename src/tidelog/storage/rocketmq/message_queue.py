@@ -507,9 +507,11 @@ class MessageQueue(Partition):
         follows them here, replaying what the dispatcher added since (under the queue's lock: readers that already
         caught up may be reading the state)."""
         if self._producer_state_loaded:
-            if self.engine.replica is not None and self._state_end < self.consume_queue.max_offset:
+            end = self.consume_queue.max_offset
+            if self.engine.replica is not None and self._state_end < end:
                 with self._lock:
-                    self._replay_units(self._state_end, self.consume_queue.max_offset, {})
+                    self._replay_units(self._state_end, end, {})
+                    self._state_end = end
             return
         try:
             self._replay_producers()
@@ -530,6 +532,7 @@ class MessageQueue(Partition):
             else:
                 self.aborted_txns.hold(kept)
         self._replay_units(start, end, replayed)
+        self._state_end = end
 
     def _replay_units(self, start: int, end: int, replayed: dict[int, AbortedTxn]) -> None:
         """Apply the producer properties and FLAGs of the messages [start, end) to the state (`_load_producer_state`);
@@ -556,7 +559,6 @@ class MessageQueue(Partition):
             earlier = replayed.get(queue_offset)
             if completed is None and earlier is not None and earlier.producer_id == info.producer_id:
                 self.aborted_txns.append(earlier)
-        self._state_end = max(self._state_end, end)
 
     def snapshot_producer_state(self, *, force: bool = False) -> bool:
         """Write the producer state as `<log end offset>.snapshot` when PRODUCER_SNAPSHOT_UNITS offsets were
@@ -832,6 +834,7 @@ class MessageQueue(Partition):
             self._pending_replication.clear()
         self.producer_state = ProducerStateManager(self.engine.producer_snapshot_dir(self.topic, self.queue_id))
         self._producer_state_loaded = False
+        self._state_end = 0
 
     def truncated(self) -> None:
         """The engine cut the CommitLog and this queue's units past it (under the put lock): the queue ends where
