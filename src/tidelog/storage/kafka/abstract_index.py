@@ -68,16 +68,20 @@ class AbstractIndex:
             self._length = length
             self.entries = length // size
             self.max_index_size = length - length % size
-            return
-        self.max_index_size = max(size, max_index_size - max_index_size % size)
-        if existed:
-            self.entries = length // size
-            self._length = length
         else:
-            os.ftruncate(self._file.get().fileno(), self.max_index_size)
-            self.entries = 0
-            self._length = self.max_index_size
-            self._dirty = True
+            self.max_index_size = max(size, max_index_size - max_index_size % size)
+            if existed:
+                self.entries = length // size
+                self._length = length
+            else:
+                os.ftruncate(self._file.get().fileno(), self.max_index_size)
+                self.entries = 0
+                self._length = self.max_index_size
+                self._dirty = True
+        self._opened()
+
+    def _opened(self) -> None:
+        """Called once the file is open and its entries counted: a subclass reads what it keeps of its last entry."""
 
     def __enter__(self) -> Self:
         return self

@@ -10,14 +10,12 @@ the dump-log tool read-only (abstract_index.py).
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from tidelog.errors import CorruptIndexError
 from tidelog.storage.kafka.abstract_index import AbstractIndex
-from tidelog.storage.kafka.file_handles import FileHandles
 
 SUFFIX = ".index"
 
@@ -31,16 +29,9 @@ class OffsetIndex(AbstractIndex):
     entry = struct.Struct(">ii")
     entry_dtype = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
 
-    def __init__(
-        self,
-        path: Path,
-        base_offset: int,
-        max_index_size: int = 0,
-        *,
-        writable: bool = True,
-        handles: FileHandles | None = None,
-    ) -> None:
-        super().__init__(path, base_offset, max_index_size, writable=writable, handles=handles)
+    last_offset: int
+
+    def _opened(self) -> None:
         self.last_offset = self._read_last_offset()
 
     def _relative_offset(self, slot: int) -> int:

@@ -11,14 +11,12 @@ writable; the Spark path reader and the dump-log tool read-only (abstract_index.
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from tidelog.errors import CorruptIndexError
 from tidelog.storage.kafka.abstract_index import AbstractIndex
-from tidelog.storage.kafka.file_handles import FileHandles
 
 SUFFIX = ".timeindex"
 NO_TIMESTAMP = -1
@@ -33,16 +31,9 @@ class TimeIndex(AbstractIndex):
     entry = struct.Struct(">qi")
     entry_dtype = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
 
-    def __init__(
-        self,
-        path: Path,
-        base_offset: int,
-        max_index_size: int = 0,
-        *,
-        writable: bool = True,
-        handles: FileHandles | None = None,
-    ) -> None:
-        super().__init__(path, base_offset, max_index_size, writable=writable, handles=handles)
+    last_entry: TimestampOffset
+
+    def _opened(self) -> None:
         self.last_entry = self._read_last_entry()
 
     def _timestamp(self, slot: int) -> int:
