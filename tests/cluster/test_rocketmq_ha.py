@@ -33,7 +33,7 @@ from delivery_check import assert_delivery, make_value
 from kazoo.client import KazooClient
 
 import kafka_wire
-from broker_process import BrokerFactory, BrokerProcess, tidelog_command
+from broker_process import ROCKETMQ_IGNORE_DISK_USAGE, BrokerFactory, BrokerProcess, tidelog_command
 from tidelog.broker.read_replicas import RACK_AWARE_SELECTOR
 from tidelog.codec.record_batch import Record, build_batch
 from tidelog.protocol.messages import ApiKey
@@ -61,9 +61,7 @@ HA = {
     "tidelog.rocketmq.brokerName": GROUP,
     # the machine's disk is shared: other users' files must not make retention delete this module's CommitLog
     # files (a slave would then need offsets its master no longer holds)
-    "tidelog.rocketmq.diskMaxUsedSpaceRatio": 95,
-    "tidelog.rocketmq.diskSpaceCleanForciblyRatio": 95,
-    "tidelog.rocketmq.diskSpaceWarningLevelRatio": 99,
+    **ROCKETMQ_IGNORE_DISK_USAGE,
     "offsets.topic.num.partitions": 2,
     "transaction.state.log.num.partitions": 2,
     "group.initial.rebalance.delay.ms": 0,

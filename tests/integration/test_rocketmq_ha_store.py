@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import tidelog
+from broker_process import ROCKETMQ_IGNORE_DISK_USAGE
 from tidelog import Record
 from tidelog.codec.record_batch import build_batch
 from tidelog.errors import FlushSlaveTimeoutError, NotLeaderOrFollowerError, SlaveNotAvailableError
@@ -40,6 +41,7 @@ HA = {
     "tidelog.rocketmq.haSendHeartbeatInterval": 100,
     "tidelog.rocketmq.haHousekeepingInterval": 3000,
     "tidelog.rocketmq.syncFlushTimeout": 400,
+    **ROCKETMQ_IGNORE_DISK_USAGE,
 }
 TOPICS = {"orders": 2, "events": 1}
 

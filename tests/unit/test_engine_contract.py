@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import tidelog
+from broker_process import ROCKETMQ_IGNORE_DISK_USAGE
 from tidelog import Record
 from tidelog.codec.compression import Compression
 from tidelog.codec.control_record import ControlRecordType, build_control_batch, parse_control_record
@@ -49,6 +50,7 @@ ENGINE_CONFIGS = {
         "tidelog.rocketmq.mapedFileSizeConsumeQueue": 400,
         "tidelog.rocketmq.fileReservedTime": 0,
         "tidelog.rocketmq.deleteCommitLogFilesInterval": 0,
+        **ROCKETMQ_IGNORE_DISK_USAGE,
     },
 }
 

@@ -6,29 +6,22 @@ files below the new CommitLog minimum. The disk ratios are set around the real u
 from __future__ import annotations
 
 import os
-import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 import tidelog
+from broker_process import ROCKETMQ_IGNORE_DISK_USAGE
 from tidelog import Record
 from tidelog.errors import KafkaStorageError, OffsetOutOfRangeError
 from tidelog.storage.rocketmq.engine import RocketMQEngine
-from tidelog.storage.rocketmq.retention import is_time_to_delete
+from tidelog.storage.rocketmq.retention import disk_used_percent, is_time_to_delete
 
 TS = 1_700_000_000_000
 FILE_SIZE = 4096
 HOUR_S = 3600
-# The ratios at their maxima, so that the tests about age and deleteWhen do not depend on how full the disk of the
-# machine running them is (RocketMQ's defaults, 75/85/90 %, are crossed on a busy CI disk). Tests of the ratios set them
-# around the real usage instead.
-IGNORE_DISK_USAGE = {
-    "tidelog.rocketmq.diskMaxUsedSpaceRatio": 95,
-    "tidelog.rocketmq.diskSpaceCleanForciblyRatio": 95,
-    "tidelog.rocketmq.diskSpaceWarningLevelRatio": 99,
-}
 
 
 def open_store(path: Path, **config: object) -> RocketMQEngine:
@@ -37,7 +30,7 @@ def open_store(path: Path, **config: object) -> RocketMQEngine:
         "tidelog.rocketmq.mapedFileSizeConsumeQueue": 200,
         "tidelog.rocketmq.deleteFileBatchMax": 100,
         "tidelog.rocketmq.deleteCommitLogFilesInterval": 0,
-        **IGNORE_DISK_USAGE,
+        **ROCKETMQ_IGNORE_DISK_USAGE,
         **config,
     }
     engine = tidelog.open(path, engine="rocketmq", config=settings, background=False)
@@ -65,11 +58,6 @@ def age_files(files: list[Path], hours: float) -> None:
 
 def other_hour() -> str:
     return str((time.localtime().tm_hour + 12) % 24)
-
-
-def disk_used_percent(path: Path) -> float:
-    usage = shutil.disk_usage(path)
-    return 100.0 * (usage.total - usage.free) / usage.total
 
 
 def test_delete_when_hours() -> None:
@@ -128,6 +116,14 @@ def test_consume_queue_files_below_the_new_minimum_go(tmp_path: Path) -> None:
     with open_store(store) as engine:  # and the same after a restart
         assert engine.log_start_offset("t", 0) == start
         assert [r.value for r in engine.consume("t", 0)] == values[start:]
+
+
+def test_disk_usage_is_measured_as_df_measures_it(tmp_path: Path) -> None:
+    """Reserved blocks count as neither used nor available (RocketMQ's getDiskPartitionSpaceUsedPercent, df's Use%):
+    on a file system that reserves much, free-over-total would call a three-quarters-full disk full."""
+    df = subprocess.run(["df", "--output=pcent", str(tmp_path)], capture_output=True, text=True, check=True)
+    df_percent = int(df.stdout.splitlines()[-1].strip().rstrip("%"))
+    assert abs(disk_used_percent(tmp_path) - df_percent) <= 1  # other processes write meanwhile
 
 
 def test_disk_usage_ratios(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import struct
 from pathlib import Path
 
 import tidelog
+from broker_process import ROCKETMQ_IGNORE_DISK_USAGE
 from tidelog import Record
 from tidelog.codec import rocketmq_message as rm
 from tidelog.codec.record_batch import build_batch
@@ -28,9 +29,7 @@ def open_store(path: Path, **config: object) -> RocketMQEngine:
         "tidelog.rocketmq.mapedFileSizeCommitLog": 4096,
         "tidelog.rocketmq.mapedFileSizeConsumeQueue": 400,
         "tidelog.rocketmq.deleteCommitLogFilesInterval": 0,
-        "tidelog.rocketmq.diskMaxUsedSpaceRatio": 95,
-        "tidelog.rocketmq.diskSpaceCleanForciblyRatio": 95,
-        "tidelog.rocketmq.diskSpaceWarningLevelRatio": 99,
+        **ROCKETMQ_IGNORE_DISK_USAGE,
         **config,
     }
     engine = tidelog.open(path, engine="rocketmq", config=settings, background=False)

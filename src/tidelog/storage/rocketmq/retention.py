@@ -7,6 +7,8 @@ never past the first file that must stay:
 - at any hour while the store's disk is more than `diskMaxUsedSpaceRatio` % used, the same expired files;
 - above `diskSpaceCleanForciblyRatio` %, files regardless of age (cleanImmediately);
 - above `diskSpaceWarningLevelRatio` %, appends are refused (disk full) until usage falls again.
+Usage is measured as RocketMQ's UtilAll.getDiskPartitionSpaceUsedPercent and `df` do: the blocks in use over the
+blocks in use plus those this process may still take, so a file system's reserved blocks count as neither.
 At most `deleteFileBatchMax` files per round, `deleteCommitLogFilesInterval` ms apart. Then each ConsumeQueue
 drops its files whose last unit points below the new CommitLog minimum and moves its minimum offset to the first
 unit still in the CommitLog (the Kafka log start offset follows); the engine's other derived files (IndexFiles) are
@@ -16,7 +18,8 @@ cut the same way. Topics with retention.ms=-1 keep the newest committed value of
 from __future__ import annotations
 
 import logging
-import shutil
+import math
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -40,6 +43,14 @@ def is_time_to_delete(delete_when: str, now_ms: int) -> bool:
     return any(part.strip().isdigit() and int(part) == hour for part in delete_when.split(";"))
 
 
+def disk_used_percent(path: str | os.PathLike[str]) -> float:
+    """How full the file system holding `path` is, in whole percent rounded up (as RocketMQ rounds it)."""
+    stats = os.statvfs(path)
+    used = stats.f_blocks - stats.f_bfree
+    entire = used + stats.f_bavail
+    return math.ceil(100 * used / entire) if entire else 0.0
+
+
 class CleanCommitLogService:
     def __init__(self, engine: RocketMQEngine) -> None:
         self.engine = engine
@@ -47,8 +58,7 @@ class CleanCommitLogService:
         self.disk_full = False
 
     def measure_disk(self) -> float:
-        usage = shutil.disk_usage(self.engine.root)
-        self.disk_usage_ratio = 100.0 * (usage.total - usage.free) / usage.total if usage.total else 0.0
+        self.disk_usage_ratio = disk_used_percent(self.engine.root)
         self.disk_full = self.disk_usage_ratio > self.engine.store_config.disk_space_warning_level_ratio
         return self.disk_usage_ratio
 
