@@ -1017,6 +1017,8 @@ class LogConfig:
                 raise ConfigError(f"unknown topic config {name!r}")
             value = key.convert(raw)
             changes[name.replace(".", "_")] = tuple(value) if isinstance(value, list) else value
+        if not changes:  # most topics: no copy (a broker opening many partitions asks once per partition)
+            return self
         config = replace(self, **changes)
         config.check()
         return config

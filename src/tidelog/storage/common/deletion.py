@@ -12,6 +12,7 @@ would not fit in a file name.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import uuid
@@ -88,7 +89,8 @@ class DirectoryDeleter:
 
 def finish_deletions(parent: Path) -> None:
     """Remove the directories under `parent` that a deletion renamed but did not remove before a stop."""
-    for path in sorted(parent.iterdir()):
-        if path.is_dir() and is_deletion_name(path.name):
-            log.info("%s: finishing the deletion of %s", parent, path.name)
+    for name in sorted(os.listdir(parent)):  # names first: a stat only for a deletion's name (many partitions)
+        path = parent / name
+        if is_deletion_name(name) and path.is_dir():
+            log.info("%s: finishing the deletion of %s", parent, name)
             remove_tree(path)

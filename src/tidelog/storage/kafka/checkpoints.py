@@ -36,11 +36,14 @@ def write_leader_epoch_checkpoint(path: Path, epochs: Iterable[tuple[int, int]])
     write_framed(path, [f"{epoch} {start}" for epoch, start in epochs])
 
 
-def read_leader_epoch_checkpoint(path: Path) -> list[tuple[int, int]]:
-    if not path.exists():
-        return []
+def read_leader_epoch_checkpoint(path: Path) -> list[tuple[int, int]] | None:
+    """The (epoch, start offset) entries, or None when the file is absent."""
+    try:
+        framed = read_framed(path)
+    except FileNotFoundError:
+        return None
     epochs = []
-    for fields in read_framed(path):
+    for fields in framed:
         try:
             epoch, start = (int(f) for f in fields)
         except ValueError as exc:
@@ -58,10 +61,12 @@ def write_partition_metadata(path: Path, topic_id: str) -> None:
 
 def read_partition_metadata(path: Path) -> str | None:
     """The topic id, or None when the file is absent."""
-    if not path.exists():
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
         return None
     fields = {}
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         parts = re.split(r":\s+", line.strip(), maxsplit=1)
         if len(parts) == 2:
             fields[parts[0]] = parts[1]

@@ -207,9 +207,10 @@ class KafkaEngine(StorageEngine):
             self._read_checkpoint(log_dir / checkpoints.REPLICATION_OFFSET_CHECKPOINT) if self.config.replicated else {}
         )
         finish_deletions(log_dir)
-        for path in sorted(log_dir.iterdir()):
-            name = path.name
-            match = PARTITION_DIR.match(name) if path.is_dir() else None
+        with os.scandir(log_dir) as entries:  # the kind of each entry comes with the listing: no stat per partition
+            listing = sorted((entry.name, entry.is_dir()) for entry in entries)
+        for name, is_dir in listing:
+            match = PARTITION_DIR.match(name) if is_dir else None
             if match is None or name in FOREIGN_PARTITION_DIRS:
                 if name not in KNOWN_LOG_DIR_FILES and name.removesuffix(".tmp") not in KNOWN_LOG_DIR_FILES:
                     log.warning("%s: %s is not a partition of ours; leaving it alone", log_dir, name)

@@ -226,8 +226,6 @@ class LeaderEpochCache:
 
 def _read(path: Path, name: str) -> list[tuple[int, int]] | None:
     """The checkpointed entries, or None when the file is missing or unreadable."""
-    if not path.exists():
-        return None
     try:
         return checkpoints.read_leader_epoch_checkpoint(path)
     except CorruptCheckpointError as exc:

@@ -103,10 +103,10 @@ class LogLoader:
     def load(self, recovery_point: int, log_start_offset: int, had_clean_shutdown: bool) -> LoadedLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._check_partition_metadata()
-        needs_recovery = self._clean_up_files()
+        needs_recovery, names = self._clean_up_files()
         now = self.clock()
         segments: list[LogSegment] = []
-        names = set(os.listdir(self.directory))  # one listing, no stat per file: a broker opens many partitions
+        last_offsets: dict[int, int | None] = {}  # base -> last offset held (None: none), from the sanity checks
         for name in sorted(n for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_FILE.match(n)):
             base = offset_from_file_name(name)
             index_missing = segment_file_name(base, INDEX_SUFFIX) not in names
@@ -117,17 +117,17 @@ class LogLoader:
                 needs_recovery.add(base)
             else:
                 try:
-                    segment.sanity_check()
+                    last_offsets[base] = segment.sanity_check()
                 except TidelogError as exc:
                     log.warning("%s: %s; rebuilding the indexes of segment %d", self.name, exc, base)
                     needs_recovery.add(base)
             segments.append(segment)
 
         recovered_epochs, recovered = self._recover(
-            segments, needs_recovery, None if had_clean_shutdown else recovery_point
+            segments, needs_recovery, None if had_clean_shutdown else recovery_point, last_offsets
         )
 
-        log_end_offset = _log_end_offset(segments)
+        log_end_offset = _log_end_offset(segments, {b: last_offsets[b] for b in last_offsets.keys() - recovered})
         if segments and log_end_offset < log_start_offset:
             log.warning(
                 "%s: log end %d is below the checkpointed log start %d; starting empty at %d",
@@ -165,10 +165,15 @@ class LogLoader:
         return LoadedLog(segments, log_start_offset, recovery_point, log_end_offset, producer_state, epochs)
 
     def _recover(
-        self, segments: list[LogSegment], needs_recovery: set[int], recovery_point: int | None
+        self,
+        segments: list[LogSegment],
+        needs_recovery: set[int],
+        recovery_point: int | None,
+        last_offsets: dict[int, int | None],
     ) -> tuple[list[tuple[int, int]], set[int]]:
         """Recover the segments in `needs_recovery` and, after an unclean shutdown (a `recovery_point`), every one
         from the segment holding it; at a truncation the later segments are deleted (and dropped from `segments`).
+        `last_offsets`: what the sanity checks found, so that a segment kept is not walked again.
         Returns the leader epochs the recovered segments hold, in log order, and their base offsets."""
         recovered: set[int] = set()
         if not segments:
@@ -178,12 +183,12 @@ class LogLoader:
         previous_last = -1
         for slot, segment in enumerate(list(segments)):
             if slot < first_to_recover and segment.base_offset not in needs_recovery:
-                previous_last = _last_offset_in(segment, previous_last)
+                previous_last = _last_offset_in(segment, previous_last, last_offsets)
                 continue
             result = segment.recover(previous_last)
             recovered.add(segment.base_offset)
             epochs += result.leader_epochs
-            previous_last = _last_offset_in(segment, previous_last)
+            previous_last = _last_offset_in(segment, previous_last, {})
             if result.truncated_bytes:
                 log.warning(
                     "%s: recovery truncated %d bytes of segment %d (%s)",
@@ -232,18 +237,21 @@ class LogLoader:
                 )
             checkpoints.write_partition_metadata(path, self.topic_id)
 
-    def _clean_up_files(self) -> set[int]:
+    def _clean_up_files(self) -> tuple[set[int], set[str]]:
         """Step 2: finish or undo interrupted file operations; report stray files. Returns the base offsets of the
-        segments that need recovery (those a swap put in place)."""
+        segments that need recovery (those a swap put in place) and the names the directory holds afterwards.
+        Names are listed, never stat'ed, and paths are made only for the files acted on: a broker opens many
+        partitions."""
         names = sorted(os.listdir(self.directory))
         cleaned_bases = [offset_from_file_name(n) for n in names if n.endswith(CLEANED_SUFFIX) and n[:20].isdigit()]
         min_cleaned = min(cleaned_bases, default=None)
         swaps: list[str] = []
+        changed = False
         for name in names:
-            path = self.directory / name
             if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX)) or OWN_TEMP_FILE.match(name):
                 log.info("%s: removing leftover %s", self.name, name)
-                path.unlink(missing_ok=True)
+                (self.directory / name).unlink(missing_ok=True)
+                changed = True
             elif name.endswith(SWAP_SUFFIX):
                 final = name[: -len(SWAP_SUFFIX)]
                 if not SEGMENT_FILE.match(final):
@@ -252,27 +260,26 @@ class LogLoader:
                     LOG_SUFFIX
                 ):
                     log.info("%s: removing %s of an unfinished replacement", self.name, name)
-                    path.unlink()
+                    (self.directory / name).unlink()
+                    changed = True
                 else:
                     swaps.append(name)
         needs_recovery: set[int] = set()
         for name in swaps:
             needs_recovery.add(self._complete_swap(name))
-        names = os.listdir(self.directory)  # again: leftovers went, swaps renamed files
-        present = set(names)
-        for name in names:
-            path = self.directory / name
+        present = set(os.listdir(self.directory)) if changed or swaps else set(names)  # leftovers went, swaps moved
+        for name in sorted(present):
             if name in (checkpoints.PARTITION_METADATA, checkpoints.LEADER_EPOCH_CHECKPOINT, KEY_INDEX_DIR):
                 continue
             if not SEGMENT_FILE.match(name):
                 log.warning("%s: stray file %s is not part of a Kafka log; leaving it alone", self.name, name)
                 continue
-            if name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)):
-                log_file = self.directory / segment_file_name(offset_from_file_name(name), LOG_SUFFIX)
-                if log_file.name not in present:
-                    log.info("%s: removing index %s that has no .log", self.name, name)
-                    path.unlink()
-        return needs_recovery
+            is_index = name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX))
+            if is_index and segment_file_name(offset_from_file_name(name), LOG_SUFFIX) not in present:
+                log.info("%s: removing index %s that has no .log", self.name, name)
+                (self.directory / name).unlink()
+                present.discard(name)
+        return needs_recovery, present
 
     def _complete_swap(self, swap_name: str) -> int:
         """Put a finished `.log.swap` in place of the segments its offsets cover; returns its base offset. The covered
@@ -306,7 +313,11 @@ def _segment_slot(segments: list[LogSegment], offset: int) -> int:
     return max(0, bisect.bisect_right(segments, offset, key=lambda segment: segment.base_offset) - 1)
 
 
-def _last_offset_in(segment: LogSegment, previous_last: int) -> int:
+def _last_offset_in(segment: LogSegment, previous_last: int, known: dict[int, int | None]) -> int:
+    """The last offset `segment` holds (`previous_last` when it holds none); `known`: found earlier, by base."""
+    if segment.base_offset in known:
+        found = known[segment.base_offset]
+        return previous_last if found is None else found
     last = previous_last
     position = segment.index.lookup(segment.index.last_offset).position if segment.index.entries else 0
     for location in segment.batch_locations(position):
@@ -314,8 +325,15 @@ def _last_offset_in(segment: LogSegment, previous_last: int) -> int:
     return last
 
 
-def _log_end_offset(segments: list[LogSegment]) -> int:
-    return segments[-1].end_offset() if segments else 0
+def _log_end_offset(segments: list[LogSegment], known: dict[int, int | None]) -> int:
+    """The offset after the last batch; `known`: the last offsets of unchanged segments, found earlier, by base."""
+    if not segments:
+        return 0
+    last = segments[-1]
+    if last.base_offset in known:
+        found = known[last.base_offset]
+        return last.base_offset if found is None else found + 1
+    return last.end_offset()
 
 
 def rebuild_producer_state(

@@ -418,8 +418,9 @@ class LogSegment:
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
-    def sanity_check(self) -> None:
+    def sanity_check(self) -> int | None:
         """Run before the indexes of a segment are trusted at open; raises CorruptIndexError (then both are rebuilt).
+        Returns the last offset the segment holds (None when it holds no batch), which the walk finds anyway.
 
         Beyond each index's own checks: the offset index's last entry names a batch that starts at its position
         and ends at or before its offset, and the time index ends within the segment with an entry at least as
@@ -427,34 +428,34 @@ class LogSegment:
         self.index.sanity_check(self.size)
         self.time_index.sanity_check()
         self.txn_index.sanity_check()
-        position, last_offset, tail_max_timestamp = 0, self.base_offset - 1, NO_TIMESTAMP
+        entry = self.index.entry_at(self.index.entries - 1) if self.index.entries else None
+        last_offset: int | None = None
+        tail_max_timestamp = NO_TIMESTAMP
         try:
-            if self.index.entries:
-                entry = self.index.entry_at(self.index.entries - 1)
-                first = next(self.batch_locations(entry.position), None)
-                if first is None or first.last_offset > entry.offset:
-                    raise CorruptIndexError(
-                        f"{self.index.path}: last entry ({entry.offset} at byte {entry.position}) "
-                        f"does not name a batch of the log"
-                    )
-                position = entry.position
-            for location in self.batch_locations(position):
+            for location in self.batch_locations(0 if entry is None else entry.position):  # one walk over the tail
+                if last_offset is None and entry is not None and location.last_offset > entry.offset:
+                    break
                 last_offset = location.last_offset
                 tail_max_timestamp = max(tail_max_timestamp, location.max_timestamp)
-        except CorruptIndexError:
-            raise
         except TidelogError as exc:
             raise CorruptIndexError(f"{self.index.path}: its last entry leads to unreadable bytes ({exc})") from exc
-        if self.time_index.entries and self.time_index.last_entry.offset > last_offset:
+        if entry is not None and last_offset is None:
+            raise CorruptIndexError(
+                f"{self.index.path}: last entry ({entry.offset} at byte {entry.position}) "
+                "does not name a batch of the log"
+            )
+        checked_last = self.base_offset - 1 if last_offset is None else last_offset
+        if self.time_index.entries and self.time_index.last_entry.offset > checked_last:
             raise CorruptIndexError(
                 f"{self.time_index.path}: last entry names offset {self.time_index.last_entry.offset}, "
-                f"beyond the segment's last offset {last_offset}"
+                f"beyond the segment's last offset {checked_last}"
             )
         if self.time_index.last_entry.timestamp < tail_max_timestamp:  # its final (max timestamp) entry is gone
             raise CorruptIndexError(
                 f"{self.time_index.path}: ends at timestamp {self.time_index.last_entry.timestamp}, "
                 f"below the timestamp {tail_max_timestamp} of a batch at the end of the segment"
             )
+        return last_offset
 
     def on_become_inactive(self) -> None:
         """On roll: record the final max timestamp and trim both indexes to their entries."""
