@@ -8,9 +8,13 @@ without an entry), written every replica.high.watermark.checkpoint.interval.ms a
 ReplicaManager does. Topic settings that Kafka keeps in its metadata quorum live in
 `tidelog-topics.json` at the top of each log dir - a plain file, which Kafka's own loader ignores.
 Opening takes an exclusive lock on every dir, reads and removes the clean-shutdown marker, and
-loads each partition (recovering it if the marker was absent). Closing flushes, checkpoints and
-writes the marker last. The engine owns the thread that checks large batches while they are written
-(batch_check.py), shared by its partitions and stopped when it closes.
+loads each partition (recovering it if the marker was absent). After a clean shutdown an engine with background
+threads lists its partitions and opens each when it is first used, while a thread of its own opens the rest in
+the background (a broker with many partitions serves sooner; Kafka's LazyIndex defers its indexes the same way):
+until then a partition's offsets are the checkpointed ones, which the clean shutdown wrote and nothing has moved
+since. Without background threads, or after an unclean shutdown (recovery first), every partition opens at once.
+Closing flushes, checkpoints and writes the marker last. The engine owns the thread that checks large batches while
+they are written (batch_check.py), shared by its partitions and stopped when it closes.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import resource
 import threading
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,6 +85,17 @@ FLUSH_THREADS = 8  # threads syncing partitions when many are dirty
 _T = TypeVar("_T")
 
 
+@dataclass(frozen=True, slots=True)
+class UnopenedLog:
+    """A partition found at a clean start and not opened yet: where it is, and its checkpointed offsets (what the
+    checkpoints keep saying for it until it opens)."""
+
+    log_dir: Path
+    recovery_point: int
+    log_start_offset: int
+    high_watermark: int | None
+
+
 class KafkaEngine(StorageEngine):
     def __init__(
         self,
@@ -97,6 +112,8 @@ class KafkaEngine(StorageEngine):
         self._closed = False
         self._dir_locks: list[int] = []
         self.logs: dict[tuple[str, int], PartitionLog] = {}
+        self._unopened: dict[tuple[str, int], UnopenedLog] = {}  # opened on first use or by the opener thread
+        self._opener: threading.Thread | None = None
         self.key_indexes: dict[tuple[str, int], PartitionKeyIndex] = {}  # tidelog.index.keys=true
         self._log_dir_of: dict[tuple[str, int], Path] = {}
         self.registry = TopicRegistry(self.log_dirs)
@@ -130,6 +147,9 @@ class KafkaEngine(StorageEngine):
             self._release_dir_locks()
             raise
         self._schedule_background_tasks()
+        if self._unopened:
+            self._opener = threading.Thread(target=self._open_the_rest, name="tidelog-log-opener", daemon=True)
+            self._opener.start()
 
     @property
     def compacts_topics(self) -> bool:
@@ -216,7 +236,7 @@ class KafkaEngine(StorageEngine):
                     log.warning("%s: %s is not a partition of ours; leaving it alone", log_dir, name)
                 continue
             topic, partition = match["topic"], int(match["partition"])
-            if (topic, partition) in self.logs:
+            if (topic, partition) in self._log_dir_of:
                 raise KafkaStorageError(
                     f"partition {name} exists in two log directories: "
                     f"{self._log_dir_of[(topic, partition)]} and {log_dir}"
@@ -229,15 +249,73 @@ class KafkaEngine(StorageEngine):
             if record.local is not None and partition not in record.local:  # held after all: its directory is here
                 record.local = sorted({*record.local, partition})
                 self.registry.dirty = True
-            self._open_partition(
+            unopened = UnopenedLog(
                 log_dir,
-                topic,
-                partition,
-                recovery_point=recovery_points.get((topic, partition), 0),
-                log_start_offset=start_offsets.get((topic, partition), 0),
-                had_clean_shutdown=clean,
-                high_watermark=high_watermarks.get((topic, partition)),
+                recovery_points.get((topic, partition), 0),
+                start_offsets.get((topic, partition), 0),
+                high_watermarks.get((topic, partition)),
             )
+            if clean and self.scheduler is not None:
+                self._unopened[(topic, partition)] = unopened
+                self._log_dir_of[(topic, partition)] = log_dir
+            else:
+                self._open_unopened(topic, partition, unopened, had_clean_shutdown=clean)
+
+    def _open_unopened(
+        self, topic: str, partition: int, unopened: UnopenedLog, *, had_clean_shutdown: bool = True
+    ) -> PartitionLog:
+        return self._open_partition(
+            unopened.log_dir,
+            topic,
+            partition,
+            recovery_point=unopened.recovery_point,
+            log_start_offset=unopened.log_start_offset,
+            had_clean_shutdown=had_clean_shutdown,
+            high_watermark=unopened.high_watermark,
+        )
+
+    def _opened(self, key: tuple[str, int]) -> PartitionLog | None:
+        """The partition's log, opened now if it has not been yet; None for a partition this engine does not hold."""
+        partition_log = self.logs.get(key)
+        if partition_log is not None:
+            return partition_log
+        if key not in self._unopened:  # never was, or opened since the first look (logs gets it before this loses it)
+            return self.logs.get(key)
+        with self._lock:
+            self._check_open()
+            unopened = self._unopened.get(key)
+            if unopened is None:  # opened meanwhile (or deleted)
+                return self.logs.get(key)
+            partition_log = self._open_unopened(*key, unopened)
+            del self._unopened[key]
+            return partition_log
+
+    def _open_the_rest(self) -> None:
+        """The opener thread: every partition not opened yet, one at a time, until none is left or the engine closes."""
+        started = self.clock()
+        count = 0
+        with self._lock:
+            keys = sorted(self._unopened)
+        for key in keys:
+            with self._lock:
+                if self._closed:
+                    return
+            try:
+                if key in self._unopened:
+                    self._opened(key)
+                    count += 1
+            except LogClosedError:
+                return
+            except Exception:  # the partition stays unopened; its first use opens it again and reports the error
+                log.exception("%s-%d: cannot open the partition", *key)
+        log.info("opened %d partitions in the background in %d ms", count, self.clock() - started)
+        self._schedule_flush_check()  # their flush.ms now counts
+
+    def _open_all(self) -> None:
+        with self._lock:
+            keys = sorted(self._unopened)
+        for key in keys:
+            self._opened(key)
 
     def _topic_id_on_disk(self, topic: str) -> str:
         """The id most of the topic's partition.metadata files agree on (a new one if none is readable)."""
@@ -257,7 +335,7 @@ class KafkaEngine(StorageEngine):
         changed = False
         for topic, record in self.registry.topics.items():
             for partition in record.held():
-                if (topic, partition) not in self.logs:
+                if (topic, partition) not in self._log_dir_of:
                     self._open_partition(self._least_loaded_dir(), topic, partition)
                     changed = True
         missing_file = self.registry.topics and self.registry.copies_missing()
@@ -431,21 +509,37 @@ class KafkaEngine(StorageEngine):
         return sum(partition_log.delete_old_segments() for partition_log in list(self.logs.values()))
 
     def checkpoint_recovery_points(self) -> None:
-        self._write_offset_checkpoints(checkpoints.RECOVERY_POINT_CHECKPOINT, lambda lg: lg.recovery_point)
+        self._write_offset_checkpoints(
+            checkpoints.RECOVERY_POINT_CHECKPOINT, lambda lg: lg.recovery_point, lambda un: un.recovery_point
+        )
 
     def checkpoint_log_start_offsets(self) -> None:
-        self._write_offset_checkpoints(checkpoints.LOG_START_OFFSET_CHECKPOINT, lambda lg: lg.log_start_offset)
+        self._write_offset_checkpoints(
+            checkpoints.LOG_START_OFFSET_CHECKPOINT, lambda lg: lg.log_start_offset, lambda un: un.log_start_offset
+        )
 
     def checkpoint_high_watermarks(self) -> None:
         """replication-offset-checkpoint: every partition's high watermark (a replicated engine only)."""
         if self.config.replicated:
-            self._write_offset_checkpoints(checkpoints.REPLICATION_OFFSET_CHECKPOINT, lambda lg: lg.high_watermark)
+            self._write_offset_checkpoints(
+                checkpoints.REPLICATION_OFFSET_CHECKPOINT, lambda lg: lg.high_watermark, lambda un: un.high_watermark
+            )
 
-    def _write_offset_checkpoints(self, file_name: str, value: Callable[[PartitionLog], int]) -> None:
+    def _write_offset_checkpoints(
+        self,
+        file_name: str,
+        value: Callable[[PartitionLog], int],
+        unopened_value: Callable[[UnopenedLog], int | None],
+    ) -> None:
+        """Every partition's `value`; a partition not opened yet keeps the one its checkpoint held (none: left out)."""
         with self._lock:
             by_dir: dict[Path, dict[tuple[str, int], int]] = {d: {} for d in self.log_dirs}
             for key, partition_log in self.logs.items():
                 by_dir[self._log_dir_of[key]][key] = value(partition_log)
+            for key, unopened in self._unopened.items():
+                kept = unopened_value(unopened)
+                if kept is not None:
+                    by_dir[unopened.log_dir][key] = kept
         for log_dir, offsets in by_dir.items():
             write_offset_checkpoint(log_dir / file_name, offsets)
 
@@ -483,7 +577,7 @@ class KafkaEngine(StorageEngine):
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if hard == resource.RLIM_INFINITY:
             return
-        room = hard * PARTITIONS_PER_OPEN_FILE - len(self.logs)
+        room = hard * PARTITIONS_PER_OPEN_FILE - len(self._log_dir_of)
         if new_partitions > room:
             raise InvalidPartitionsError(
                 f"topic {topic}: {new_partitions} more partitions would exceed {PARTITIONS_PER_OPEN_FILE} per "
@@ -499,6 +593,12 @@ class KafkaEngine(StorageEngine):
             self.registry.save()
 
     def _delete_partition(self, name: str, partition: int) -> None:
+        unopened = self._unopened.pop((name, partition), None)
+        if unopened is not None:  # nothing open to close: its directory goes as it is
+            self._log_dir_of.pop((name, partition))
+            self.cleaner.forget((name, partition))
+            self.deleter.delete_later(unopened.log_dir / partition_dir_name(name, partition))
+            return
         partition_log = self.logs.pop((name, partition))
         self._log_dir_of.pop((name, partition))
         self.cleaner.forget((name, partition))
@@ -550,7 +650,7 @@ class KafkaEngine(StorageEngine):
             new_config = self._log_config_for(configs)
             record.configs = {k: str(v) for k, v in configs.items()}
             for partition in record.held():
-                self.logs[(name, partition)].update_config(new_config)
+                self._opened_log(name, partition).update_config(new_config)
             self.registry.save()
             self._schedule_flush_check()
 
@@ -562,7 +662,7 @@ class KafkaEngine(StorageEngine):
             self.config = replace(self.config, log_defaults=defaults)
             for name, record in records.items():
                 for partition in record.held():
-                    self.logs[(name, partition)].update_config(configs[name])
+                    self._opened_log(name, partition).update_config(configs[name])
             self._schedule_flush_check()
 
     def topics(self) -> dict[str, TopicDescription]:
@@ -571,16 +671,24 @@ class KafkaEngine(StorageEngine):
     # --- data -------------------------------------------------------------------------------------------------
 
     def partition_log(self, topic: str, partition: int) -> PartitionLog:
-        try:
-            return self.logs[(topic, partition)]
-        except KeyError:
+        partition_log = self._opened((topic, partition))
+        if partition_log is None:
             self._check_open()
-            raise self.registry.unknown_partition(topic, partition) from None
+            raise self.registry.unknown_partition(topic, partition)
+        return partition_log
+
+    def _opened_log(self, topic: str, partition: int) -> PartitionLog:
+        """A partition the engine holds, opened now if it was not yet."""
+        partition_log = self._opened((topic, partition))
+        assert partition_log is not None, f"{topic}-{partition} is held but has no log"
+        return partition_log
 
     def partition(self, topic: str, partition: int) -> PartitionLog:
         return self.partition_log(topic, partition)
 
     def partitions(self) -> dict[tuple[str, int], PartitionLog]:
+        """Every partition, those not opened yet opened now."""
+        self._open_all()
         return dict(self.logs)
 
     def log_dir_of(self, topic: str, partition: int) -> Path:
@@ -632,6 +740,8 @@ class KafkaEngine(StorageEngine):
             if self._closed:
                 return
             self._closed = True
+        if self._opener is not None:
+            self._opener.join()  # stops before its next partition; the unopened ones stay as they are on disk
         if self.cleaner_scheduler is not None:
             self.cleaner.abort()  # a pass in progress stops at its next chunk and leaves the log as it was
             self.cleaner_scheduler.shutdown()
