@@ -8,8 +8,9 @@ left as it is) on a fresh directory, and confluent-kafka clients:
 2. CreateTopics for --topics topics of --partitions-per-topic partitions (default 200 x 100), --create-batch topics a
    request;
 3. produce one record to every partition (acks=all), consume every partition from offset 0 and check each record;
-4. clean restart (SIGTERM, then start): shutdown and start times; resident memory once idle, and per partition against
-   the empty broker; every partition read again;
+4. clean restart (SIGTERM, then start): shutdown and start times (ready to serve, then every partition opened by the
+   engine's opener thread, from the broker's log); resident memory once idle, and per partition against the empty
+   broker; every partition read again;
 5. one more record to every partition (acks=all), kill -9, start (every partition recovers from its recovery point):
    the start time; every partition read again, both records each.
 
@@ -36,6 +37,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from benchutil import add_dir_argument, console, new_table, print_machine, scratch_dir
 
 READY = re.compile(r"tidelog broker ready on port\(s\) (\d+)")
+ALL_OPENED = re.compile(r"opened (\d+) partitions in the background in (\d+) ms")
 START_TIMEOUT_S = 600.0
 CLIENT_TIMEOUT_S = 600.0
 
@@ -51,6 +53,9 @@ class Broker:
     proc: subprocess.Popen[bytes]
     port: int
     started_s: float
+    began: float  # perf_counter at the start of the process
+    stderr_path: Path
+    stderr_start: int  # where this run's log starts in stderr_path
 
     @classmethod
     def start(cls, scratch: Path) -> Broker:
@@ -60,6 +65,7 @@ class Broker:
         begin = time.perf_counter()
         with stdout.open("ab") as out, stderr.open("ab") as err:
             start_at = stdout.stat().st_size
+            stderr_at = stderr.stat().st_size
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, preexec_fn=_child_setup, start_new_session=True
             )
@@ -69,7 +75,7 @@ class Broker:
                 handle.seek(start_at)
                 found = READY.search(handle.read().decode(errors="replace"))
             if found:
-                return cls(proc, int(found[1]), time.perf_counter() - begin)
+                return cls(proc, int(found[1]), time.perf_counter() - begin, begin, stderr, stderr_at)
             time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
@@ -79,6 +85,18 @@ class Broker:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def all_opened_s(self) -> float | None:
+        """Seconds from the start of the process until the engine's opener thread logged that every partition left
+        after a clean start is open (waits for it); None if the broker exits or the line never comes."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with self.stderr_path.open("rb") as handle:
+                handle.seek(self.stderr_start)
+                if ALL_OPENED.search(handle.read().decode(errors="replace")):
+                    return time.perf_counter() - self.began
+            time.sleep(0.05)
+        return None
 
     def rss_mib(self) -> float:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
@@ -193,7 +211,9 @@ def main() -> None:
             rows.append(("open files after produce and consume", str(broker.open_files())))
             rows.append(("clean shutdown", f"{broker.stop():.1f} s"))
             broker = Broker.start(scratch)
-            rows.append(("clean restart: start", f"{broker.started_s:.1f} s"))
+            rows.append(("clean restart: start (ready to serve)", f"{broker.started_s:.1f} s"))
+            opened = broker.all_opened_s()
+            rows.append(("clean restart: every partition opened", "-" if opened is None else f"{opened:.1f} s"))
             time.sleep(5)
             idle_rss = broker.rss_mib()
             rows.append(("resident memory, idle after the clean restart", f"{idle_rss:.0f} MiB"))
