@@ -973,8 +973,11 @@ class ProducerInfo(NamedTuple):
 
 def producer_info(properties: bytes | bytearray | memoryview) -> ProducerInfo | None:
     text = property_value(properties, PROPERTY_PRODUCER)
-    if text is None:
-        return None
+    return None if text is None else parse_producer_info(text)
+
+
+def parse_producer_info(text: str) -> ProducerInfo:
+    """A KAFKA_PRODUCER value: `<producer id>/<epoch>/<base sequence>/<record count>`."""
     producer_id, epoch, base_sequence, count = (int(part) for part in text.split("/"))
     return ProducerInfo(producer_id, epoch, base_sequence, count)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tidelog.codec.rocketmq_batches import PADDING
 from tidelog.codec.rocketmq_message import (
     BLANK_MAGIC,
     BORN_TIMESTAMP_POSITION,
@@ -189,6 +190,30 @@ class CommitLog:
         if isinstance(item, Blank):
             raise InvalidMessage(f"BLANK marker at {offset}, not a message")
         return item
+
+    def read_runs(self, offsets: np.ndarray, sizes: np.ndarray) -> tuple[bytearray, np.ndarray, int] | None:
+        """The messages at CommitLog `offsets` (ascending, `sizes` long) that lie in the file of the first, read
+        with one copy per run of adjacent messages: (their bytes back to back and rocketmq_batches.PADDING zero
+        bytes, where each starts in them, how many of the offsets that covers). None when that file is gone
+        (retention)."""
+        mapped_file = self.queue.find(int(offsets[0]))
+        if mapped_file is None:
+            return None
+        start = mapped_file.file_from_offset
+        count = int(np.searchsorted(offsets, start + self.file_size))
+        offsets, sizes = offsets[:count] - start, sizes[:count]
+        ends = offsets + sizes
+        if int(ends[-1]) > mapped_file.wrote_position:
+            raise KafkaStorageError(f"{mapped_file.path}: a ConsumeQueue unit points past the written end")
+        breaks = np.flatnonzero(offsets[1:] != ends[:-1]) + 1
+        run_starts = offsets[np.concatenate([[0], breaks])].tolist()
+        run_ends = ends[np.concatenate([breaks - 1, [count - 1]])].tolist()
+        positions = np.cumsum(sizes) - sizes
+        data = bytearray(int(positions[-1] + sizes[-1]) + PADDING)
+        with memoryview(data) as target:
+            for a, b, at in zip(run_starts, run_ends, positions[np.concatenate([[0], breaks])].tolist(), strict=True):
+                mapped_file.read_into(a, target[at : at + b - a])
+        return data, positions, count
 
     def read_born_timestamps(self, offsets: np.ndarray) -> np.ndarray:
         """The record timestamps of the messages at `offsets` (int64 array), gathered with numpy from each file's

@@ -632,6 +632,16 @@ class RocketMQEngine(StorageEngine):
         if self.index is not None:
             self.index.delete_expired_files(commitlog_min_offset)
 
+    def read_runs(self, physical_offsets: np.ndarray, sizes: np.ndarray) -> tuple[bytearray, np.ndarray, int]:
+        """CommitLog.read_runs for a queue's units: the messages of the first one's file."""
+        try:
+            found = self.commitlog.read_runs(physical_offsets, sizes)
+        except (ValueError, OSError):  # the file was closed or deleted under us
+            found = None
+        if found is None:
+            raise OffsetOutOfRangeError(f"CommitLog offset {int(physical_offsets[0])} was deleted by retention")
+        return found
+
     def read_message(self, physical_offset: int, size: int) -> rm.Message:
         """The message at a CommitLog offset (a ConsumeQueue unit), without a CRC check."""
         mapped_file = self.commitlog.queue.find(physical_offset)

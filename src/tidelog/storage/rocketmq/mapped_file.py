@@ -153,6 +153,14 @@ class MappedFile:
             return self.map[position : position + size]
         return os.pread(self.fd, size, position)
 
+    def read_into(self, position: int, target: memoryview) -> None:
+        """Fill `target` with the bytes at `position` (inside the file): one copy, none in between."""
+        if self.map is not None:
+            with memoryview(self.map) as mapped:
+                target[:] = mapped[position : position + len(target)]
+        elif os.preadv(self.fd, [target], position) != len(target):
+            raise KafkaStorageError(f"{self.path}: short read of {len(target)} bytes at {position}")
+
     def flush(self) -> int:
         """fdatasync what was written so far (covers writes through the mapping, too); returns the new flushed
         position. Only a successful sync advances it (RocketMQ issue #2706: never acknowledge what failed)."""

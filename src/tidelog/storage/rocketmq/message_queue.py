@@ -57,10 +57,7 @@ from tidelog.codec.control_record import (
 from tidelog.codec.record_batch import (
     CONTROL_MASK,
     NO_SEQUENCE,
-    TRANSACTIONAL_MASK,
     BatchHeader,
-    Record,
-    build_batch,
     check_crc,
     check_header_fields,
     check_producer_batch,
@@ -68,6 +65,7 @@ from tidelog.codec.record_batch import (
     read_header,
 )
 from tidelog.codec.record_check import check_timestamps_within
+from tidelog.codec.rocketmq_batches import TXN_ATTRIBUTES, CorruptMessageError, rebuild_batches
 from tidelog.codec.rocketmq_columns import decode_batch
 from tidelog.config import LogConfig
 from tidelog.errors import (
@@ -106,11 +104,17 @@ if TYPE_CHECKING:
 _PATCHED_BYTES = np.concatenate(
     [np.arange(rm.QUEUE_OFFSET_POSITION, rm.QUEUE_OFFSET_POSITION + 16), np.arange(rm.STORE_TIMESTAMP_POSITION, 64)]
 )
-READ_UNITS = 1024  # ConsumeQueue units read per round of a fetch
+READ_UNITS = 1024  # ConsumeQueue units read per round of a scan (retention, producer state)
+MAX_READ_UNITS = 32768  # at most this many ConsumeQueue units per round of a fetch
+MIN_MESSAGE_BYTES = 128  # no stored message is smaller (header, topic, UNIQ_KEY): bounds the units a fetch reads
+# A fetch reads the messages whose stored bytes may fill its budget: the budget times the stored bytes per byte of
+# batch its queue's last read saw (a record takes fewer bytes in a batch than as a message: from nearly the same
+# for large values to a third for small ones) times READ_AHEAD, 3 before a first read. Reading too few costs
+# another round, too many a larger copy and decode of what is left out.
+READ_AHEAD = 1.25
 TIME_BLOCK_UNITS = 1024  # queue offsets per block of the time summary (offset_for_timestamp)
 PRODUCER_SNAPSHOT_UNITS = 2048  # offsets appended since a queue's last producer snapshot before it takes another
 BLANK_UNIT_SIZE = 0x7FFFFFFF
-TXN_ATTRIBUTES = TRANSACTIONAL_MASK | CONTROL_MASK  # the Kafka batch attributes a message's FLAG carries
 _FLAG_BYTES = np.arange(rm.FLAG_POSITION, rm.FLAG_POSITION + 4)
 SEQUENCE_MODULUS = 1 << 31  # a producer's sequence wraps from Integer.MAX_VALUE to 0
 
@@ -179,28 +183,6 @@ def _join(parts: list[rm.EncodedMessages]) -> rm.EncodedMessages:
     )
 
 
-def _rebuild_batch(records: list[Record], last: rm.Message) -> bytes:
-    """The Kafka batch of `records`, `last` the message of the last one. A transactional batch or a marker (its
-    FLAG) gets its producer from `last`'s KAFKA_PRODUCER and its attribute bits, so that read_committed readers can
-    drop aborted batches and see the markers; other batches are rebuilt without a producer."""
-    attributes = last.flag & TXN_ATTRIBUTES
-    info = rm.producer_info(last.properties_bytes) if attributes else None
-    if info is None:
-        return build_batch(records, base_offset=records[0].offset)
-    sequence = info.base_sequence
-    if sequence != NO_SEQUENCE:  # a read from inside the batch: the sequence of its first record read
-        sequence = (sequence + records[0].offset - (last.queue_offset - info.count + 1)) % SEQUENCE_MODULUS
-    return build_batch(
-        records,
-        base_offset=records[0].offset,
-        producer_id=info.producer_id,
-        producer_epoch=info.epoch,
-        base_sequence=sequence,
-        is_transactional=bool(attributes & TRANSACTIONAL_MASK),
-        is_control=bool(attributes & CONTROL_MASK),
-    )
-
-
 class MessageQueue(Partition):
     def __init__(
         self,
@@ -219,6 +201,7 @@ class MessageQueue(Partition):
         self.config = config
         self.next_offset = consume_queue.max_offset
         self.start_floor = start_floor
+        self._stored_per_kafka_byte = 3.0  # see READ_AHEAD
         self.producer_state = ProducerStateManager(engine.producer_snapshot_dir(topic, queue_id))
         self.aborted_txns = AbortedTxnFile(self.producer_state.directory)
         self.has_transactions = self.aborted_txns.exists  # see aborted_txns.py: the file says the queue holds some
@@ -624,38 +607,45 @@ class MessageQueue(Partition):
             raise OffsetOutOfRangeError(f"offset {offset} is outside {self.name}'s range [{start}, {self.next_offset}]")
         slices: list[MemorySlice] = []
         remaining = max_bytes
-        group: list[Record] = []
-        group_flag = 0  # the FLAG of the group's messages
         position = offset
+        wanted = 0  # the messages of a batch that the last round read only part of
         while position < high_watermark and (remaining > 0 or (min_one_message and not slices)):
-            units = self.units(position, min(high_watermark, position + READ_UNITS))
-            if not units:
+            reach = int(self._stored_per_kafka_byte * max(remaining, 0)) + 1  # stored bytes that may fit
+            count = min(MAX_READ_UNITS, max(wanted, reach // MIN_MESSAGE_BYTES + 1))
+            units = self.consume_queue.unit_array(position, min(count, high_watermark - position))
+            if not len(units):
                 break
-            for queue_offset, physical_offset, size in units:
-                message = self.engine.read_message(physical_offset, size)
-                if message.queue_offset != queue_offset:
-                    raise KafkaStorageError(
-                        f"{self.name}: the ConsumeQueue unit for offset {queue_offset} points at a message of "
-                        f"offset {message.queue_offset} (CommitLog offset {physical_offset})"
-                    )
-                group.append(rm.message_to_record(message))
-                group_flag = message.flag
-                if rm.ends_batch(message.properties):
-                    batch = MemorySlice(_rebuild_batch(group, message))
-                    group = []
-                    if slices and len(batch) > remaining:
-                        return FileSlices(tuple(slices), start, high_watermark)
-                    if not slices and len(batch) > remaining and not min_one_message:
-                        return FileSlices((), start, high_watermark)
-                    slices.append(batch)
-                    remaining -= len(batch)
-                    if remaining <= 0:
-                        return FileSlices(tuple(slices), start, high_watermark)
-                position = queue_offset + 1
-        if group and not group_flag & TXN_ATTRIBUTES:  # a batch whose end is not dispatched yet: hand out what is
-            batch = MemorySlice(build_batch(group, base_offset=group[0].offset))
-            if not slices or len(batch) <= remaining:
-                slices.append(batch)
+            stored = np.cumsum(units["size"], dtype=np.int64)
+            units = units[: max(wanted, int(np.searchsorted(stored, reach)) + 1)]
+            data, positions, covered = self.engine.read_runs(units["offset"].astype(np.int64), units["size"])
+            at_end = covered == len(units) and position + covered >= high_watermark
+            try:
+                rebuilt = rebuild_batches(
+                    data,
+                    positions,
+                    units["size"][:covered],
+                    position,
+                    remaining,
+                    min_one_message=min_one_message and not slices,
+                    at_end=at_end,
+                )
+            except CorruptMessageError as exc:
+                unit = units[exc.index]
+                raise KafkaStorageError(
+                    f"{self.name}: the ConsumeQueue unit for offset {position + exc.index} (CommitLog offset "
+                    f"{int(unit['offset'])}, {int(unit['size'])} bytes) points at a bad message: {exc.reason}"
+                ) from None
+            slices += [MemorySlice(batch) for batch in rebuilt.batches]
+            made = sum(len(batch) for batch in rebuilt.batches)
+            remaining -= made
+            if made:  # how many stored bytes the next read should take for a byte of batches
+                taken = rebuilt.next_offset - position
+                self._stored_per_kafka_byte = READ_AHEAD * int(stored[taken - 1]) / made
+            if rebuilt.full:
+                break
+            if not rebuilt.batches and (not rebuilt.missing or at_end or covered < len(units)):
+                break  # an open batch whose end is not dispatched yet
+            position, wanted = rebuilt.next_offset, rebuilt.missing
         return FileSlices(tuple(slices), start, high_watermark)
 
     # --- replication: one replica per queue (see the module's docstring) --------------------------------------

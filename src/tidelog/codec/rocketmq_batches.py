@@ -1,0 +1,653 @@
+"""CommitLog messages back into Kafka v2 batches, column-wise: the read side of the RocketMQ engine
+(storage/rocketmq/message_queue.py), the inverse of rocketmq_message.encode_records.
+
+`rebuild_batches(data, positions, sizes, first_offset, max_bytes, ...)` takes a run of one queue's messages -
+`data` holds them (a range of one CommitLog file), `positions` and `sizes` are their ConsumeQueue units made
+relative to `data`, and the first has queue offset `first_offset`, the next the one after, and so on - and returns
+the Kafka batches they stand for, as `Rebuilt`:
+
+- one batch per producer batch: a message whose KAFKA_BATCH is `i/n` with i = n - 1, or that has no KAFKA_BATCH,
+  ends one. Its records are the messages' (offset = QUEUEOFFSET, timestamp = BORNTIMESTAMP, key from KEYS, value =
+  BODY unless KAFKA_NULL_VALUE, headers = the user properties in their order: rocketmq_message.message_to_record),
+  encoded as `build_batch(records, base_offset=...)` encodes them - uncompressed, CreateTime, offset deltas 0, 1,
+  ..., partition leader epoch -1 - byte for byte. A batch whose last message carries Kafka's transactional or
+  control bit in its FLAG gets the producer of its KAFKA_PRODUCER property (its base sequence moved by the records
+  left out when the read starts inside the batch) and those bits; other batches have no producer.
+- whole batches only, as many as fit in `max_bytes`; the first even when it is larger if `min_one_message`;
+- messages after the last complete batch (its end not dispatched yet) come back as one more batch when
+  `at_end` (nothing follows them in the queue yet) and they are not transactional, as message_queue always did;
+  otherwise `Rebuilt.next_offset` says where the batches end and `Rebuilt.missing` how many messages from there
+  make up the open batch (from its KAFKA_BATCH), so that the caller reads them all and asks again.
+- `data` may hold other bytes between the messages (other queues' messages); only the messages are read.
+
+How: every message header, every property and every record field is found and encoded with numpy operations over
+all messages at once, and the bytes are put in place by gathers; Python runs once per batch only for its CRC and,
+in a transactional batch, its producer. A batch with a message numpy does not decode - a key or headers stored in
+base64 (KAFKA_KEY64, KAFKA_HEADERS64), two properties of one name, PROPERTIES over PROPERTIES_WIDTH bytes - is
+rebuilt record by record from rocketmq_message's decoder (`records_batch`), with the same
+result. A message whose TOTALSIZE disagrees with its unit or the sum of its fields, or whose QUEUEOFFSET is not
+the expected one, raises CorruptMessageError naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+from crc32c import crc32c
+from numpy.lib.stride_tricks import as_strided
+
+from tidelog.codec import rocketmq_message as rm
+from tidelog.codec.record_batch import (
+    CONTROL_MASK,
+    HEADER_SIZE,
+    NO_SEQUENCE,
+    TRANSACTIONAL_MASK,
+    Record,
+    build_batch,
+)
+
+TXN_ATTRIBUTES = TRANSACTIONAL_MASK | CONTROL_MASK  # the Kafka batch attributes a message's FLAG carries
+SEQUENCE_MODULUS = 1 << 31  # a producer's sequence wraps from Integer.MAX_VALUE to 0
+SLICE_COPY_BYTES = 48  # a value, key or header at least this long is copied by itself (_copy)
+PROPERTIES_WIDTH = 512  # PROPERTIES longer than this send their message the per-record way
+PADDING = PROPERTIES_WIDTH  # zero bytes after the last message in `data` save rebuild_batches a copy of it
+BATCH_DIGITS = 12  # a KAFKA_BATCH value longer than this ("index/count") is left to the per-record path
+MIN_MESSAGE_SIZE = rm.FIXED_SIZE + 3  # header, topic length (v1), properties length
+CRC_AT = 17  # where a v2 batch header's CRC sits
+ATTRIBUTES_AT = 21  # the CRC covers the batch from its attributes on
+
+# a v2 batch header, as numpy writes it for many batches at once (record_batch.HEADER)
+BATCH_HEADER = np.dtype(
+    [
+        ("base_offset", ">i8"), ("length", ">i4"), ("partition_leader_epoch", ">i4"), ("magic", "i1"),
+        ("crc", ">u4"), ("attributes", ">i2"), ("last_offset_delta", ">i4"), ("base_timestamp", ">i8"),
+        ("max_timestamp", ">i8"), ("producer_id", ">i8"), ("producer_epoch", ">i2"), ("base_sequence", ">i4"),
+        ("records_count", ">i4"),
+    ]
+)  # fmt: skip
+assert BATCH_HEADER.itemsize == HEADER_SIZE
+
+_NAMES = sorted(name.encode() for name in rm.RESERVED_PROPERTIES)
+_NAME_LENGTHS = np.array([len(name) for name in _NAMES])
+_CODE_KEYS = _NAMES.index(rm.PROPERTY_KEYS.encode())
+_CODE_KEY64 = _NAMES.index(rm.PROPERTY_KEY64.encode())
+_CODE_HEADERS64 = _NAMES.index(rm.PROPERTY_HEADERS64.encode())
+_CODE_NULL_VALUE = _NAMES.index(rm.PROPERTY_NULL_VALUE.encode())
+_CODE_BATCH = _NAMES.index(rm.PROPERTY_BATCH.encode())
+_CODE_PRODUCER = _NAMES.index(rm.PROPERTY_PRODUCER.encode())
+_USER = -1  # the code of a name that is not reserved: a Kafka header
+_GOLDEN, _MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)  # odd multipliers of _name_key
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
+class CorruptMessageError(ValueError):
+    """A message that is not what its ConsumeQueue unit says (`index`: which of the run)."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index = index
+        self.reason = reason
+
+
+class Rebuilt(NamedTuple):
+    """What rebuild_batches made: `batches` in offset order (each one or more whole Kafka batches, as bytes or a
+    view of a buffer of their own), the queue
+    offset after the last record they hold (`next_offset`), how many messages from there the open batch takes
+    (`missing`; 0: the run ended on a batch end, or its open batch was handed out, or not reached), and whether
+    `max_bytes` left batches out (`full`)."""
+
+    batches: list[bytes | memoryview]
+    next_offset: int
+    missing: int
+    full: bool
+
+
+def records_batch(records: Sequence[Record], last: rm.Message) -> bytes:
+    """The batch of `records` (a producer batch, or its part from some record on) whose last message is `last`,
+    record by record: a transactional or control batch (its bits in `last`'s FLAG) gets its producer from
+    KAFKA_PRODUCER; other batches are rebuilt without a producer."""
+    attributes = last.flag & TXN_ATTRIBUTES
+    info = rm.producer_info(last.properties_bytes) if attributes else None
+    if info is None:
+        return build_batch(records, base_offset=records[0].offset)
+    sequence = info.base_sequence
+    if sequence != NO_SEQUENCE:  # a read from inside the batch: the sequence of its first record read
+        sequence = (sequence + records[0].offset - (last.queue_offset - info.count + 1)) % SEQUENCE_MODULUS
+    return build_batch(
+        records,
+        base_offset=records[0].offset,
+        producer_id=info.producer_id,
+        producer_epoch=info.epoch,
+        base_sequence=sequence,
+        is_transactional=bool(attributes & TRANSACTIONAL_MASK),
+        is_control=bool(attributes & CONTROL_MASK),
+    )
+
+
+# --- small numpy helpers -------------------------------------------------------------------------------------
+
+
+def _rows(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """The `width` bytes at each position `at` of `data`, as rows: one row copy each from a strided view (every
+    row must lie inside `data`)."""
+    windows = as_strided(data, shape=(len(data) - width + 1, width), strides=(1, 1), writeable=False)
+    return windows[at]
+
+
+def _ints(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """The big-endian signed integers of `width` bytes at positions `at` of `data`, as int64."""
+    return _rows(data, at, width).view(f">i{width}")[:, 0].astype(np.int64)
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions start, start + 1, ..., start + length - 1 of every range, one after the other."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    shift = np.repeat(starts - (ends - lengths), lengths)
+    return shift + np.arange(total, dtype=np.int64)
+
+
+def _zigzag(values: np.ndarray) -> np.ndarray:
+    values = values.astype(np.int64)
+    return ((values << 1) ^ (values >> 63)).astype(np.uint64)
+
+
+def _varint_sizes(zigzagged: np.ndarray) -> np.ndarray:
+    return np.searchsorted(_VARINT_LIMITS, zigzagged, side="right").astype(np.int64) + 1
+
+
+def _put_varints(out: np.ndarray, at: np.ndarray, zigzagged: np.ndarray, sizes: np.ndarray) -> None:
+    """Write each value as a varint of its size at its position (one numpy pass per byte of the longest)."""
+    if len(at) == 0:
+        return
+    for k in range(int(sizes.max())):
+        chosen = sizes > k
+        part = (zigzagged[chosen] >> np.uint64(7 * k)) & np.uint64(0x7F)
+        part |= np.where(sizes[chosen] > k + 1, np.uint64(0x80), np.uint64(0))
+        out[at[chosen] + k] = part.astype(np.uint8)
+
+
+def _copy(out: np.ndarray, out_at: np.ndarray, source: np.ndarray, source_at: np.ndarray, lengths: np.ndarray) -> None:
+    """out[out_at[i] : out_at[i] + lengths[i]] = source[source_at[i] : ...] for every i. Ranges of SLICE_COPY_BYTES
+    or more are copied one slice assignment (a memcpy) each, which costs less than any per-byte numpy work for
+    them; the shorter ones together, by index."""
+    long = lengths >= SLICE_COPY_BYTES
+    if long.any():
+        target, origin = memoryview(out), memoryview(source)  # type: ignore[arg-type]
+        for a, b, n in zip(out_at[long].tolist(), source_at[long].tolist(), lengths[long].tolist(), strict=True):
+            target[a : a + n] = origin[b : b + n]
+    short = (lengths > 0) & ~long
+    if short.any():
+        out_at, source_at, lengths = out_at[short], source_at[short], lengths[short]
+        out[_ranges(out_at, lengths)] = source.take(_ranges(source_at, lengths))
+
+
+def _batch_positions(text: np.ndarray, at: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, ...]:
+    """KAFKA_BATCH values `index/count` at `at` of `text` as (index, count, ok); ok is False for a value that is not
+    two decimal numbers with index < count, or longer than BATCH_DIGITS. One numpy pass per character."""
+    rows = _rows(text, at, BATCH_DIGITS).astype(np.int64)
+    index, count = np.zeros(len(at), dtype=np.int64), np.zeros(len(at), dtype=np.int64)
+    in_count = np.zeros(len(at), dtype=bool)
+    index_digits, count_digits = np.zeros(len(at), dtype=np.int64), np.zeros(len(at), dtype=np.int64)
+    ok = length <= BATCH_DIGITS
+    for column in range(min(int(length.max()), BATCH_DIGITS)):
+        character = rows[:, column]
+        inside = column < length
+        slash = inside & ~in_count & (character == ord("/"))
+        digit = character - ord("0")
+        is_digit = (digit >= 0) & (digit <= 9)
+        of_index, of_count = inside & ~in_count & ~slash, inside & in_count
+        ok &= ~((of_index | of_count) & ~is_digit)
+        index = np.where(of_index, index * 10 + digit, index)
+        count = np.where(of_count, count * 10 + digit, count)
+        index_digits += of_index
+        count_digits += of_count
+        in_count |= slash
+    ok &= in_count & (index_digits > 0) & (count_digits > 0) & (index < count)
+    return index, count, ok
+
+
+def _name_key(first: np.ndarray, last: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of a name's (first 8 bytes, last 8 bytes, length): equal for equal names."""
+    with np.errstate(over="ignore"):
+        return first ^ (last * _GOLDEN) ^ (length.astype(np.uint64) * _MIX)
+
+
+_HIGH_BYTES = np.array([0] + [((1 << (8 * k)) - 1) << (8 * (8 - k)) for k in range(1, 9)], dtype=np.uint64)
+
+
+def _name_words(text: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A name's first 8 bytes (zero past its end) and, for a name of more than 8 bytes, its last 8 (else 0), as
+    big-endian words; with the length they tell names of up to 16 bytes apart exactly."""
+    first = _rows(text, start, 8).view(">u8")[:, 0].astype(np.uint64) & _HIGH_BYTES[np.minimum(length, 8)]
+    long = length > 8
+    last = np.zeros(len(start), dtype=np.uint64)
+    last[long] = _rows(text, start[long] + length[long] - 8, 8).view(">u8")[:, 0]
+    return first, last
+
+
+def _reserved_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The reserved names' keys (sorted), their codes (index in _NAMES), first and last words."""
+    text = np.frombuffer(b"".join(_NAMES) + bytes(8), dtype=np.uint8)
+    lengths = np.array([len(name) for name in _NAMES])
+    first, last = _name_words(text, np.cumsum(lengths) - lengths, lengths)
+    keys = _name_key(first, last, lengths)
+    order = np.argsort(keys)
+    if len(np.unique(keys)) != len(keys):
+        raise AssertionError("two reserved property names share a key")
+    return keys[order], order, first[order], last[order]
+
+
+_TABLE_KEYS, _TABLE_CODES, _TABLE_FIRST, _TABLE_LAST = _reserved_table()
+
+
+def _classify(text: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """The code of each name (its index in _NAMES, or _USER), and its (first word, last word, length). A name of
+    more than 16 bytes that agrees with a reserved one in those is compared byte for byte."""
+    first, last = _name_words(text, start, length)
+    keys = _name_key(first, last, length)
+    at = np.minimum(np.searchsorted(_TABLE_KEYS, keys), len(_TABLE_KEYS) - 1)
+    codes = _TABLE_CODES[at]
+    found = (_TABLE_KEYS[at] == keys) & (_TABLE_FIRST[at] == first) & (_TABLE_LAST[at] == last)
+    found &= _NAME_LENGTHS[codes] == length
+    for entry in np.flatnonzero(found & (length > 16)).tolist():
+        name = text[start[entry] : start[entry] + length[entry]].tobytes()
+        found[entry] = name == _NAMES[codes[entry]]
+    return np.where(found, codes, _USER), (first, last, length)
+
+
+# --- the rebuild ---------------------------------------------------------------------------------------------
+
+
+class _Messages(NamedTuple):
+    """The columns of a run of messages that the batches need; keys, values and headers as (position in `data`,
+    length)."""
+
+    data: np.ndarray  # the CommitLog bytes the messages are in
+    queue_offset: np.ndarray
+    flag: np.ndarray
+    born: np.ndarray
+    body_at: np.ndarray
+    body_length: np.ndarray
+    key_at: np.ndarray  # into data (as every *_at); key_length -1: no key
+    key_length: np.ndarray
+    null_value: np.ndarray
+    ends_batch: np.ndarray
+    batch_left: np.ndarray  # messages of its batch after this one (from KAFKA_BATCH)
+    producer_at: np.ndarray  # the KAFKA_PRODUCER value (-1: none)
+    producer_length: np.ndarray
+    header_message: np.ndarray  # per header (user property), in message order: its message
+    header_name_at: np.ndarray
+    header_name_length: np.ndarray
+    header_value_at: np.ndarray
+    header_value_length: np.ndarray
+    columnar: np.ndarray  # False: its batch is rebuilt record by record
+
+
+def _parse(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first_offset: int) -> _Messages:
+    n = len(positions)
+    ends = positions + sizes
+    if (sizes < MIN_MESSAGE_SIZE).any():
+        bad = int(np.flatnonzero(sizes < MIN_MESSAGE_SIZE)[0])
+        raise CorruptMessageError(bad, f"its unit's size {int(sizes[bad])} is below a message's minimum")
+    if (ends > len(data)).any():
+        bad = int(np.flatnonzero(ends > len(data))[0])
+        raise CorruptMessageError(bad, "its unit points past the written end of the CommitLog")
+    head = _rows(data, positions, rm.FIXED_SIZE).view(rm.MESSAGE_HEADER)[:, 0]
+    queue_offset = head["queue_offset"].astype(np.int64)
+    magic = head["magic"]
+    for wrong, reason in (
+        (head["total_size"] != sizes, "its TOTALSIZE disagrees with its ConsumeQueue unit"),
+        ((magic != rm.MAGIC_V1) & (magic != rm.MAGIC_V2), "it has no message magic code"),
+        (queue_offset != first_offset + np.arange(n), "its QUEUEOFFSET is not the unit's"),
+    ):
+        if wrong.any():
+            bad = int(np.flatnonzero(wrong)[0])
+            raise CorruptMessageError(bad, f"{reason} (QUEUEOFFSET {int(queue_offset[bad])})")
+    sys_flag = head["sys_flag"]
+    body_at = positions + rm.FIXED_SIZE
+    body_length = head["body_length"].astype(np.int64)
+    ipv6 = np.flatnonzero(sys_flag & (rm.SYSFLAG_BORNHOST_V6 | rm.SYSFLAG_STOREHOST_V6))
+    if len(ipv6):  # an IPv6 born or store host takes 20 bytes instead of 8: every field after it moves
+        flags = sys_flag[ipv6]
+        body_at[ipv6] += 12 * ((flags & rm.SYSFLAG_BORNHOST_V6) != 0) + 12 * ((flags & rm.SYSFLAG_STOREHOST_V6) != 0)
+        if (body_at[ipv6] + 3 > ends[ipv6]).any():
+            bad = int(ipv6[np.flatnonzero(body_at[ipv6] + 3 > ends[ipv6])[0]])
+            raise CorruptMessageError(bad, "its header does not fit in its TOTALSIZE")
+        body_length[ipv6] = _ints(data, body_at[ipv6] - 4, 4)
+    body_end = body_at + body_length
+    v2 = magic == rm.MAGIC_V2
+    topic_field = np.where(v2, 2, 1)
+    fits = (body_length >= 0) & (body_end + topic_field + 2 <= ends)
+    if not fits.all():
+        bad = int(np.flatnonzero(~fits)[0])
+        raise CorruptMessageError(bad, f"its body of {int(body_length[bad])} bytes does not fit")
+    topic_length = data[body_end].astype(np.int64)
+    if v2.any():
+        topic_length[v2] = _ints(data, body_end[v2], 2)
+    properties_length_at = body_end + topic_field + topic_length
+    fits = (topic_length >= 0) & (properties_length_at + 2 <= ends)
+    if not fits.all():
+        bad = int(np.flatnonzero(~fits)[0])
+        raise CorruptMessageError(bad, f"its topic of {int(topic_length[bad])} bytes does not fit")
+    properties_at = properties_length_at + 2
+    properties_length = ends - properties_at
+    if (_ints(data, properties_length_at, 2) != properties_length).any():
+        bad = int(np.flatnonzero(_ints(data, properties_length_at, 2) != properties_length)[0])
+        raise CorruptMessageError(bad, "its TOTALSIZE disagrees with the sum of its fields")
+    columnar = properties_length <= PROPERTIES_WIDTH
+    width = int(min(properties_length.max(), PROPERTIES_WIDTH))
+    room = max(width, BATCH_DIGITS)  # the rows below read this far past a message's properties
+    if len(data) < int(ends.max()) + room:
+        data = np.concatenate([data, np.zeros(room, dtype=np.uint8)])
+
+    # entries: PROPERTIES split on \x02 (the end a separator too), each name and value on its first \x01; found in
+    # one row of `width` bytes per message (longer PROPERTIES: the per-record path), as positions in `data`
+    rows = _rows(data, properties_at, width)
+    length_of_row = np.minimum(properties_length, width)
+    found = np.flatnonzero(rows == 2)
+    entry_message, entry_column = found // width, found % width
+    inside = entry_column < length_of_row[entry_message]
+    entry_message, entry_column = entry_message[inside], entry_column[inside]
+    unterminated = np.flatnonzero((length_of_row > 0) & (rows[np.arange(n), np.maximum(length_of_row - 1, 0)] != 2))
+    if len(unterminated):  # PROPERTIES without a closing \x02: its last entry ends with the message
+        entry_message = np.concatenate([entry_message, unterminated])
+        entry_column = np.concatenate([entry_column, length_of_row[unterminated]])
+        order = np.lexsort((entry_column, entry_message))
+        entry_message, entry_column = entry_message[order], entry_column[order]
+    first_of_message = np.ones(len(entry_message), dtype=bool)
+    first_of_message[1:] = entry_message[1:] != entry_message[:-1]
+    start_column = np.where(first_of_message, 0, np.concatenate([[0], entry_column[:-1] + 1]))
+    found = np.flatnonzero(rows == 1)
+    name_value = found[found % width < length_of_row[found // width]]  # row-major: ascending by entry
+    first = np.searchsorted(name_value, entry_message * width + start_column)
+    split = name_value[np.minimum(first, len(name_value) - 1)] % width if len(name_value) else entry_column
+    valid = (first < len(name_value)) & (split > start_column) & (split < entry_column - 1)
+    entry_message, start_column, entry_column, split = (
+        a[valid] for a in (entry_message, start_column, entry_column, split)
+    )
+    entry_start = properties_at[entry_message] + start_column
+    name_length = split - start_column
+    value_at, value_length = entry_start + name_length + 1, entry_column - split - 1
+
+    code, name_key = _classify(data, entry_start, name_length)
+    # two entries of one name: Java's map keeps the last value at the first place; leave such messages to it
+    reserved = code != _USER
+    for used in (_CODE_KEYS, _CODE_NULL_VALUE, _CODE_BATCH, _CODE_PRODUCER):
+        columnar[np.bincount(entry_message[code == used], minlength=n) > 1] = False
+    user_entries = np.flatnonzero(~reserved)
+    if len(user_entries) > 1:
+        keys = [entry_message[user_entries], *(part[user_entries] for part in name_key)]
+        order = np.lexsort(keys[::-1])
+        ordered = [k[order] for k in keys]
+        same = np.logical_and.reduce([k[1:] == k[:-1] for k in ordered])
+        columnar[ordered[0][1:][same]] = False
+    for special in (_CODE_KEY64, _CODE_HEADERS64):
+        columnar[entry_message[code == special]] = False
+
+    def value_of(wanted: int) -> tuple[np.ndarray, np.ndarray]:
+        at, length = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        chosen = code == wanted
+        at[entry_message[chosen]] = value_at[chosen]
+        length[entry_message[chosen]] = value_length[chosen]
+        return at, length
+
+    key_at, key_length = value_of(_CODE_KEYS)
+    _, null_length = value_of(_CODE_NULL_VALUE)
+    producer_at, producer_length = value_of(_CODE_PRODUCER)
+    batch_at, batch_length = value_of(_CODE_BATCH)
+    ends_batch = batch_length < 0
+    batch_left = np.zeros(n, dtype=np.int64)
+    has_batch = np.flatnonzero(batch_length > 0)
+    if len(has_batch):
+        index, count, ok = _batch_positions(data, batch_at[has_batch], batch_length[has_batch])
+        columnar[has_batch[~ok]] = False
+        ends_batch[has_batch] = ~ok | (index == count - 1)
+        batch_left[has_batch] = np.where(ok, count - 1 - index, 0)
+
+    user = code == _USER
+    return _Messages(
+        data=data,
+        queue_offset=queue_offset,
+        flag=head["flag"].astype(np.int64),
+        born=head["born_timestamp"].astype(np.int64),
+        body_at=body_at,
+        body_length=body_length,
+        key_at=key_at,
+        key_length=key_length,
+        null_value=null_length >= 0,
+        ends_batch=ends_batch,
+        batch_left=batch_left,
+        producer_at=producer_at,
+        producer_length=producer_length,
+        header_message=entry_message[user],
+        header_name_at=entry_start[user],
+        header_name_length=name_length[user],
+        header_value_at=value_at[user],
+        header_value_length=value_length[user],
+        columnar=columnar,
+    )
+
+
+class _Records(NamedTuple):
+    """The records of the messages in whole batches (the first `records` messages of the run): every field's value
+    (zigzagged, as the varints carry them) and varint size, each record's size; and their headers."""
+
+    records: int
+    zigzag: dict[str, np.ndarray]  # per record: body, ts, off, key, value, count; per header: name, hvalue
+    varint_size: dict[str, np.ndarray]
+    record_size: np.ndarray
+    header_message: np.ndarray
+    header_name_at: np.ndarray
+    header_name_length: np.ndarray
+    header_value_at: np.ndarray
+    header_value_length: np.ndarray
+
+
+def _records(messages: _Messages, group_start: np.ndarray, group_end: np.ndarray) -> _Records:
+    count = int(group_end[-1])
+    group_of = np.repeat(np.arange(len(group_end)), group_end - group_start)
+    first_of = group_start[group_of]
+    key_length = messages.key_length[:count]
+    value_length = np.where(messages.null_value[:count], -1, messages.body_length[:count])
+    rows = messages.header_message < count
+    header_message = messages.header_message[rows]
+    name_length = messages.header_name_length[rows]
+    value_of_header = messages.header_value_length[rows]
+    header_count = np.bincount(header_message, minlength=count).astype(np.int64)
+    zigzag = {
+        "ts": _zigzag(messages.born[:count] - messages.born[first_of]),
+        "off": _zigzag(np.arange(count) - first_of),
+        "key": _zigzag(key_length),
+        "value": _zigzag(value_length),
+        "count": _zigzag(header_count),
+        "name": _zigzag(name_length),
+        "hvalue": _zigzag(value_of_header),
+    }
+    varint_size = {name: _varint_sizes(values) for name, values in zigzag.items()}
+    header_bytes = varint_size["name"] + name_length + varint_size["hvalue"] + value_of_header
+    headers_size = np.bincount(header_message, weights=header_bytes, minlength=count).astype(np.int64)
+    body = (
+        1 + varint_size["ts"] + varint_size["off"] + varint_size["key"] + np.maximum(key_length, 0)
+        + varint_size["value"] + np.maximum(value_length, 0) + varint_size["count"] + headers_size
+    )  # fmt: skip
+    zigzag["body"] = _zigzag(body)
+    varint_size["body"] = _varint_sizes(zigzag["body"])
+    return _Records(
+        count,
+        zigzag,
+        varint_size,
+        varint_size["body"] + body,
+        header_message,
+        messages.header_name_at[rows],
+        name_length,
+        messages.header_value_at[rows],
+        value_of_header,
+    )
+
+
+def rebuild_batches(
+    data: bytes | bytearray | memoryview,
+    positions: np.ndarray,
+    sizes: np.ndarray,
+    first_offset: int,
+    max_bytes: int,
+    *,
+    min_one_message: bool = True,
+    at_end: bool = True,
+) -> Rebuilt:
+    """The Kafka batches of the messages at `positions` of `data` (see the module docstring)."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    positions = positions.astype(np.int64)
+    sizes = sizes.astype(np.int64)
+    if len(positions) == 0:
+        return Rebuilt([], first_offset, 0, False)
+    messages = _parse(buf, positions, sizes, first_offset)
+
+    # batches: messages [group_start, group_end); the run's last batch may be open
+    group_end = np.flatnonzero(messages.ends_batch) + 1
+    missing = 0
+    if not messages.ends_batch[-1]:
+        if at_end and not messages.flag[-1] & TXN_ATTRIBUTES:
+            group_end = np.append(group_end, len(positions))  # handed out as far as it is dispatched
+        else:  # the open batch's messages in the run, and those after it
+            missing = len(positions) - int(group_end[-1] if len(group_end) else 0) + int(messages.batch_left[-1])
+    groups = len(group_end)
+    if groups == 0:
+        return Rebuilt([], first_offset, missing, False)
+    group_start = np.concatenate([[0], group_end[:-1]]).astype(np.int64)
+    records = _records(messages, group_start, group_end)
+    group_of = np.repeat(np.arange(groups), group_end - group_start)
+    batch_size = HEADER_SIZE + np.bincount(group_of, weights=records.record_size, minlength=groups).astype(np.int64)
+
+    # which batches go out; those rebuilt record by record are built first, so that their sizes count
+    columnar = np.minimum.reduceat(messages.columnar[: records.records], group_start)
+    per_record: dict[int, bytes] = {}
+    for group in np.flatnonzero(~columnar).tolist():
+        per_record[group] = _records_batch(messages, positions, sizes, int(group_start[group]), int(group_end[group]))
+        batch_size[group] = len(per_record[group])
+    fits = int(np.searchsorted(np.cumsum(batch_size), max_bytes, side="right"))
+    if fits == 0 and min_one_message:
+        fits = 1
+    full = fits < groups
+    if full:
+        missing = 0  # the open batch is not reached in this read
+    batches: list[bytes | memoryview] = []
+    run_start = 0
+    for group in [*sorted(g for g in per_record if g < fits), fits]:
+        if group > run_start:
+            batches.append(_build(messages, records, group_start[run_start:group], group_end[run_start:group]))
+        if group < fits:
+            batches.append(per_record[group])
+        run_start = group + 1
+    next_offset = first_offset + (int(group_end[fits - 1]) if fits else 0)
+    return Rebuilt(batches, next_offset, missing, full)
+
+
+def _records_batch(messages: _Messages, positions: np.ndarray, sizes: np.ndarray, start: int, end: int) -> bytes:
+    """One batch rebuilt record by record (records_batch), for messages numpy does not decode."""
+    decoded = []
+    for i in range(start, end):
+        at = int(positions[i])
+        item = rm.decode_message(messages.data[at : at + int(sizes[i])].tobytes(), 0, check_crc=False)
+        if isinstance(item, rm.Blank):
+            raise CorruptMessageError(i, "its unit points at a BLANK marker")
+        decoded.append(item)
+    return records_batch([rm.message_to_record(m) for m in decoded], decoded[-1])
+
+
+def _producer(messages: _Messages, first: int, last: int) -> tuple[int, int, int, int] | None:
+    """(attributes, producer id, epoch, base sequence) of a transactional or control batch of messages
+    [first, last], from its last message's KAFKA_PRODUCER; None without one (records_batch's rule)."""
+    at, length = int(messages.producer_at[last]), int(messages.producer_length[last])
+    if length < 0:
+        return None
+    info = rm.parse_producer_info(messages.data[at : at + length].tobytes().decode("utf-8", "surrogateescape"))
+    sequence = info.base_sequence
+    if sequence != NO_SEQUENCE:  # a read from inside the batch: the sequence of its first record read
+        sequence = (sequence + first - (last - info.count + 1)) % SEQUENCE_MODULUS
+    return int(messages.flag[last]) & TXN_ATTRIBUTES, info.producer_id, info.epoch, sequence
+
+
+def _build(messages: _Messages, records: _Records, group_start: np.ndarray, group_end: np.ndarray) -> memoryview:
+    """The batches of messages [group_start[i], group_end[i]) (all numpy-decoded), back to back."""
+    lo, hi = int(group_start[0]), int(group_end[-1])
+    rows = slice(lo, hi)
+    starts, ends = group_start - lo, group_end - lo
+    group_of = np.repeat(np.arange(len(starts)), ends - starts)
+    record_size = records.record_size[rows]
+    before = np.cumsum(record_size) - record_size
+    sizes = HEADER_SIZE + np.bincount(group_of, weights=record_size, minlength=len(starts)).astype(np.int64)
+    batch_at = np.cumsum(sizes) - sizes
+    out = np.empty(int(sizes.sum()), dtype=np.uint8)
+
+    header = np.zeros(len(starts), dtype=BATCH_HEADER)
+    header["base_offset"] = messages.queue_offset[group_start]
+    header["length"] = sizes - 12
+    header["partition_leader_epoch"] = -1
+    header["magic"] = 2
+    header["last_offset_delta"] = ends - starts - 1
+    header["base_timestamp"] = messages.born[group_start]
+    header["max_timestamp"] = np.maximum.reduceat(messages.born[rows], starts)
+    header["producer_id"] = -1
+    header["producer_epoch"] = -1
+    header["base_sequence"] = -1
+    header["records_count"] = ends - starts
+    for group in np.flatnonzero(messages.flag[group_end - 1] & TXN_ATTRIBUTES).tolist():
+        producer = _producer(messages, int(group_start[group]), int(group_end[group]) - 1)
+        if producer is not None:
+            (
+                header["attributes"][group],
+                header["producer_id"][group],
+                header["producer_epoch"][group],
+                header["base_sequence"][group],
+            ) = producer
+    out[batch_at[:, None] + np.arange(HEADER_SIZE)] = header.view(np.uint8).reshape(-1, HEADER_SIZE)
+
+    # each record: length, attributes, timestamp delta, offset delta, key length, key, value length, value,
+    # header count, headers
+    zigzag, varint_size = records.zigzag, records.varint_size
+    at = batch_at[group_of] + HEADER_SIZE + before - before[starts][group_of]
+    _put_varints(out, at, zigzag["body"][rows], varint_size["body"][rows])
+    at += varint_size["body"][rows]
+    out[at] = 0
+    at += 1
+    for field in ("ts", "off", "key"):
+        _put_varints(out, at, zigzag[field][rows], varint_size[field][rows])
+        at += varint_size[field][rows]
+    key_length = np.maximum(messages.key_length[rows], 0)
+    _copy(out, at, messages.data, messages.key_at[rows], key_length)
+    at += key_length
+    _put_varints(out, at, zigzag["value"][rows], varint_size["value"][rows])
+    at += varint_size["value"][rows]
+    value_length = np.where(messages.null_value[rows], 0, messages.body_length[rows])
+    _copy(out, at, messages.data, messages.body_at[rows], value_length)
+    at += value_length
+    _put_varints(out, at, zigzag["count"][rows], varint_size["count"][rows])
+    at += varint_size["count"][rows]
+
+    chosen = (records.header_message >= lo) & (records.header_message < hi)
+    if chosen.any():
+        owner = records.header_message[chosen] - lo
+        name_length, value_length = records.header_name_length[chosen], records.header_value_length[chosen]
+        name_size, value_size = varint_size["name"][chosen], varint_size["hvalue"][chosen]
+        each = name_size + name_length + value_size + value_length
+        before_header = np.cumsum(each) - each
+        header_at = at[owner] + before_header - before_header[np.searchsorted(owner, owner, side="left")]
+        _put_varints(out, header_at, zigzag["name"][chosen], name_size)
+        header_at += name_size
+        _copy(out, header_at, messages.data, records.header_name_at[chosen], name_length)
+        header_at += name_length
+        _put_varints(out, header_at, zigzag["hvalue"][chosen], value_size)
+        header_at += value_size
+        _copy(out, header_at, messages.data, records.header_value_at[chosen], value_length)
+
+    view = memoryview(out)  # type: ignore[arg-type]
+    for at_batch, size in zip(batch_at.tolist(), sizes.tolist(), strict=True):
+        crc = crc32c(view[at_batch + ATTRIBUTES_AT : at_batch + size])
+        view[at_batch + CRC_AT : at_batch + CRC_AT + 4] = crc.to_bytes(4, "big")
+    return view
