@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults test-rocketmq-ha-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-partitions bench-admin-stall bench-replication bench-rocketmq-ha bench-transactions crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
+.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults test-rocketmq-ha-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-partitions bench-admin-stall bench-replication bench-rocketmq-ha bench-transactions bench-rocketmq-reads crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -157,6 +157,10 @@ soak-long: $(STAMP)
 # one broker: transactional vs idempotent produce, read_committed vs read_uncommitted; writes its docs section
 bench-transactions: $(STAMP)
 	$(PY) bench/transactions.py --write-report
+
+# consuming from the RocketMQ engine against the Kafka engine, embedded and through the broker (docs/benchmarks.md)
+bench-rocketmq-reads: $(STAMP)
+	$(PY) bench/rocketmq_reads.py --write-report
 
 bench-compaction: $(STAMP)
 	$(PY) bench/compaction.py

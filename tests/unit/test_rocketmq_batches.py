@@ -165,7 +165,8 @@ def test_a_batch_whose_end_is_not_dispatched_yet(tmp_path: Path) -> None:
         engine.close()
 
 
-def test_a_damaged_message_is_a_storage_error_naming_its_unit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["queue offset", "batch count"])
+def test_a_damaged_message_is_a_storage_error_naming_its_unit(tmp_path: Path, damage: str) -> None:
     engine = open_store(tmp_path / "store")
     try:
         engine.create_topic("t", partitions=1)
@@ -173,12 +174,19 @@ def test_a_damaged_message_is_a_storage_error_naming_its_unit(tmp_path: Path) ->
         assert isinstance(queue, MessageQueue)
         queue.append(build_batch([Record(b"v%d" % i, timestamp_ms=TS) for i in range(3)]))
         engine.catch_up()
-        _offset, at, _size = queue.units(1, 2)[0]
+        _offset, at, size = queue.units(1, 2)[0]
         mapped_file = engine.commitlog.queue.find(at)
         assert mapped_file is not None and mapped_file.map is not None
-        where = at - mapped_file.file_from_offset + rm.QUEUE_OFFSET_POSITION
-        mapped_file.map[where : where + 8] = (99).to_bytes(8, "big")
-        with pytest.raises(KafkaStorageError, match=r"offset 1 .*QUEUEOFFSET is not the unit's"):
+        start = at - mapped_file.file_from_offset
+        if damage == "queue offset":
+            where = start + rm.QUEUE_OFFSET_POSITION
+            mapped_file.map[where : where + 8] = (99).to_bytes(8, "big")
+            expected = r"offset 1 .*QUEUEOFFSET is not the unit's"
+        else:  # the batch's second message claims to be its first: two batches of 1 and 2 where 3 was written
+            where = start + bytes(mapped_file.map[start : start + size]).index(b"KAFKA_BATCH\x011/3")
+            mapped_file.map[where : where + 15] = b"KAFKA_BATCH\x010/3"
+            expected = r"offset 0 .*holds 1 messages, not 3"
+        with pytest.raises(KafkaStorageError, match=expected):
             queue.read(0, 1 << 20)
     finally:
         engine.close()

@@ -53,7 +53,7 @@ SEQUENCE_MODULUS = 1 << 31  # a producer's sequence wraps from Integer.MAX_VALUE
 SLICE_COPY_BYTES = 48  # a value, key or header at least this long is copied by itself (_copy)
 PROPERTIES_WIDTH = 512  # PROPERTIES longer than this send their message the per-record way
 PADDING = PROPERTIES_WIDTH  # zero bytes after the last message in `data` save rebuild_batches a copy of it
-BATCH_DIGITS = 12  # a KAFKA_BATCH value longer than this ("index/count") is left to the per-record path
+BATCH_DIGITS = 24  # the longest KAFKA_BATCH value ("<index>/<count>") read
 MIN_MESSAGE_SIZE = rm.FIXED_SIZE + 3  # header, topic length (v1), properties length
 CRC_AT = 17  # where a v2 batch header's CRC sits
 ATTRIBUTES_AT = 21  # the CRC covers the batch from its attributes on
@@ -211,6 +211,50 @@ def _batch_positions(text: np.ndarray, at: np.ndarray, length: np.ndarray) -> tu
     return index, count, ok
 
 
+def _batch_ends(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which messages end their Kafka batch, from their KAFKA_BATCH values (`index/count`; none: a batch of one),
+    and how many messages of its batch follow each (only the last message's is filled in). A batch's first message
+    says `0/<count>` and the others follow it in order, so only the first message of each batch and the run's last
+    message are parsed; a batch whose messages do not add up to its count raises CorruptMessageError."""
+    n = len(at)
+    has = length > 0
+    prefix = _rows(data, np.maximum(at, 0), 2)
+    starts = ~has | ((prefix[:, 0] == ord("0")) & (prefix[:, 1] == ord("/")))
+    starts[0] = True  # a read may begin inside a batch
+    ends = np.ones(n, dtype=bool)
+    ends[:-1] = ~has[:-1] | starts[1:]
+    batch_left = np.zeros(n, dtype=np.int64)
+    first = np.flatnonzero(starts)
+    first = first[has[first]]  # the batches that say their count
+    checked = np.union1d(first, np.array([n - 1] if has[-1] else [], dtype=np.int64))
+    if not len(checked):
+        return ends, batch_left
+    index, count, ok = _batch_positions(data, at[checked], length[checked])
+    if not ok.all():
+        bad = int(checked[np.flatnonzero(~ok)[0]])
+        raise CorruptMessageError(bad, "its KAFKA_BATCH property is not <index>/<count>")
+    if has[-1]:
+        ends[-1] = index[-1] == count[-1] - 1
+        batch_left[-1] = count[-1] - 1 - index[-1]
+    # each counted batch holds count - index messages from its first; the open one up to the last message's index
+    at_first = np.searchsorted(checked, first)
+    end_positions = np.flatnonzero(ends)
+    following = np.searchsorted(end_positions, first)
+    closed = following < len(end_positions)
+    last = end_positions[np.minimum(following, len(end_positions) - 1)] if len(end_positions) else first
+    size = np.where(closed, last, n - 1) + 1 - first
+    expected = np.where(closed, count[at_first] - index[at_first], index[-1] - index[at_first] + 1)
+    wrong = np.flatnonzero(size != expected)
+    if len(wrong):
+        bad = int(wrong[0])
+        raise CorruptMessageError(
+            int(first[bad]),
+            f"its batch ({int(index[at_first[bad]])}/{int(count[at_first[bad]])} on) holds {int(size[bad])} "
+            f"messages, not {int(expected[bad])}",
+        )
+    return ends, batch_left
+
+
 def _name_key(first: np.ndarray, last: np.ndarray, length: np.ndarray) -> np.ndarray:
     """A 64-bit hash of a name's (first 8 bytes, last 8 bytes, length): equal for equal names."""
     with np.errstate(over="ignore"):
@@ -277,7 +321,7 @@ class _Messages(NamedTuple):
     key_length: np.ndarray
     null_value: np.ndarray
     ends_batch: np.ndarray
-    batch_left: np.ndarray  # messages of its batch after this one (from KAFKA_BATCH)
+    batch_left: np.ndarray  # messages of its batch after this one (from KAFKA_BATCH; known for the last message)
     producer_at: np.ndarray  # the KAFKA_PRODUCER value (-1: none)
     producer_length: np.ndarray
     header_message: np.ndarray  # per header (user property), in message order: its message
@@ -400,14 +444,7 @@ def _parse(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first_off
     _, null_length = value_of(_CODE_NULL_VALUE)
     producer_at, producer_length = value_of(_CODE_PRODUCER)
     batch_at, batch_length = value_of(_CODE_BATCH)
-    ends_batch = batch_length < 0
-    batch_left = np.zeros(n, dtype=np.int64)
-    has_batch = np.flatnonzero(batch_length > 0)
-    if len(has_batch):
-        index, count, ok = _batch_positions(data, batch_at[has_batch], batch_length[has_batch])
-        columnar[has_batch[~ok]] = False
-        ends_batch[has_batch] = ~ok | (index == count - 1)
-        batch_left[has_batch] = np.where(ok, count - 1 - index, 0)
+    ends_batch, batch_left = _batch_ends(data, batch_at, batch_length)
 
     user = code == _USER
     return _Messages(
@@ -499,8 +536,10 @@ def rebuild_batches(
     *,
     min_one_message: bool = True,
     at_end: bool = True,
+    per_record: bool = False,
 ) -> Rebuilt:
-    """The Kafka batches of the messages at `positions` of `data` (see the module docstring)."""
+    """The Kafka batches of the messages at `positions` of `data` (see the module docstring); `per_record`: every
+    batch the record-by-record way (what a benchmark compares the column-wise rebuild with)."""
     buf = np.frombuffer(data, dtype=np.uint8)
     positions = positions.astype(np.int64)
     sizes = sizes.astype(np.int64)
@@ -525,11 +564,11 @@ def rebuild_batches(
     batch_size = HEADER_SIZE + np.bincount(group_of, weights=records.record_size, minlength=groups).astype(np.int64)
 
     # which batches go out; those rebuilt record by record are built first, so that their sizes count
-    columnar = np.minimum.reduceat(messages.columnar[: records.records], group_start)
-    per_record: dict[int, bytes] = {}
+    columnar = np.minimum.reduceat(messages.columnar[: records.records], group_start) & (not per_record)
+    slow: dict[int, bytes] = {}
     for group in np.flatnonzero(~columnar).tolist():
-        per_record[group] = _records_batch(messages, positions, sizes, int(group_start[group]), int(group_end[group]))
-        batch_size[group] = len(per_record[group])
+        slow[group] = _records_batch(messages, positions, sizes, int(group_start[group]), int(group_end[group]))
+        batch_size[group] = len(slow[group])
     fits = int(np.searchsorted(np.cumsum(batch_size), max_bytes, side="right"))
     if fits == 0 and min_one_message:
         fits = 1
@@ -538,11 +577,11 @@ def rebuild_batches(
         missing = 0  # the open batch is not reached in this read
     batches: list[bytes | memoryview] = []
     run_start = 0
-    for group in [*sorted(g for g in per_record if g < fits), fits]:
+    for group in [*sorted(g for g in slow if g < fits), fits]:
         if group > run_start:
             batches.append(_build(messages, records, group_start[run_start:group], group_end[run_start:group]))
         if group < fits:
-            batches.append(per_record[group])
+            batches.append(slow[group])
         run_start = group + 1
     next_offset = first_offset + (int(group_end[fits - 1]) if fits else 0)
     return Rebuilt(batches, next_offset, missing, full)
