@@ -384,7 +384,7 @@ def _parse(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first_off
         bad = int(np.flatnonzero(_ints(data, properties_length_at, 2) != properties_length)[0])
         raise CorruptMessageError(bad, "its TOTALSIZE disagrees with the sum of its fields")
     columnar = properties_length <= PROPERTIES_WIDTH
-    width = int(min(properties_length.max(), PROPERTIES_WIDTH))
+    width = int(min(max(properties_length.max(), 1), PROPERTIES_WIDTH))
     room = max(width, BATCH_DIGITS)  # the rows below read this far past a message's properties
     if len(data) < int(ends.max()) + room:
         data = np.concatenate([data, np.zeros(room, dtype=np.uint8)])
