@@ -22,6 +22,7 @@ from tidelog.codec.record_batch import build_batch
 from tidelog.codec.record_set import iter_batches, iter_records
 from tidelog.codec.rocketmq_batches import TXN_ATTRIBUTES, rebuild_batches, records_batch
 from tidelog.errors import KafkaStorageError
+from tidelog.storage.rocketmq import message_queue
 from tidelog.storage.rocketmq.engine import RocketMQEngine
 from tidelog.storage.rocketmq.message_queue import MessageQueue
 
@@ -188,5 +189,24 @@ def test_a_damaged_message_is_a_storage_error_naming_its_unit(tmp_path: Path, da
             expected = r"offset 0 .*holds 1 messages, not 3"
         with pytest.raises(KafkaStorageError, match=expected):
             queue.read(0, 1 << 20)
+    finally:
+        engine.close()
+
+
+def test_a_batch_longer_than_a_round_of_units_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read takes at most MAX_READ_UNITS units a round for its budget, but always all of a batch it started."""
+    monkeypatch.setattr(message_queue, "MAX_READ_UNITS", 8)
+    engine = open_store(tmp_path / "store")
+    try:
+        engine.create_topic("t", partitions=1)
+        queue = engine.partition("t", 0)
+        assert isinstance(queue, MessageQueue)
+        queue.append(build_batch([Record(b"v%d" % i, timestamp_ms=TS) for i in range(30)]))
+        queue.append(build_batch([Record(b"w", timestamp_ms=TS)]))
+        engine.catch_up()
+        for max_bytes in (1, 1 << 20):
+            data = queue.read(0, max_bytes).read_bytes()
+            assert data == reference_read(engine, queue, 0, max_bytes, True)
+            assert [b.last_offset for b in iter_batches(data)] == ([29] if max_bytes == 1 else [29, 30])
     finally:
         engine.close()

@@ -105,7 +105,7 @@ _PATCHED_BYTES = np.concatenate(
     [np.arange(rm.QUEUE_OFFSET_POSITION, rm.QUEUE_OFFSET_POSITION + 16), np.arange(rm.STORE_TIMESTAMP_POSITION, 64)]
 )
 READ_UNITS = 1024  # ConsumeQueue units read per round of a scan (retention, producer state)
-MAX_READ_UNITS = 32768  # at most this many ConsumeQueue units per round of a fetch
+MAX_READ_UNITS = 32768  # at most this many ConsumeQueue units per round of a fetch, unless one batch has more
 MIN_MESSAGE_BYTES = 128  # no stored message is smaller (header, topic, UNIQ_KEY): bounds the units a fetch reads
 # A fetch reads the messages whose stored bytes may fill its budget: the budget times the stored bytes per byte of
 # batch its queue's last read saw (a record takes fewer bytes in a batch than as a message: from nearly the same
@@ -611,7 +611,7 @@ class MessageQueue(Partition):
         wanted = 0  # the messages of a batch that the last round read only part of
         while position < high_watermark and (remaining > 0 or (min_one_message and not slices)):
             reach = int(self._stored_per_kafka_byte * max(remaining, 0)) + 1  # stored bytes that may fit
-            count = min(MAX_READ_UNITS, max(wanted, reach // MIN_MESSAGE_BYTES + 1))
+            count = max(wanted, min(MAX_READ_UNITS, reach // MIN_MESSAGE_BYTES + 1))  # a whole batch, however long
             units = self.consume_queue.unit_array(position, min(count, high_watermark - position))
             if not len(units):
                 break
