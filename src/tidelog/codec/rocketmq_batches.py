@@ -550,13 +550,18 @@ def rebuild_batches(
     # batches: messages [group_start, group_end); the run's last batch may be open
     group_end = np.flatnonzero(messages.ends_batch) + 1
     missing = 0
+    open_at_least = 0  # bytes the open batch takes at least (its header and the values read of it)
     if not messages.ends_batch[-1]:
         if at_end and not messages.flag[-1] & TXN_ATTRIBUTES:
             group_end = np.append(group_end, len(positions))  # handed out as far as it is dispatched
         else:  # the open batch's messages in the run, and those after it
-            missing = len(positions) - int(group_end[-1] if len(group_end) else 0) + int(messages.batch_left[-1])
+            open_from = int(group_end[-1]) if len(group_end) else 0
+            missing = len(positions) - open_from + int(messages.batch_left[-1])
+            open_at_least = HEADER_SIZE + int(messages.body_length[open_from:].sum())
     groups = len(group_end)
     if groups == 0:
+        if open_at_least > max_bytes and not min_one_message:  # it cannot fit: no need to read the rest of it
+            return Rebuilt([], first_offset, 0, True)
         return Rebuilt([], first_offset, missing, False)
     group_start = np.concatenate([[0], group_end[:-1]]).astype(np.int64)
     records = _records(messages, group_start, group_end)
@@ -572,9 +577,9 @@ def rebuild_batches(
     fits = int(np.searchsorted(np.cumsum(batch_size), max_bytes, side="right"))
     if fits == 0 and min_one_message:
         fits = 1
-    full = fits < groups
+    full = fits < groups or (missing > 0 and int(batch_size.sum()) + open_at_least > max_bytes)
     if full:
-        missing = 0  # the open batch is not reached in this read
+        missing = 0  # the open batch is not reached in this read, or cannot fit in it
     batches: list[bytes | memoryview] = []
     run_start = 0
     for group in [*sorted(g for g in slow if g < fits), fits]:
