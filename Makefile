@@ -95,7 +95,8 @@ test-rocketmq-ha-long: $(STAMP) system-deps java
 	$(PY) -m pytest -q -s -m slow tests/cluster/test_rocketmq_ha.py
 
 bench: bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction \
-	bench-engines bench-partitions bench-admin-stall bench-replication bench-rocketmq-ha bench-transactions
+	bench-engines bench-partitions bench-admin-stall bench-replication bench-rocketmq-ha bench-transactions \
+	bench-rocketmq-reads
 
 bench-append: $(STAMP)
 	$(PY) bench/append_throughput.py
