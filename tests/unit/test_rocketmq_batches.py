@@ -9,6 +9,7 @@ damaged message is a storage error naming its unit."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +30,22 @@ from tidelog.storage.rocketmq.message_queue import MessageQueue
 TS = 1_700_000_000_000
 
 
-def open_store(path: Path) -> RocketMQEngine:
+Store = tuple[RocketMQEngine, MessageQueue]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A RocketMQ engine (no background threads) with topic `t` of one queue."""
     settings = {"tidelog.rocketmq.mapedFileSizeCommitLog": 1 << 20, **ROCKETMQ_IGNORE_DISK_USAGE}
-    engine = tidelog.open(path, engine="rocketmq", config=settings, background=False)
+    engine = tidelog.open(tmp_path / "store", engine="rocketmq", config=settings, background=False)
     assert isinstance(engine, RocketMQEngine)
-    return engine
+    try:
+        engine.create_topic("t", partitions=1)
+        queue = engine.partition("t", 0)
+        assert isinstance(queue, MessageQueue)
+        yield engine, queue
+    finally:
+        engine.close()
 
 
 def random_record(rng: random.Random, i: int, plain: bool) -> Record:
@@ -112,101 +124,77 @@ def reference_read(
     return b"".join(batches)
 
 
-def test_reads_equal_the_record_by_record_rebuild(tmp_path: Path) -> None:
+def test_reads_equal_the_record_by_record_rebuild(store: Store) -> None:
     rng = random.Random(20261127)
-    engine = open_store(tmp_path / "store")
-    try:
-        engine.create_topic("t", partitions=1)
-        queue = engine.partition("t", 0)
-        assert isinstance(queue, MessageQueue)
-        fill(queue, rng, 120)
-        engine.catch_up()
-        end = queue.high_watermark
-        starts = [0, 1, end - 1, *rng.sample(range(end), 40)]
-        for start in starts:
-            for max_bytes in (0, 1, 300, 5000, 60_000, 1 << 20):
-                for min_one in (True, False):
-                    got = queue.read(start, max_bytes, min_one_message=min_one).read_bytes()
-                    want = reference_read(engine, queue, start, max_bytes, min_one)
-                    assert got == want, (start, max_bytes, min_one)
-        # a whole read of the queue gives every offset once, in order
-        offsets = []
-        position = 0
-        while position < end:
-            data = queue.read(position, 1 << 16).read_bytes()
-            offsets += [r.offset for r in iter_records(data, include_control=True)]
-            position = offsets[-1] + 1
-        assert offsets == list(range(end))
-    finally:
-        engine.close()
+    engine, queue = store
+    fill(queue, rng, 120)
+    engine.catch_up()
+    end = queue.high_watermark
+    starts = [0, 1, end - 1, *rng.sample(range(end), 40)]
+    for start in starts:
+        for max_bytes in (0, 1, 300, 5000, 60_000, 1 << 20):
+            for min_one in (True, False):
+                got = queue.read(start, max_bytes, min_one_message=min_one).read_bytes()
+                want = reference_read(engine, queue, start, max_bytes, min_one)
+                assert got == want, (start, max_bytes, min_one)
+    # a whole read of the queue gives every offset once, in order
+    offsets = []
+    position = 0
+    while position < end:
+        data = queue.read(position, 1 << 16).read_bytes()
+        offsets += [r.offset for r in iter_records(data, include_control=True)]
+        position = offsets[-1] + 1
+    assert offsets == list(range(end))
 
 
-def test_a_batch_whose_end_is_not_dispatched_yet(tmp_path: Path) -> None:
+def test_a_batch_whose_end_is_not_dispatched_yet(store: Store) -> None:
     """A run that stops inside a batch: handed out as far as it goes when nothing follows (at_end), otherwise left
     for the next round with how many messages complete it."""
-    engine = open_store(tmp_path / "store")
-    try:
-        engine.create_topic("t", partitions=1)
-        queue = engine.partition("t", 0)
-        assert isinstance(queue, MessageQueue)
-        queue.append(build_batch([Record(b"a%d" % i, timestamp_ms=TS) for i in range(5)]))
-        queue.append(build_batch([Record(b"b%d" % i, timestamp_ms=TS + i) for i in range(4)]))
-        engine.catch_up()
-        units = queue.consume_queue.unit_array(0, 7)  # the first batch and 2 of the second's 4 messages
-        data, positions, covered = engine.read_runs(units["offset"].astype(np.int64), units["size"])
-        assert covered == 7
-        sizes = units["size"]
-        later = rebuild_batches(data, positions, sizes, 0, 1 << 20, at_end=False)
-        assert (later.next_offset, later.missing, later.full) == (5, 4, False)
-        assert [b.last_offset for b in iter_batches(b"".join(later.batches))] == [4]
-        now = rebuild_batches(data, positions, sizes, 0, 1 << 20, at_end=True)
-        assert [b.last_offset for b in iter_batches(b"".join(now.batches))] == [4, 6]
-        assert [r.value for r in iter_records(b"".join(now.batches))][5:] == [b"b0", b"b1"]
-    finally:
-        engine.close()
+    engine, queue = store
+    queue.append(build_batch([Record(b"a%d" % i, timestamp_ms=TS) for i in range(5)]))
+    queue.append(build_batch([Record(b"b%d" % i, timestamp_ms=TS + i) for i in range(4)]))
+    engine.catch_up()
+    units = queue.consume_queue.unit_array(0, 7)  # the first batch and 2 of the second's 4 messages
+    data, positions, covered = engine.read_runs(units["offset"].astype(np.int64), units["size"])
+    assert covered == 7
+    sizes = units["size"]
+    later = rebuild_batches(data, positions, sizes, 0, 1 << 20, at_end=False)
+    assert (later.next_offset, later.missing, later.full) == (5, 4, False)
+    assert [b.last_offset for b in iter_batches(b"".join(later.batches))] == [4]
+    now = rebuild_batches(data, positions, sizes, 0, 1 << 20, at_end=True)
+    assert [b.last_offset for b in iter_batches(b"".join(now.batches))] == [4, 6]
+    assert [r.value for r in iter_records(b"".join(now.batches))][5:] == [b"b0", b"b1"]
 
 
 @pytest.mark.parametrize("damage", ["queue offset", "batch count"])
-def test_a_damaged_message_is_a_storage_error_naming_its_unit(tmp_path: Path, damage: str) -> None:
-    engine = open_store(tmp_path / "store")
-    try:
-        engine.create_topic("t", partitions=1)
-        queue = engine.partition("t", 0)
-        assert isinstance(queue, MessageQueue)
-        queue.append(build_batch([Record(b"v%d" % i, timestamp_ms=TS) for i in range(3)]))
-        engine.catch_up()
-        _offset, at, size = queue.units(1, 2)[0]
-        mapped_file = engine.commitlog.queue.find(at)
-        assert mapped_file is not None and mapped_file.map is not None
-        start = at - mapped_file.file_from_offset
-        if damage == "queue offset":
-            where = start + rm.QUEUE_OFFSET_POSITION
-            mapped_file.map[where : where + 8] = (99).to_bytes(8, "big")
-            expected = r"offset 1 .*QUEUEOFFSET is not the unit's"
-        else:  # the batch's second message claims to be its first: two batches of 1 and 2 where 3 was written
-            where = start + bytes(mapped_file.map[start : start + size]).index(b"KAFKA_BATCH\x011/3")
-            mapped_file.map[where : where + 15] = b"KAFKA_BATCH\x010/3"
-            expected = r"offset 0 .*holds 1 messages, not 3"
-        with pytest.raises(KafkaStorageError, match=expected):
-            queue.read(0, 1 << 20)
-    finally:
-        engine.close()
+def test_a_damaged_message_is_a_storage_error_naming_its_unit(store: Store, damage: str) -> None:
+    engine, queue = store
+    queue.append(build_batch([Record(b"v%d" % i, timestamp_ms=TS) for i in range(3)]))
+    engine.catch_up()
+    _offset, at, size = queue.units(1, 2)[0]
+    mapped_file = engine.commitlog.queue.find(at)
+    assert mapped_file is not None and mapped_file.map is not None
+    start = at - mapped_file.file_from_offset
+    if damage == "queue offset":
+        where = start + rm.QUEUE_OFFSET_POSITION
+        mapped_file.map[where : where + 8] = (99).to_bytes(8, "big")
+        expected = r"offset 1 .*QUEUEOFFSET is not the unit's"
+    else:  # the batch's second message claims to be its first: two batches of 1 and 2 where 3 was written
+        where = start + bytes(mapped_file.map[start : start + size]).index(b"KAFKA_BATCH\x011/3")
+        mapped_file.map[where : where + 15] = b"KAFKA_BATCH\x010/3"
+        expected = r"offset 0 .*holds 1 messages, not 3"
+    with pytest.raises(KafkaStorageError, match=expected):
+        queue.read(0, 1 << 20)
 
 
-def test_a_batch_longer_than_a_round_of_units_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_longer_than_a_round_of_units_is_read_whole(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A read takes at most MAX_READ_UNITS units a round for its budget, but always all of a batch it started."""
     monkeypatch.setattr(message_queue, "MAX_READ_UNITS", 8)
-    engine = open_store(tmp_path / "store")
-    try:
-        engine.create_topic("t", partitions=1)
-        queue = engine.partition("t", 0)
-        assert isinstance(queue, MessageQueue)
-        queue.append(build_batch([Record(b"v%d" % i, timestamp_ms=TS) for i in range(30)]))
-        queue.append(build_batch([Record(b"w", timestamp_ms=TS)]))
-        engine.catch_up()
-        for max_bytes in (1, 1 << 20):
-            data = queue.read(0, max_bytes).read_bytes()
-            assert data == reference_read(engine, queue, 0, max_bytes, True)
-            assert [b.last_offset for b in iter_batches(data)] == ([29] if max_bytes == 1 else [29, 30])
-    finally:
-        engine.close()
+    engine, queue = store
+    queue.append(build_batch([Record(b"v%d" % i, timestamp_ms=TS) for i in range(30)]))
+    queue.append(build_batch([Record(b"w", timestamp_ms=TS)]))
+    engine.catch_up()
+    for max_bytes in (1, 1 << 20):
+        data = queue.read(0, max_bytes).read_bytes()
+        assert data == reference_read(engine, queue, 0, max_bytes, True)
+        assert [b.last_offset for b in iter_batches(data)] == ([29] if max_bytes == 1 else [29, 30])
