@@ -7,26 +7,30 @@ relative to `data`, and the first has queue offset `first_offset`, the next the 
 the Kafka batches they stand for, as `Rebuilt`:
 
 - one batch per producer batch: a message whose KAFKA_BATCH is `i/n` with i = n - 1, or that has no KAFKA_BATCH,
-  ends one. Its records are the messages' (offset = QUEUEOFFSET, timestamp = BORNTIMESTAMP, key from KEYS, value =
-  BODY unless KAFKA_NULL_VALUE, headers = the user properties in their order: rocketmq_message.message_to_record),
-  encoded as `build_batch(records, base_offset=...)` encodes them - uncompressed, CreateTime, offset deltas 0, 1,
-  ..., partition leader epoch -1 - byte for byte. A batch whose last message carries Kafka's transactional or
-  control bit in its FLAG gets the producer of its KAFKA_PRODUCER property (its base sequence moved by the records
-  left out when the read starts inside the batch) and those bits; other batches have no producer.
+  ends one (a batch's first message says `0/n`, so only first and last messages are parsed). Its records are the
+  messages' (offset = QUEUEOFFSET, timestamp = BORNTIMESTAMP, key from KEYS, value = BODY unless
+  KAFKA_NULL_VALUE, headers = the user properties in their order: rocketmq_message.message_to_record), encoded as
+  `build_batch(records, base_offset=...)` encodes them - uncompressed, CreateTime, offset deltas 0, 1, ...,
+  partition leader epoch -1 - byte for byte. A batch whose last message carries Kafka's transactional or control
+  bit in its FLAG gets the producer of its KAFKA_PRODUCER property (its base sequence moved by the records left
+  out when the read starts inside the batch) and those bits; other batches have no producer.
 - whole batches only, as many as fit in `max_bytes`; the first even when it is larger if `min_one_message`;
 - messages after the last complete batch (its end not dispatched yet) come back as one more batch when
   `at_end` (nothing follows them in the queue yet) and they are not transactional, as message_queue always did;
   otherwise `Rebuilt.next_offset` says where the batches end and `Rebuilt.missing` how many messages from there
-  make up the open batch (from its KAFKA_BATCH), so that the caller reads them all and asks again.
-- `data` may hold other bytes between the messages (other queues' messages); only the messages are read.
+  make up the open batch (from its KAFKA_BATCH), so that the caller reads them all and asks again - unless the
+  values read of it already exceed what is left of `max_bytes` (`Rebuilt.full`).
+- `data` may hold other bytes between the messages (other queues' messages); only the messages are read, and
+  PADDING zero bytes after the last one spare a copy of `data`.
 
 How: every message header, every property and every record field is found and encoded with numpy operations over
-all messages at once, and the bytes are put in place by gathers; Python runs once per batch only for its CRC and,
-in a transactional batch, its producer. A batch with a message numpy does not decode - a key or headers stored in
-base64 (KAFKA_KEY64, KAFKA_HEADERS64), two properties of one name, PROPERTIES over PROPERTIES_WIDTH bytes - is
-rebuilt record by record from rocketmq_message's decoder (`records_batch`), with the same
-result. A message whose TOTALSIZE disagrees with its unit or the sum of its fields, or whose QUEUEOFFSET is not
-the expected one, raises CorruptMessageError naming it.
+all messages at once; keys and short values are gathered by index, values of SLICE_COPY_BYTES or more copied one
+slice assignment (a memcpy) each; Python runs once per batch for its CRC and, in a transactional batch, its
+producer. A batch with a message numpy does not decode - a key or headers stored in base64 (KAFKA_KEY64,
+KAFKA_HEADERS64), two properties of one name, PROPERTIES over PROPERTIES_WIDTH bytes - is rebuilt record by
+record from rocketmq_message's decoder (`records_batch`), with the same result. A message whose TOTALSIZE
+disagrees with its unit or the sum of its fields, whose QUEUEOFFSET is not the expected one, or a batch whose
+messages do not add up to its KAFKA_BATCH count, raises CorruptMessageError naming the message.
 """
 
 from __future__ import annotations
