@@ -4,13 +4,15 @@ FindCoordinator and the coordinator is the leader of the id's partition (the oth
 markers reach partitions led by other brokers (WriteTxnMarkers) and replicate, also when a data partition's leader
 is killed between produce and commit, and offsets sent to a group coordinated elsewhere commit with the
 transaction; a killed coordinator's successor aborts the open transaction and a new producer of the id fences the
-old one."""
+old one; the Spark sink's coordinator requests wait while a coordinator has no live leader."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from zookeeper_process import SESSION_TIMEOUT_MS, ClusterBroker
 
 FAILOVER_S = SESSION_TIMEOUT_MS / 1000 + 30  # ZooKeeper notices the death, the controller acts; two busy cores
 TXN_TOPIC = "__transaction_state"
-NONE, NOT_COORDINATOR = 0, 16
+NONE, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR = 0, 15, 16
 SETTINGS = {
     "transaction.state.log.num.partitions": 1,
     "offsets.topic.num.partitions": 3,
@@ -217,3 +219,45 @@ def test_a_killed_coordinator_hands_the_open_transaction_to_the_next_leader(
     read = read_committed(survivors, "fenced-data", 2, len(fresh))
     assert sorted(read) == sorted(fresh)
     assert not set(read) & set(zombie)
+
+
+def test_the_spark_sinks_coordinator_requests_wait_out_a_missing_coordinator(
+    cluster_broker: ClusterBroker, zk_client: KazooClient
+) -> None:
+    """The exactly-once Spark sink asks a task's group coordinator for its batch marker (OffsetFetch) and the
+    transaction coordinator for its transaction. While a coordinator's partition has no live leader (here: its only
+    replica is killed, and comes back a few seconds later), FindCoordinator answers COORDINATOR_NOT_AVAILABLE; the
+    sink's client waits for a coordinator instead of failing the micro-batch (tidelog/spark/transactions.py)."""
+    from tidelog.spark.transactions import CoordinatorClient
+
+    brokers = cluster_broker.all((1, 2, 3), {**SETTINGS, "offsets.topic.replication.factor": 1})
+    wait_for(lambda: registered(zk_client) == [1, 2, 3], what="three registrations")
+    group = "sink-marker"
+    wait_for(lambda: kafka_wire.find_coordinator(brokers[1].bootstrap, group)[0] == NONE, what="the coordinator")
+    leader = state(zk_client, "__consumer_offsets", partition_for_group(group, 3))["leader"]
+    brokers[leader].kill()
+    survivor = next(b for broker_id, b in brokers.items() if broker_id != leader)
+    wait_for(
+        lambda: kafka_wire.find_coordinator(survivor.bootstrap, group)[0] == COORDINATOR_NOT_AVAILABLE,
+        timeout_s=FAILOVER_S,
+        what="FindCoordinator answering COORDINATOR_NOT_AVAILABLE",
+    )
+    answers: list[object] = []
+    client = CoordinatorClient(survivor.bootstrap)
+    # the request in a thread, the restart here (a broker started from a thread dies with it: PR_SET_PDEATHSIG)
+    asking = threading.Thread(target=lambda: answers.append(_outcome(lambda: client.committed_batch(group))))
+    started = time.monotonic()
+    asking.start()
+    time.sleep(3.0)
+    assert asking.is_alive(), f"the request did not wait for a coordinator: {answers}"
+    brokers[leader].restart()
+    asking.join(timeout=FAILOVER_S)
+    assert answers == [None], answers  # no marker yet, and no error
+    assert time.monotonic() - started >= 3.0
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except Exception as exc:  # the test asserts on it
+        return exc

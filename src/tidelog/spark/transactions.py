@@ -55,6 +55,10 @@ FENCED = {47, 90}
 MARKER_METADATA = "tidelog-spark-sink batch "
 
 
+class CoordinatorNotYetError(KafkaClientError):
+    """FindCoordinator found no coordinator for now (a retriable answer, or no bootstrap server answered)."""
+
+
 @dataclass(frozen=True, slots=True)
 class OpenTransaction:
     """What the driver needs to end a task's transaction."""
@@ -75,10 +79,17 @@ class CoordinatorClient:
         return asyncio.run(self._call(key, key_type, api_key, version, body))
 
     async def _call(self, key: str, key_type: int, api_key: int, version: int, body: dict[str, Any]) -> Any:
-        """The request sent to `key`'s coordinator; retried while the coordinator answers with a retriable code."""
+        """The request sent to `key`'s coordinator; retried for RETRY_FOR_S while no coordinator is found or it
+        answers with a retriable code."""
         deadline = time.monotonic() + RETRY_FOR_S
         while True:
-            host, port = await self._coordinator(key, key_type)
+            try:
+                host, port = await self._coordinator(key, key_type)
+            except CoordinatorNotYetError as exc:  # e.g. its leader just died: a new one is being elected
+                if time.monotonic() > deadline:
+                    raise KafkaClientError(f"{exc} (for {RETRY_FOR_S:.0f} s)") from None
+                await asyncio.sleep(RETRY_S)
+                continue
             connection = BrokerConnection(host, port, self.client_id)
             try:
                 response = await connection.request(api_key, version, body, REQUEST_TIMEOUT_S)
@@ -94,6 +105,8 @@ class CoordinatorClient:
             await asyncio.sleep(RETRY_S)
 
     async def _coordinator(self, key: str, key_type: int) -> tuple[str, int]:
+        """`key`'s coordinator from the first bootstrap server that answers FindCoordinator; CoordinatorNotYetError
+        when none answers or the answer is retriable (COORDINATOR_NOT_AVAILABLE while a coordinator moves)."""
         last: Exception | None = None
         for host, port in self.bootstrap:
             connection = BrokerConnection(host, port, self.client_id)
@@ -108,9 +121,10 @@ class CoordinatorClient:
                 await connection.close()
             (found,) = response.coordinators
             if found.error_code != NONE:
-                raise KafkaClientError(f"no coordinator for {key!r}: error {found.error_code} {found.error_message}")
+                error = CoordinatorNotYetError if found.error_code in RETRIABLE else KafkaClientError
+                raise error(f"no coordinator for {key!r}: error {found.error_code} {found.error_message}")
             return found.host, int(found.port)
-        raise KafkaClientError(f"no bootstrap server answered FindCoordinator for {key!r}: {last}")
+        raise CoordinatorNotYetError(f"no bootstrap server answered FindCoordinator for {key!r}: {last}")
 
     def describe(self, transactional_id: str) -> OpenTransaction:
         """The producer id and epoch of the id's open transaction (its coordinator's DescribeTransactions)."""
