@@ -1,6 +1,6 @@
 """OffsetIndex and TimeIndex on real files (Kafka's layout: 8-byte and 12-byte entries, preallocation,
-warm/cold lookups, truncation, trim on close, reopen by length, the time index's reserved slot, sanity checks,
-read-only opening next to a live writer).
+lookups through the block directory, truncation, trim on close, reopen by length, the time index's reserved slot,
+sanity checks, read-only opening next to a live writer), and the lookups a segment makes with them.
 
 Expected values are computed here independently (struct, bisect), never through the classes under test.
 """
@@ -21,7 +21,7 @@ OFFSET_ENTRY = struct.Struct(">ii")  # relativeOffset, position
 TIME_ENTRY = struct.Struct(">qi")  # timestamp, relativeOffset
 BASE = 1000
 TS = 1_700_000_000_000
-MANY = 3000  # > 8192/8 = 1024 (offset index) and > 8192/12 = 682 (time index) warm entries: both searches run
+MANY = 3000  # entries: six blocks of the lookup directory (abstract_index.BLOCK_ENTRIES = 512), the last partial
 
 
 def offset_entries(count: int) -> list[tuple[int, int]]:
@@ -111,7 +111,7 @@ def test_offset_index_entry_bytes(index_path: Path) -> None:
     assert index_path.read_bytes() == OFFSET_ENTRY.pack(5, 0) + OFFSET_ENTRY.pack(9, 4200)
 
 
-def test_offset_index_lookup_largest_lower_bound_warm_and_cold(index_path: Path) -> None:
+def test_offset_index_lookup_largest_lower_bound(index_path: Path) -> None:
     entries = offset_entries(MANY)
     index = OffsetIndex(index_path, BASE, MANY * 8)
     try:
@@ -120,11 +120,10 @@ def test_offset_index_lookup_largest_lower_bound_warm_and_cold(index_path: Path)
         assert index.entries == MANY
         assert index.is_full()
         assert index.last_offset == entries[-1][0]
-        # every offset from below the base to past the last entry: cold section, warm section, both boundaries
+        # every offset from below the base to past the last entry: every block and both sides of its boundaries
         for target in range(BASE - 3, entries[-1][0] + 5):
             assert index.lookup(target) == expected_offset_lookup(entries, target), target
-        warm_start = MANY - 1 - 8192 // 8
-        for slot in (0, 1, warm_start - 1, warm_start, warm_start + 1, MANY - 1):
+        for slot in (0, 1, 511, 512, 513, 1023, 1024, MANY - 1):
             offset, position = entries[slot]
             assert index.lookup(offset) == OffsetPosition(offset, position)
             assert index.entry_at(slot) == OffsetPosition(offset, position)
@@ -185,6 +184,63 @@ def test_offset_index_truncate_to(index_path: Path, cut: int) -> None:
         assert file_entries(index_path, OFFSET_ENTRY) == [(o - BASE, p) for o, p in [*kept, (truncate_offset, 10**6)]]
     finally:
         index.close()
+
+
+def test_the_lookup_directory_follows_appends_truncations_and_resizes(index_path: Path) -> None:
+    """The in-memory directory of block keys, built at the first lookup, stays right through everything that
+    changes the entries: appends one by one and in bulk across block boundaries, truncations inside a block and at
+    a boundary, and resizes that drop entries."""
+    entries = offset_entries(1500)
+    index = OffsetIndex(index_path, BASE, 4000 * 8)
+
+    def check(current: list[tuple[int, int]]) -> None:
+        assert index.entries == len(current)
+        for target in range(BASE - 2, BASE + 3 * 4000 + 5, 7):
+            assert index.lookup(target) == expected_offset_lookup(current, target), target
+
+    try:
+        for offset, position in entries:
+            index.append(offset, position)
+        check(entries)  # builds the directory
+        for cut in (1300, 1024, 700):  # inside a block, at a boundary, inside an earlier block
+            index.truncate_to(entries[cut][0])
+            entries = entries[:cut]
+            check(entries)
+        more = [(BASE + 3 * i + 2, 100 * i + 9) for i in range(700, 1100)]
+        for offset, position in more[:100]:  # one by one
+            index.append(offset, position)
+        index.append_entries(more[100:])  # in bulk, across the boundary at slot 1024
+        entries = entries + more
+        check(entries)
+        index.resize(600 * 8)  # a resize that drops entries
+        entries = entries[:600]
+        check(entries)
+        index.expand()
+        index.append_entries([(BASE + 5000 + i, 10**6 + i) for i in range(1000)])
+        entries = entries + [(BASE + 5000 + i, 10**6 + i) for i in range(1000)]
+        check(entries)
+    finally:
+        index.close()
+    with OffsetIndex(index_path, BASE, writable=False) as reopened:  # what was written is what was looked up
+        assert [tuple(e) for e in reopened.entry_array().tolist()] == [(o - BASE, p) for o, p in entries]
+
+
+def test_a_lookup_never_answers_an_entry_above_its_target_when_the_file_changed_behind_it(index_path: Path) -> None:
+    """A read-only reader keeps its directory of block keys; when a writer rewrites the entries under it, a lookup
+    answers the right entry or the segment start (a safe place to scan from), never an entry past its target."""
+    with OffsetIndex(index_path, BASE, 1500 * 8) as writer:
+        writer.append_entries(offset_entries(1500))
+    reader = OffsetIndex(index_path, BASE, writable=False)
+    try:
+        assert reader.lookup(BASE + 3 * 512 + 1) == OffsetPosition(BASE + 3 * 512 + 1, 100 * 512 + 7)
+        shifted = [(offset + 1, position) for offset, position in offset_entries(1500)]
+        index_path.write_bytes(b"".join(OFFSET_ENTRY.pack(o - BASE, p) for o, p in shifted))
+        # the directory says block 1 starts at this target; block 1 now starts above it
+        assert reader.lookup(BASE + 3 * 512 + 1) == OffsetPosition(BASE, 0)
+        for target in range(BASE, BASE + 3 * 1500):  # the directory was read again: right answers from then on
+            assert reader.lookup(target) == expected_offset_lookup(shifted, target), target
+    finally:
+        reader.close()
 
 
 def test_offset_index_truncate_between_entries(index_path: Path) -> None:
@@ -295,7 +351,7 @@ def test_time_index_entry_bytes(time_index_path: Path) -> None:
     assert time_index_path.read_bytes() == TIME_ENTRY.pack(TS, 4) + TIME_ENTRY.pack(TS + 10, 9)
 
 
-def test_time_index_lookup_largest_lower_bound_warm_and_cold(time_index_path: Path) -> None:
+def test_time_index_lookup_largest_lower_bound(time_index_path: Path) -> None:
     entries = time_entries(MANY)
     index = TimeIndex(time_index_path, BASE, (MANY + 1) * 12)  # one slot stays free
     try:
@@ -613,3 +669,33 @@ def test_every_offset_is_found_whatever_the_batch_sizes(tmp_path: Path) -> None:
                 found = engine.read("t", 0, offset, 1).read_bytes()
                 base, _length, _epoch, _magic = struct.unpack_from(">qiib", found)
                 assert base == ([0, *ends][bisect.bisect_right(ends, offset)]), offset
+
+
+def test_an_index_entry_naming_an_earlier_batch_is_not_taken_for_the_target(tmp_path: Path) -> None:
+    """Every batch is indexed (each is larger than the index interval), so a lookup reads only the header of the
+    batch the entry after its floor names. One entry damaged to name the batch before its own (entries still
+    increasing, so nothing notices at open): the header read there ends below the target and is not taken; the
+    walk from the floor entry finds the right batch."""
+    import tidelog
+    from tidelog import Record
+
+    data = tmp_path / "data"
+    config = {"log.index.interval.bytes": 100}
+    with tidelog.open(data, config=config) as engine:
+        engine.create_topic("t", 1)
+        for i in range(40):
+            engine.produce("t", 0, [Record(b"%03d-%d" % (i, j) * 10, timestamp_ms=TS + i) for j in range(5)])
+    index = data / "t-0" / f"{0:020d}.index"
+    entries = [OFFSET_ENTRY.unpack_from(index.read_bytes(), at) for at in range(0, index.stat().st_size, 8)]
+    # each batch's last offset, from the second batch on (Kafka indexes a batch once more than the interval's
+    # bytes were appended since the last entry)
+    assert [relative for relative, _ in entries] == [5 * i + 4 for i in range(1, 40)]
+    # drop batch 20's entry and let batch 21's (offsets 105-109) name batch 20's start (offsets 100-104)
+    damaged = [*entries[:19], (entries[20][0], entries[19][1]), *entries[21:]]
+    index.write_bytes(b"".join(OFFSET_ENTRY.pack(*entry) for entry in damaged))
+    with tidelog.open(data, config=config, background=False) as engine:
+        for offset in range(200):
+            found = engine.read("t", 0, offset, 1).read_bytes()
+            base, _length = struct.unpack_from(">qi", found)
+            assert base == offset - offset % 5, offset
+    assert index.read_bytes() == b"".join(OFFSET_ENTRY.pack(*entry) for entry in damaged)  # not rebuilt at open

@@ -8,9 +8,15 @@ The file is not memory-mapped: entries are written with pwrite and read with pre
 (file_handles.py), which opens the file at its first use and lets the engine close it while the index is idle. A
 Python mmap keeps a duplicate descriptor of its own, so a mapped index would hold two descriptors and a mapping for
 as long as it is open; a store into a hole of the sparse preallocated file on a full disk would be a SIGBUS, and a
-reader's mapping of a file its writer trims too. Lookups read the last 8 KiB ("warm" section) with one pread and
-search it in memory: tail reads then touch only pages that are already in the page cache; a lookup further back
-searches the rest one entry read at a time.
+reader's mapping of a file its writer trims too.
+
+Lookups go through a block directory kept in memory: the key (relative offset, timestamp) of the first entry of
+each block of BLOCK_ENTRIES entries (4 KiB of an offset index), built by one read of the entries at the first
+lookup and kept up to date by every append, truncation and resize made through this object. A lookup bisects the
+directory, reads the one block that holds its answer with one pread and searches it in memory: a few microseconds
+wherever the entry is, and, like Kafka's warm section, a tail lookup touches only the index's last page. Should the
+block not agree with the directory (the file was changed behind a read-only reader), the lookup answers "no entry"
+(callers then scan from the segment start, which is always safe) and the directory is read again at the next one.
 
 Opened read-only (`writable=False`, as Kafka's DumpLogSegments opens its indexes; the Spark path reader, the
 dump-log tool), nothing is created or written. The length found at open counts the entries, as Kafka does; bytes
@@ -25,6 +31,8 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from array import array
+from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -35,12 +43,13 @@ import numpy as np
 from tidelog.errors import CorruptIndexError, KafkaStorageError
 from tidelog.storage.kafka.file_handles import FileHandles, LazyFile
 
-WARM_SECTION_BYTES = 8192
+BLOCK_ENTRIES = 512  # entries per block of the lookup directory
 
 
 class AbstractIndex:
     entry: struct.Struct  # set by subclasses
     entry_dtype: np.dtype  # the same entry as a numpy record, for reading many at once
+    key_field: str  # the entry's first field, which lookups search by
 
     def __init__(
         self,
@@ -57,6 +66,7 @@ class AbstractIndex:
         self.writable = writable
         self._guard = threading.Lock()  # entries and length vs. a concurrent resize or flush
         self._dirty = False  # written or resized since the last sync
+        self._block_keys: array[int] | None = None  # first key of each block of written entries; see lookups
         size = self.entry.size
         self._file = LazyFile(path, handles, writable=writable)
         try:
@@ -119,7 +129,7 @@ class AbstractIndex:
             os.ftruncate(file.fileno(), new_length)
             self._dirty = True
             self._length = new_length
-            self.entries = min(self.entries, new_length // size)
+            self._set_entries(min(self.entries, new_length // size))
 
     def trim_to_valid_size(self) -> None:
         self.resize(self.entries * self.entry.size)
@@ -130,7 +140,14 @@ class AbstractIndex:
 
     def truncate_entries(self, entries: int) -> None:
         """Forget entries from slot `entries` on (the bytes stay until overwritten or trimmed, as in Kafka)."""
-        self.entries = max(0, min(self.entries, entries))
+        with self._guard:
+            self._set_entries(max(0, min(self.entries, entries)))
+
+    def _set_entries(self, entries: int) -> None:
+        """Under the guard: `entries` written entries, never more than before; the directory forgets later blocks."""
+        self.entries = entries
+        if self._block_keys is not None:
+            del self._block_keys[-(-entries // BLOCK_ENTRIES) :]
 
     def reset(self) -> None:
         """Forget every entry and grow back to the preallocated size (a rebuild may need all of it)."""
@@ -202,14 +219,22 @@ class AbstractIndex:
         if not count:
             return
         packed = struct.pack(">" + self.entry.format.lstrip(">") * count, *flat_fields)
+        fields = len(flat_fields) // count
         with self._guard:
-            self._pwrite(packed, self.entries * self.entry.size)
+            first = self.entries
+            self._pwrite(packed, first * self.entry.size)
             self.entries += count
+            if self._block_keys is not None:
+                block_starts = range(-(-first // BLOCK_ENTRIES) * BLOCK_ENTRIES, first + count, BLOCK_ENTRIES)
+                self._block_keys.extend(flat_fields[(slot - first) * fields] for slot in block_starts)
 
     def _write_entry(self, *fields: int) -> None:
         with self._guard:
-            self._pwrite(self.entry.pack(*fields), self.entries * self.entry.size)
+            slot = self.entries
+            self._pwrite(self.entry.pack(*fields), slot * self.entry.size)
             self.entries += 1
+            if self._block_keys is not None and slot % BLOCK_ENTRIES == 0:
+                self._block_keys.append(fields[0])
 
     def _pwrite(self, data: bytes, position: int) -> None:
         """Entries are written with pwrite: the preallocated file is sparse, and a store into a hole of a mapping
@@ -222,25 +247,35 @@ class AbstractIndex:
         self._dirty = True
 
     def _largest_lower_bound(self, target: int) -> int:
-        """Slot of the greatest entry whose key (its first field: relative offset, timestamp) <= target, or -1:
-        Kafka's warm-then-cold binary search. The warm section is read with one pread and searched in memory."""
+        """Slot of the greatest entry whose key (its first field: relative offset, timestamp) <= target, or -1."""
+        return self._floor(target)[0]
+
+    def _floor(self, target: int) -> tuple[int, bytes, int]:
+        """(`_largest_lower_bound(target)`, the block it was found in, the block's first slot): the block directory
+        bisected, then one block read and searched in memory. The block is b"" when the slot is -1."""
         entries = self.entries
         if entries == 0:
-            return -1
-        size = self.entry.size
-        first_hot = max(0, entries - 1 - WARM_SECTION_BYTES // size)
-        hot = self._read_entries(first_hot, entries - first_hot)
-        unpack = self.entry.unpack_from
-        first_hot_key = unpack(hot, 0)[0]
-        if first_hot_key < target:
-            return first_hot + self._binary_search(
-                target, lambda slot: unpack(hot, slot * size)[0], 0, entries - 1 - first_hot
-            )
-        if first_hot == 0:
-            return 0 if first_hot_key == target else -1
-        if self.read_entry(0)[0] > target:
-            return -1
-        return self._binary_search(target, lambda slot: self.read_entry(slot)[0], 0, first_hot)
+            return -1, b"", 0
+        block = bisect_right(self._block_directory(), target) - 1
+        if block < 0:
+            return -1, b"", 0
+        first = block * BLOCK_ENTRIES
+        data = self._read_entries(first, min(BLOCK_ENTRIES, entries - first))
+        unpack, size = self.entry.unpack_from, self.entry.size
+        slot = self._binary_search(target, lambda slot: unpack(data, slot * size)[0], 0, len(data) // size - 1)
+        if unpack(data, slot * size)[0] > target:  # the file changed behind the directory
+            self._block_keys = None
+            return -1, b"", 0
+        return first + slot, data, first
+
+    def _block_directory(self) -> array[int]:
+        """The first key of each block of BLOCK_ENTRIES written entries, read from the file the first time."""
+        keys = self._block_keys
+        if keys is None:
+            with self._guard:
+                firsts = self.entry_array()[::BLOCK_ENTRIES]
+                keys = self._block_keys = array("q", firsts[self.key_field].tolist())
+        return keys
 
     @staticmethod
     def _binary_search(target: int, key: Callable[[int], int], lo: int, hi: int) -> int:

@@ -28,6 +28,7 @@ class OffsetPosition(NamedTuple):
 class OffsetIndex(AbstractIndex):
     entry = struct.Struct(">ii")
     entry_dtype = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
+    key_field = "relative_offset"
 
     last_offset: int
 
@@ -62,10 +63,22 @@ class OffsetIndex(AbstractIndex):
             self.last_offset = entries[-1][0]
 
     def lookup(self, target_offset: int) -> OffsetPosition:
-        slot = self._largest_lower_bound(target_offset - self.base_offset)
+        return self.lookup_with_next(target_offset)[0]
+
+    def lookup_with_next(self, target_offset: int) -> tuple[OffsetPosition, OffsetPosition | None]:
+        """`lookup(target)` and the entry after it when the block read for the lookup holds it (else None): the
+        batch holding the target ends at or before that entry's offset, so when that entry's batch starts at or
+        below the target, it is the one."""
+        slot, block, first = self._floor(target_offset - self.base_offset)
         if slot < 0:
-            return OffsetPosition(self.base_offset, 0)
-        return self.entry_at(slot)
+            return OffsetPosition(self.base_offset, 0), None
+        at = (slot - first) * 8
+        relative, position = self.entry.unpack_from(block, at)
+        found = OffsetPosition(self.base_offset + relative, position)
+        if at + 16 > len(block):
+            return found, None
+        relative, position = self.entry.unpack_from(block, at + 8)
+        return found, OffsetPosition(self.base_offset + relative, position)
 
     def truncate_to(self, offset: int) -> None:
         """Drop every entry for an offset >= `offset`."""

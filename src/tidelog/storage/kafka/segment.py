@@ -233,16 +233,32 @@ class LogSegment:
             raise CorruptRecordError(f"{self.log_path}: {chain.stopped}")
 
     def translate_offset(self, target_offset: int, starting_position: int = 0) -> BatchLocation | None:
-        """The first batch whose last offset >= target (index lookup, then a short walk over headers).
+        """The first batch whose last offset >= target: an index lookup, then one header read when the entry after
+        the lookup's names a batch that starts at or below the target (each index entry names the batch that ends at
+        its offset), else a short walk over headers from the lookup's entry.
 
         An index entry that does not name a batch at or before its offset (the index file was damaged after it
         was trusted at open) is not followed: the lookup scans from `starting_position` instead."""
         position = self._append_ends.get(target_offset, -1)
         if starting_position <= position < self.size:  # the batch after a recent append: its header says the rest
-            peeked = peek_batch(self.read_bytes(position, HEADER_SIZE), 0)
-            if peeked is not None and peeked.last_offset >= target_offset:
-                return BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.header)
-        entry = self.index.lookup(target_offset)
+            found = self._header_at(position)
+            if found is not None and found.last_offset >= target_offset:
+                return found
+        entry, following = self.index.lookup_with_next(target_offset)
+        indexed = entry if entry.offset == target_offset else following
+        if indexed is not None and starting_position <= indexed.position < self.size:
+            # the batch an entry names ends at its offset: if it also starts at or below the target, it holds it
+            try:
+                found = self._header_at(indexed.position)
+            except TidelogError:  # not a batch header: the walk below says what is wrong
+                found = None
+            if (
+                found is not None
+                and found.header is not None
+                and found.last_offset == indexed.offset
+                and found.header.base_offset <= target_offset
+            ):
+                return found
         position = max(entry.position, starting_position)
         if position > starting_position:
             try:
@@ -255,6 +271,13 @@ class LogSegment:
                     entry.position,
                 )
         return self._first_batch_to(target_offset, starting_position)
+
+    def _header_at(self, position: int) -> BatchLocation | None:
+        """The batch whose header is at `position`, if the segment holds all of it."""
+        peeked = peek_batch(self.read_bytes(position, HEADER_SIZE), 0)
+        if peeked is None or position + peeked.size > self.size:
+            return None
+        return BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.header)
 
     def _first_batch_to(
         self, target_offset: int, position: int, indexed_offset: int | None = None

@@ -30,6 +30,7 @@ class TimestampOffset(NamedTuple):
 class TimeIndex(AbstractIndex):
     entry = struct.Struct(">qi")
     entry_dtype = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
+    key_field = "timestamp"
 
     last_entry: TimestampOffset
 
