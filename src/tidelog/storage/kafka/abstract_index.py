@@ -11,7 +11,7 @@ as long as it is open; a store into a hole of the sparse preallocated file on a 
 reader's mapping of a file its writer trims too.
 
 Lookups go through a block directory kept in memory: the key (relative offset, timestamp) of the first entry of
-each block of BLOCK_ENTRIES entries (4 KiB of an offset index), built by one read of the entries at the first
+each block of BLOCK_ENTRIES entries (1 KiB of an offset index), built by one read of the entries at the first
 lookup and kept up to date by every append, truncation and resize made through this object. A lookup bisects the
 directory, reads the one block that holds its answer with one pread and searches it in memory: a few microseconds
 wherever the entry is, and, like Kafka's warm section, a tail lookup touches only the index's last page. Should the
@@ -33,7 +33,6 @@ import struct
 import threading
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -43,7 +42,7 @@ import numpy as np
 from tidelog.errors import CorruptIndexError, KafkaStorageError
 from tidelog.storage.kafka.file_handles import FileHandles, LazyFile
 
-BLOCK_ENTRIES = 512  # entries per block of the lookup directory
+BLOCK_ENTRIES = 128  # entries per block of the lookup directory (1 KiB of an offset index)
 
 
 class AbstractIndex:
@@ -262,11 +261,20 @@ class AbstractIndex:
         first = block * BLOCK_ENTRIES
         data = self._read_entries(first, min(BLOCK_ENTRIES, entries - first))
         unpack, size = self.entry.unpack_from, self.entry.size
-        slot = self._binary_search(target, lambda slot: unpack(data, slot * size)[0], 0, len(data) // size - 1)
-        if unpack(data, slot * size)[0] > target:  # the file changed behind the directory
+        lo, hi = 0, len(data) // size - 1  # inlined binary search: this runs for every fetch of an older offset
+        while lo < hi:
+            middle = (lo + hi + 1) >> 1
+            key = unpack(data, middle * size)[0]
+            if key > target:
+                hi = middle - 1
+            elif key < target:
+                lo = middle
+            else:
+                lo = hi = middle
+        if unpack(data, lo * size)[0] > target:  # the file changed behind the directory
             self._block_keys = None
             return -1, b"", 0
-        return first + slot, data, first
+        return first + lo, data, first
 
     def _block_directory(self) -> array[int]:
         """The first key of each block of BLOCK_ENTRIES written entries, read from the file the first time."""
@@ -276,19 +284,6 @@ class AbstractIndex:
                 firsts = self.entry_array()[::BLOCK_ENTRIES]
                 keys = self._block_keys = array("q", firsts[self.key_field].tolist())
         return keys
-
-    @staticmethod
-    def _binary_search(target: int, key: Callable[[int], int], lo: int, hi: int) -> int:
-        while lo < hi:
-            mid = (lo + hi + 1) >> 1
-            found = key(mid)
-            if found > target:
-                hi = mid - 1
-            elif found < target:
-                lo = mid
-            else:
-                return mid
-        return lo
 
     # --- durability and lifetime --------------------------------------------------------------------------------
 

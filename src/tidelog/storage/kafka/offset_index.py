@@ -18,6 +18,7 @@ from tidelog.errors import CorruptIndexError
 from tidelog.storage.kafka.abstract_index import AbstractIndex
 
 SUFFIX = ".index"
+_TWO_ENTRIES = struct.Struct(">iiii")
 
 
 class OffsetPosition(NamedTuple):
@@ -73,12 +74,12 @@ class OffsetIndex(AbstractIndex):
         if slot < 0:
             return OffsetPosition(self.base_offset, 0), None
         at = (slot - first) * 8
-        relative, position = self.entry.unpack_from(block, at)
-        found = OffsetPosition(self.base_offset + relative, position)
+        base = self.base_offset
         if at + 16 > len(block):
-            return found, None
-        relative, position = self.entry.unpack_from(block, at + 8)
-        return found, OffsetPosition(self.base_offset + relative, position)
+            relative, position = self.entry.unpack_from(block, at)
+            return OffsetPosition(base + relative, position), None
+        relative, position, next_relative, next_position = _TWO_ENTRIES.unpack_from(block, at)
+        return OffsetPosition(base + relative, position), OffsetPosition(base + next_relative, next_position)
 
     def truncate_to(self, offset: int) -> None:
         """Drop every entry for an offset >= `offset`."""
