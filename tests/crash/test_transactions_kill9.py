@@ -204,8 +204,11 @@ def run_trials(start_broker: Any, tmp_path: Path, trials: int, seed: int, mode: 
         loop.kill()  # idle: everything it read is committed, no transaction is open
         sink = read_topic(broker.bootstrap, SINK, "read_committed")
     except AssertionError as exc:
+        loop_output = loop.log_path.read_text(errors="replace").splitlines()[-60:]
         raise AssertionError(
-            f"{exc}\n--- loop output: {loop.log_path}\n--- broker stderr, last lines ---\n{broker.stderr_tail(60)}"
+            f"{exc}\n--- loop output ({loop.log_path}), last lines ---\n"
+            + "\n".join(loop_output)
+            + f"\n--- broker stderr, last lines ---\n{broker.stderr_tail(60)}"
         ) from exc
     finally:
         loop.close()
