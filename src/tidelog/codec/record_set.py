@@ -87,6 +87,11 @@ def peek_batch(buf: bytes | bytearray | memoryview, pos: int) -> BatchPeek | Non
     None when `buf` holds too little of the header. Checks neither the CRC nor that the body is present.
     """
     remaining = len(buf) - pos
+    if remaining >= HEADER_SIZE and buf[pos + MAGIC_OFFSET] == MAGIC_V2:  # the common case, in one unpack
+        header = BatchHeader._make(HEADER.unpack_from(buf, pos))
+        if header.batch_length >= legacy.RECORD_OVERHEAD_V0:
+            last_offset = header.base_offset + header.last_offset_delta
+            return BatchPeek(header.batch_length + LOG_OVERHEAD, MAGIC_V2, last_offset, header.max_timestamp, header)
     if remaining < HEADER_SIZE_UP_TO_MAGIC:
         return None
     offset, size = peek_offset_and_length(buf, pos)
