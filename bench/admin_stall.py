@@ -59,6 +59,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32, i32Timedelta
 
 from benchutil import (
+    BENCHMARKS_MD,
+    REPO,
     add_dir_argument,
     console,
     filesystem_type,
@@ -69,8 +71,6 @@ from benchutil import (
     write_doc_section,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-BENCHMARKS_MD = REPO / "docs" / "benchmarks.md"
 SECTION_HEADING = "## Admin work and the event loop"
 TOPIC = "admin-stall"
 IDLE_SECONDS = 5.0

@@ -23,6 +23,8 @@ from rich.table import Table
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # no wrapping in logs
 
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS_MD = REPO / "docs" / "benchmarks.md"  # the report the --write-report scripts write their sections of
 MiB = 1 << 20
 GiB = 1 << 30
 SPACE_MARGIN_BYTES = 256 * MiB  # never fill a filesystem to the last byte

@@ -82,6 +82,8 @@ from kio.serial import entity_reader, entity_writer
 from rich.console import Console
 
 from benchutil import (
+    BENCHMARKS_MD,
+    REPO,
     GiB,
     add_dir_argument,
     console,
@@ -97,8 +99,6 @@ from tidelog.codec.record_batch import Record, build_batch
 from tidelog.protocol.messages import ApiKey, build
 from tidelog.tools.cluster_up import Cluster, ClusterUpError, ClusterUpOptions, zookeeper_missing
 
-REPO = Path(__file__).resolve().parent.parent
-BENCHMARKS_MD = REPO / "docs" / "benchmarks.md"
 SECTION_HEADING = "## Replication (issue 13)"
 PHASES = ("throughput", "latency", "failover", "shutdown")
 READY = re.compile(r"tidelog broker ready on port\(s\) (\d+)")

@@ -43,6 +43,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import tidelog
 from benchutil import (
+    BENCHMARKS_MD,
+    REPO,
     MiB,
     add_dir_argument,
     console,
@@ -61,8 +63,6 @@ from tidelog.codec.rocketmq_batches import rebuild_batches
 from tidelog.storage.api import StorageEngine
 from tidelog.storage.rocketmq.engine import RocketMQEngine
 
-REPO = Path(__file__).resolve().parent.parent
-BENCHMARKS_MD = REPO / "docs" / "benchmarks.md"
 SECTION_HEADING = "## Consuming from the RocketMQ engine"
 ENGINES = ("kafka", "rocketmq")
 ROCKETMQ_SETTINGS = {  # the benchmark's scratch disk may be fuller than RocketMQ's defaults allow

@@ -50,6 +50,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from benchutil import (
+    BENCHMARKS_MD,
+    REPO,
     add_dir_argument,
     console,
     machine_line,
@@ -62,8 +64,6 @@ from benchutil import (
     write_doc_section,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-BENCHMARKS_MD = REPO / "docs" / "benchmarks.md"
 SECTION_HEADING = "## Transactions (issue 15)"
 READY = re.compile(r"tidelog broker ready on port\(s\) (\d+)")
 START_TIMEOUT_S = 60.0
