@@ -63,7 +63,8 @@ def random_record(rng: random.Random, i: int, plain: bool) -> Record:
             [("same", b"1"), ("same", b"2")],  # duplicate names: KAFKA_HEADERS64
             [("KEYS", b"reserved name")],  # a reserved name: KAFKA_HEADERS64
         ]
-    value = rng.choice([None, b"", b"v%d" % i, rng.randbytes(rng.choice([47, 48, 200, 1500]))])
+    lengths = [15, 16, 17, 31, 47, 48, 64, 65, 200, 1024, 1500, 4100]  # either side of _copy's row widths
+    value = rng.choice([None, b"", b"v%d" % i, rng.randbytes(rng.choice(lengths))])
     return Record(
         value, key=rng.choice(keys), headers=rng.choice(headers_choices), timestamp_ms=TS + rng.randrange(-5000, 5000)
     )

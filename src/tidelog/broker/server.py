@@ -47,9 +47,10 @@ from tidelog.broker.quotas import NANOS_TO_PERCENT, ClientQuotaManager, QuotaKin
 from tidelog.broker.sasl import PRE_AUTHENTICATION_APIS, open_session
 from tidelog.broker.zk_layout import Endpoint
 from tidelog.errors import FrameError, MalformedRequestError, UnsupportedVersionError
+from tidelog.protocol.fetch_response import Part
 from tidelog.protocol.framing import SIZE, check_frame_size
 from tidelog.protocol.messages import ApiKey, Request, decode_request, encode_response, millis, peek_client_id
-from tidelog.storage.api import FileSlice
+from tidelog.storage.api import FileSlice, MemorySlice
 
 log = logging.getLogger("tidelog.broker")
 
@@ -341,6 +342,8 @@ class KafkaServer:
                     await loop.sendfile(writer.transport, part.file, part.position, part.length, fallback=False)
                 except (NotImplementedError, asyncio.SendfileNotAvailableError):
                     writer.write(part.read())  # no zero-copy on this transport (e.g. TLS): pread and write
+            elif isinstance(part, MemorySlice):
+                writer.write(part.data)  # a buffer the engine built for this read: written without a copy
             else:
                 writer.write(part)
         await writer.drain()
@@ -366,7 +369,14 @@ def _small_response_bytes(response: bytes | RawResponse) -> bytes:
     a follower's Fetch answer is a header, a slice and the rest of the partitions)."""
     if isinstance(response, bytes):
         return response
-    return b"".join(part.read() if isinstance(part, FileSlice) else part for part in response.parts)
+    return b"".join(_buffer(part) for part in response.parts)
+
+
+def _buffer(part: Part) -> bytes | memoryview:
+    """A response part's bytes in memory: a file slice read, an engine's buffer as it is."""
+    if isinstance(part, FileSlice):
+        return part.read()
+    return part.data if isinstance(part, MemorySlice) else part
 
 
 def _write_at_once(writer: asyncio.StreamWriter, response: _Pending) -> bool:

@@ -24,8 +24,8 @@ the Kafka batches they stand for, as `Rebuilt`:
   PADDING zero bytes after the last one spare a copy of `data`.
 
 How: every message header, every property and every record field is found and encoded with numpy operations over
-all messages at once; keys and short values are gathered by index, values of SLICE_COPY_BYTES or more copied one
-slice assignment (a memcpy) each; Python runs once per batch for its CRC and, in a transactional batch, its
+all messages at once; keys and short values are gathered by index, values of ROW_COPY_BYTES or more copied as
+rows of fixed widths (_copy); Python runs once per batch for its CRC and, in a transactional batch, its
 producer. A batch with a message numpy does not decode - a key or headers stored in base64 (KAFKA_KEY64,
 KAFKA_HEADERS64), two properties of one name, PROPERTIES over PROPERTIES_WIDTH bytes - is rebuilt record by
 record from rocketmq_message's decoder (`records_batch`), with the same result. A message whose TOTALSIZE
@@ -40,7 +40,6 @@ from typing import NamedTuple
 
 import numpy as np
 from crc32c import crc32c
-from numpy.lib.stride_tricks import as_strided
 
 from tidelog.codec import rocketmq_message as rm
 from tidelog.codec.record_batch import (
@@ -54,10 +53,11 @@ from tidelog.codec.record_batch import (
 
 TXN_ATTRIBUTES = TRANSACTIONAL_MASK | CONTROL_MASK  # the Kafka batch attributes a message's FLAG carries
 SEQUENCE_MODULUS = 1 << 31  # a producer's sequence wraps from Integer.MAX_VALUE to 0
-SLICE_COPY_BYTES = 48  # a value, key or header at least this long is copied by itself (_copy)
+ROW_COPY_BYTES = 16  # a value, key or header at least this long is copied as rows (_copy), shorter ones by index
 PROPERTIES_WIDTH = 512  # PROPERTIES longer than this send their message the per-record way
 PADDING = PROPERTIES_WIDTH  # zero bytes after the last message in `data` save rebuild_batches a copy of it
 BATCH_DIGITS = 24  # the longest KAFKA_BATCH value ("<index>/<count>") read
+BATCH_NUMBER_DIGITS = 18  # the most digits of either number in it (an int64 holds them)
 MIN_MESSAGE_SIZE = rm.FIXED_SIZE + 3  # header, topic length (v1), properties length
 CRC_AT = 17  # where a v2 batch header's CRC sits
 ATTRIBUTES_AT = 21  # the CRC covers the batch from its attributes on
@@ -83,6 +83,7 @@ _CODE_BATCH = _NAMES.index(rm.PROPERTY_BATCH.encode())
 _CODE_PRODUCER = _NAMES.index(rm.PROPERTY_PRODUCER.encode())
 _USER = -1  # the code of a name that is not reserved: a Kafka header
 _GOLDEN, _MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)  # odd multipliers of _name_key
+_POWERS_OF_TEN = 10 ** np.arange(BATCH_NUMBER_DIGITS + 1, dtype=np.int64)
 _VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
 
@@ -133,11 +134,15 @@ def records_batch(records: Sequence[Record], last: rm.Message) -> bytes:
 # --- small numpy helpers -------------------------------------------------------------------------------------
 
 
+def _windows(data: np.ndarray, width: int) -> np.ndarray:
+    """Every `width` bytes of `data` from each position on, as one item each (a view: items overlap). Items of a
+    void type of that width, so that numpy copies a row as one block rather than byte by byte."""
+    return np.ndarray(shape=(len(data) - width + 1,), dtype=np.dtype((np.void, width)), buffer=data, strides=(1,))
+
+
 def _rows(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """The `width` bytes at each position `at` of `data`, as rows: one row copy each from a strided view (every
-    row must lie inside `data`)."""
-    windows = as_strided(data, shape=(len(data) - width + 1, width), strides=(1, 1), writeable=False)
-    return windows[at]
+    """The `width` bytes at each position `at` of `data`, as rows (every row must lie inside `data`)."""
+    return _windows(data, width)[at].view(np.uint8).reshape(len(at), width)
 
 
 def _ints(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
@@ -176,42 +181,51 @@ def _put_varints(out: np.ndarray, at: np.ndarray, zigzagged: np.ndarray, sizes: 
 
 
 def _copy(out: np.ndarray, out_at: np.ndarray, source: np.ndarray, source_at: np.ndarray, lengths: np.ndarray) -> None:
-    """out[out_at[i] : out_at[i] + lengths[i]] = source[source_at[i] : ...] for every i. Ranges of SLICE_COPY_BYTES
-    or more are copied one slice assignment (a memcpy) each, which costs less than any per-byte numpy work for
-    them; the shorter ones together, by index."""
-    long = lengths >= SLICE_COPY_BYTES
-    if long.any():
-        target, origin = memoryview(out), memoryview(source)  # type: ignore[arg-type]
-        for a, b, n in zip(out_at[long].tolist(), source_at[long].tolist(), lengths[long].tolist(), strict=True):
-            target[a : a + n] = origin[b : b + n]
+    """out[out_at[i] : out_at[i] + lengths[i]] = source[source_at[i] : ...] for every i, with no Python per range.
+    Ranges under ROW_COPY_BYTES are copied together by index (a position per byte); the longer ones as rows of a
+    fixed width, one numpy row copy for all ranges whose length has the same highest bit: a range of length n,
+    with 2**k <= n < 2**(k+1), is its first 2**k bytes and its last 2**k bytes (two rows that overlap in the
+    middle, writing the same bytes twice; one row when n is 2**k), so no row reaches outside its range."""
+    long = lengths >= ROW_COPY_BYTES
     short = (lengths > 0) & ~long
     if short.any():
-        out_at, source_at, lengths = out_at[short], source_at[short], lengths[short]
-        out[_ranges(out_at, lengths)] = source.take(_ranges(source_at, lengths))
+        at, origin, length = out_at[short], source_at[short], lengths[short]
+        out[_ranges(at, length)] = source.take(_ranges(origin, length))
+    if not long.any():
+        return
+    out_at, source_at, lengths = out_at[long], source_at[long], lengths[long]
+    high_bit = np.frexp(lengths)[1] - 1  # k with 2**k <= n < 2**(k+1)
+    for k in np.unique(high_bit).tolist():
+        width = 1 << k
+        chosen = high_bit == k
+        at, origin, length = out_at[chosen], source_at[chosen], lengths[chosen]
+        tail = length > width
+        at = np.concatenate([at, at[tail] + length[tail] - width])
+        origin = np.concatenate([origin, origin[tail] + length[tail] - width])
+        _windows(out, width)[at] = _windows(source, width)[origin]
 
 
 def _batch_positions(text: np.ndarray, at: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, ...]:
     """KAFKA_BATCH values `index/count` at `at` of `text` as (index, count, ok); ok is False for a value that is not
-    two decimal numbers with index < count, or longer than BATCH_DIGITS. One numpy pass per character."""
+    two decimal numbers of at most BATCH_NUMBER_DIGITS digits with index < count. All values at once: each digit
+    times the power of ten its place gives it, summed on either side of the slash."""
     rows = _rows(text, at, BATCH_DIGITS).astype(np.int64)
-    index, count = np.zeros(len(at), dtype=np.int64), np.zeros(len(at), dtype=np.int64)
-    in_count = np.zeros(len(at), dtype=bool)
-    index_digits, count_digits = np.zeros(len(at), dtype=np.int64), np.zeros(len(at), dtype=np.int64)
-    ok = length <= BATCH_DIGITS
-    for column in range(min(int(length.max()), BATCH_DIGITS)):
-        character = rows[:, column]
-        inside = column < length
-        slash = inside & ~in_count & (character == ord("/"))
-        digit = character - ord("0")
-        is_digit = (digit >= 0) & (digit <= 9)
-        of_index, of_count = inside & ~in_count & ~slash, inside & in_count
-        ok &= ~((of_index | of_count) & ~is_digit)
-        index = np.where(of_index, index * 10 + digit, index)
-        count = np.where(of_count, count * 10 + digit, count)
-        index_digits += of_index
-        count_digits += of_count
-        in_count |= slash
-    ok &= in_count & (index_digits > 0) & (count_digits > 0) & (index < count)
+    column = np.arange(BATCH_DIGITS)
+    inside = column < length[:, None]
+    slash = inside & (rows == ord("/"))
+    slash_at = np.argmax(slash, axis=1)
+    digit = rows - ord("0")
+    is_digit = (digit >= 0) & (digit <= 9)
+    index_digits, count_digits = slash_at, length - slash_at - 1
+    ok = (length <= BATCH_DIGITS) & (slash.sum(axis=1) == 1) & ((is_digit | slash) | ~inside).all(axis=1)
+    ok &= (index_digits > 0) & (index_digits <= BATCH_NUMBER_DIGITS)
+    ok &= (count_digits > 0) & (count_digits <= BATCH_NUMBER_DIGITS)
+    place = np.where(column < slash_at[:, None], slash_at[:, None], length[:, None]) - 1 - column
+    worth = np.where(inside & is_digit & ok[:, None], _POWERS_OF_TEN[np.clip(place, 0, BATCH_NUMBER_DIGITS)], 0)
+    before_slash = column < slash_at[:, None]
+    index = (digit * np.where(before_slash, worth, 0)).sum(axis=1)
+    count = (digit * np.where(before_slash, 0, worth)).sum(axis=1)
+    ok &= index < count
     return index, count, ok
 
 
@@ -532,7 +546,7 @@ def _records(messages: _Messages, group_start: np.ndarray, group_end: np.ndarray
 
 
 def rebuild_batches(
-    data: bytes | bytearray | memoryview,
+    data: bytes | bytearray | memoryview | np.ndarray,
     positions: np.ndarray,
     sizes: np.ndarray,
     first_offset: int,
@@ -549,6 +563,55 @@ def rebuild_batches(
     sizes = sizes.astype(np.int64)
     if len(positions) == 0:
         return Rebuilt([], first_offset, 0, False)
+    keep = _within_budget(buf, positions, sizes, max_bytes, min_one_message)
+    if keep < len(positions):
+        rebuilt = _rebuild(
+            buf, positions[:keep], sizes[:keep], first_offset, max_bytes, min_one_message, False, per_record
+        )
+        if rebuilt.batches or rebuilt.full or not min_one_message:
+            return rebuilt
+        # the first batch is longer than its KAFKA_BATCH said (a damaged property): the whole run, as given
+    return _rebuild(buf, positions, sizes, first_offset, max_bytes, min_one_message, at_end, per_record)
+
+
+def _within_budget(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, max_bytes: int, min_one: bool) -> int:
+    """How many messages of the run a read of `max_bytes` can use: a batch holds each of its values whole, so a
+    message whose value and the values before it in the run add up to more than `max_bytes` cannot be in a batch
+    that fits, nor can any after it. The run is cut after the first such message (the batch it opens, not whole in
+    the run, makes the read full), and with `min_one` not before the end of the first batch (from the first
+    message's KAFKA_BATCH). Values are read from the message headers alone (BODY's length, after the hosts that
+    SYSFLAG says are IPv6); the full parse checks them."""
+    flags = _ints(data, np.minimum(positions + rm.SYSFLAG_POSITION, len(data) - 4), 4)
+    body_length_at = positions + rm.FIXED_SIZE - 4
+    body_length_at += 12 * ((flags & rm.SYSFLAG_BORNHOST_V6) != 0) + 12 * ((flags & rm.SYSFLAG_STOREHOST_V6) != 0)
+    values = np.maximum(_ints(data, np.minimum(body_length_at, len(data) - 4), 4), 0)
+    over = np.flatnonzero(np.cumsum(values) > max_bytes)
+    if not len(over):
+        return len(positions)
+    keep = int(over[0]) + 1
+    if min_one:
+        at, size = int(positions[0]), int(sizes[0])
+        try:
+            first = rm.decode_message(data[at : at + size].tobytes(), 0, check_crc=False, read_body=False)
+            if isinstance(first, rm.Blank):
+                return len(positions)
+            position = rm.batch_position(first.properties_bytes)
+        except (rm.InvalidMessage, ValueError):
+            return len(positions)  # the full parse names what is wrong with it
+        keep = max(keep, position.count - position.index)
+    return min(keep, len(positions))
+
+
+def _rebuild(
+    buf: np.ndarray,
+    positions: np.ndarray,
+    sizes: np.ndarray,
+    first_offset: int,
+    max_bytes: int,
+    min_one_message: bool,
+    at_end: bool,
+    per_record: bool,
+) -> Rebuilt:
     messages = _parse(buf, positions, sizes, first_offset)
 
     # batches: messages [group_start, group_end); the run's last batch may be open

@@ -77,7 +77,7 @@ class NodeEndpoint:
     rack: str | None = None
 
 
-Part = bytes | FileSlice
+Part = bytes | FileSlice | MemorySlice
 
 
 def encode_fetch_response(

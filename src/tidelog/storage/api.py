@@ -94,20 +94,21 @@ class FileSlice(NamedTuple):
         return os.pread(self.file.fileno(), self.length, self.position)
 
 
-class MemorySlice(bytes):
+class MemorySlice(NamedTuple):
     """Record bytes an engine built in memory (the RocketMQ engine re-encodes its messages as Kafka batches on read).
 
-    It is `bytes` with FileSlice's `length` and `read()`, so everything that takes slices takes it unchanged: the
-    Fetch encoder sums `.length`, and the sender writes any part that is not a FileSlice as it is."""
+    `data` is the buffer itself - bytes, or a view of an array the engine built for this read and never touches
+    again - so that handing it out copies nothing: the sender writes `data` as it is; `length` and `read()` are
+    FileSlice's, so whatever sums or reads slices takes it unchanged."""
 
-    __slots__ = ()
+    data: bytes | memoryview
 
     @property
     def length(self) -> int:
-        return len(self)
+        return len(self.data)
 
     def read(self) -> bytes:
-        return bytes(self)
+        return bytes(self.data)
 
 
 class FileSlices(NamedTuple):

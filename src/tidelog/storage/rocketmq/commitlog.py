@@ -191,7 +191,7 @@ class CommitLog:
             raise InvalidMessage(f"BLANK marker at {offset}, not a message")
         return item
 
-    def read_runs(self, offsets: np.ndarray, sizes: np.ndarray) -> tuple[bytearray, np.ndarray, int] | None:
+    def read_runs(self, offsets: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
         """The messages at CommitLog `offsets` (ascending, `sizes` long) that lie in the file of the first, read
         with one copy per run of adjacent messages: (their bytes back to back and rocketmq_batches.PADDING zero
         bytes, where each starts in them, how many of the offsets that covers). None when that file is gone
@@ -209,8 +209,10 @@ class CommitLog:
         run_starts = offsets[np.concatenate([[0], breaks])].tolist()
         run_ends = ends[np.concatenate([breaks - 1, [count - 1]])].tolist()
         positions = np.cumsum(sizes) - sizes
-        data = bytearray(int(positions[-1] + sizes[-1]) + PADDING)
-        with memoryview(data) as target:
+        length = int(positions[-1] + sizes[-1])
+        data = np.empty(length + PADDING, dtype=np.uint8)  # every byte but the padding is read into
+        data[length:] = 0
+        with memoryview(data) as target:  # type: ignore[arg-type]
             for a, b, at in zip(run_starts, run_ends, positions[np.concatenate([[0], breaks])].tolist(), strict=True):
                 mapped_file.read_into(a, target[at : at + b - a])
         return data, positions, count

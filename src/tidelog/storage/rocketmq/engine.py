@@ -632,7 +632,7 @@ class RocketMQEngine(StorageEngine):
         if self.index is not None:
             self.index.delete_expired_files(commitlog_min_offset)
 
-    def read_runs(self, physical_offsets: np.ndarray, sizes: np.ndarray) -> tuple[bytearray, np.ndarray, int]:
+    def read_runs(self, physical_offsets: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """CommitLog.read_runs for a queue's units: the messages of the first one's file."""
         try:
             found = self.commitlog.read_runs(physical_offsets, sizes)
