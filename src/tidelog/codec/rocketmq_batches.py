@@ -74,7 +74,6 @@ BATCH_HEADER = np.dtype(
 assert BATCH_HEADER.itemsize == HEADER_SIZE
 
 _NAMES = sorted(name.encode() for name in rm.RESERVED_PROPERTIES)
-_NAME_LENGTHS = np.array([len(name) for name in _NAMES])
 _CODE_KEYS = _NAMES.index(rm.PROPERTY_KEYS.encode())
 _CODE_KEY64 = _NAMES.index(rm.PROPERTY_KEY64.encode())
 _CODE_HEADERS64 = _NAMES.index(rm.PROPERTY_HEADERS64.encode())
@@ -82,7 +81,11 @@ _CODE_NULL_VALUE = _NAMES.index(rm.PROPERTY_NULL_VALUE.encode())
 _CODE_BATCH = _NAMES.index(rm.PROPERTY_BATCH.encode())
 _CODE_PRODUCER = _NAMES.index(rm.PROPERTY_PRODUCER.encode())
 _USER = -1  # the code of a name that is not reserved: a Kafka header
-_GOLDEN, _MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)  # odd multipliers of _name_key
+_READ = (_CODE_KEYS, _CODE_NULL_VALUE, _CODE_BATCH, _CODE_PRODUCER)  # the reserved properties a rebuild reads
+_READ_COLUMN = np.full(len(_NAMES) + 1, -1)  # by code (_USER: the last): its column in _READ, or -1
+_READ_COLUMN[list(_READ)] = np.arange(len(_READ))
+_GOLDEN, _MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)  # odd multipliers of _slot
+TABLE_BITS = 10  # the reserved-name table has 2**TABLE_BITS slots
 _POWERS_OF_TEN = 10 ** np.arange(BATCH_NUMBER_DIGITS + 1, dtype=np.int64)
 _VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
@@ -273,53 +276,57 @@ def _batch_ends(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> tuple[n
     return ends, batch_left
 
 
-def _name_key(first: np.ndarray, last: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of a name's (first 8 bytes, last 8 bytes, length): equal for equal names."""
-    with np.errstate(over="ignore"):
-        return first ^ (last * _GOLDEN) ^ (length.astype(np.uint64) * _MIX)
-
-
-_HIGH_BYTES = np.array([0] + [((1 << (8 * k)) - 1) << (8 * (8 - k)) for k in range(1, 9)], dtype=np.uint64)
+_LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
 
 
 def _name_words(text: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A name's first 8 bytes (zero past its end) and, for a name of more than 8 bytes, its last 8 (else 0), as
-    big-endian words; with the length they tell names of up to 16 bytes apart exactly."""
-    first = _rows(text, start, 8).view(">u8")[:, 0].astype(np.uint64) & _HIGH_BYTES[np.minimum(length, 8)]
-    long = length > 8
-    last = np.zeros(len(start), dtype=np.uint64)
-    last[long] = _rows(text, start[long] + length[long] - 8, 8).view(">u8")[:, 0]
-    return first, last
+    """A name's first 8 bytes and its next 8, as little-endian words with the bytes past its end zeroed; with the
+    length they tell names of up to 16 bytes apart exactly."""
+    words = _rows(text, start, 16).view("<u8")
+    first = words[:, 0] & _LOW_BYTES[np.minimum(length, 8)]
+    second = words[:, 1] & _LOW_BYTES[np.clip(length - 8, 0, 8)]
+    return first, second
+
+
+def _slot(first: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """A name's place in the reserved-name table, from its first word and length (multiplicative hashing)."""
+    with np.errstate(over="ignore"):
+        return ((first ^ (length.astype(np.uint64) * _MIX)) * _GOLDEN) >> np.uint64(64 - TABLE_BITS)
 
 
 def _reserved_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The reserved names' keys (sorted), their codes (index in _NAMES), first and last words."""
-    text = np.frombuffer(b"".join(_NAMES) + bytes(8), dtype=np.uint8)
+    """The reserved names by slot: code (index in _NAMES; -1 for an empty slot), first word, second word, length."""
+    text = np.frombuffer(b"".join(_NAMES) + bytes(16), dtype=np.uint8)
     lengths = np.array([len(name) for name in _NAMES])
     first, last = _name_words(text, np.cumsum(lengths) - lengths, lengths)
-    keys = _name_key(first, last, lengths)
-    order = np.argsort(keys)
-    if len(np.unique(keys)) != len(keys):
-        raise AssertionError("two reserved property names share a key")
-    return keys[order], order, first[order], last[order]
+    slots = _slot(first, lengths)
+    if len(np.unique(slots)) != len(slots):
+        raise AssertionError("two reserved property names share a slot of the table")
+    codes = np.full(1 << TABLE_BITS, _USER, dtype=np.int64)
+    codes[slots] = np.arange(len(_NAMES))
+    firsts, lasts = np.zeros(1 << TABLE_BITS, dtype=np.uint64), np.zeros(1 << TABLE_BITS, dtype=np.uint64)
+    firsts[slots], lasts[slots] = first, last
+    table_lengths = np.full(1 << TABLE_BITS, -1, dtype=np.int64)
+    table_lengths[slots] = lengths
+    return codes, firsts, lasts, table_lengths
 
 
-_TABLE_KEYS, _TABLE_CODES, _TABLE_FIRST, _TABLE_LAST = _reserved_table()
+_TABLE_CODES, _TABLE_FIRST, _TABLE_LAST, _TABLE_LENGTH = _reserved_table()
 
 
 def _classify(text: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-    """The code of each name (its index in _NAMES, or _USER), and its (first word, last word, length). A name of
-    more than 16 bytes that agrees with a reserved one in those is compared byte for byte."""
+    """The code of each name (its index in _NAMES, or _USER), and its (first word, second word, length). A name is
+    reserved when its slot's name has the same words and length; one of more than 16 bytes is then compared byte
+    for byte."""
     first, last = _name_words(text, start, length)
-    keys = _name_key(first, last, length)
-    at = np.minimum(np.searchsorted(_TABLE_KEYS, keys), len(_TABLE_KEYS) - 1)
-    codes = _TABLE_CODES[at]
-    found = (_TABLE_KEYS[at] == keys) & (_TABLE_FIRST[at] == first) & (_TABLE_LAST[at] == last)
-    found &= _NAME_LENGTHS[codes] == length
+    slot = _slot(first, length)
+    found = (_TABLE_FIRST[slot] == first) & (_TABLE_LENGTH[slot] == length) & (_TABLE_LAST[slot] == last)
+    codes = np.where(found, _TABLE_CODES[slot], _USER)
     for entry in np.flatnonzero(found & (length > 16)).tolist():
         name = text[start[entry] : start[entry] + length[entry]].tobytes()
-        found[entry] = name == _NAMES[codes[entry]]
-    return np.where(found, codes, _USER), (first, last, length)
+        if name != _NAMES[codes[entry]]:
+            codes[entry] = _USER
+    return codes, (first, last, length)
 
 
 # --- the rebuild ---------------------------------------------------------------------------------------------
@@ -408,27 +415,35 @@ def _parse(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first_off
         data = np.concatenate([data, np.zeros(room, dtype=np.uint8)])
 
     # entries: PROPERTIES split on \x02 (the end a separator too), each name and value on its first \x01; found in
-    # one row of `width` bytes per message (longer PROPERTIES: the per-record path), as positions in `data`
+    # one row of `width` bytes per message (longer PROPERTIES: the per-record path), as positions in `data`. Both
+    # separators in one stream, in message and column order: an entry is what ends at a \x02, its split the first
+    # \x01 after the separator before it.
     rows = _rows(data, properties_at, width)
     length_of_row = np.minimum(properties_length, width)
-    found = np.flatnonzero(rows == 2)
-    entry_message, entry_column = found // width, found % width
-    inside = entry_column < length_of_row[entry_message]
-    entry_message, entry_column = entry_message[inside], entry_column[inside]
+    found = np.flatnonzero(rows - np.uint8(1) < 2)  # \x01 and \x02 (0 wraps round to 255)
+    sep_message = found // width
+    sep_column = found - sep_message * width
+    inside = sep_column < length_of_row[sep_message]
+    sep_message, sep_column = sep_message[inside], sep_column[inside]
+    is_end = rows.reshape(-1)[found[inside]] == 2
     unterminated = np.flatnonzero((length_of_row > 0) & (rows[np.arange(n), np.maximum(length_of_row - 1, 0)] != 2))
     if len(unterminated):  # PROPERTIES without a closing \x02: its last entry ends with the message
-        entry_message = np.concatenate([entry_message, unterminated])
-        entry_column = np.concatenate([entry_column, length_of_row[unterminated]])
-        order = np.lexsort((entry_column, entry_message))
-        entry_message, entry_column = entry_message[order], entry_column[order]
+        sep_message = np.concatenate([sep_message, unterminated])
+        sep_column = np.concatenate([sep_column, length_of_row[unterminated]])
+        is_end = np.concatenate([is_end, np.ones(len(unterminated), dtype=bool)])
+        order = np.lexsort((sep_column, sep_message))
+        sep_message, sep_column, is_end = sep_message[order], sep_column[order], is_end[order]
+    ends = np.flatnonzero(is_end)
+    entry_message, entry_column = sep_message[ends], sep_column[ends]
     first_of_message = np.ones(len(entry_message), dtype=bool)
     first_of_message[1:] = entry_message[1:] != entry_message[:-1]
     start_column = np.where(first_of_message, 0, np.concatenate([[0], entry_column[:-1] + 1]))
-    found = np.flatnonzero(rows == 1)
-    name_value = found[found % width < length_of_row[found // width]]  # row-major: ascending by entry
-    first = np.searchsorted(name_value, entry_message * width + start_column)
-    split = name_value[np.minimum(first, len(name_value) - 1)] % width if len(name_value) else entry_column
-    valid = (first < len(name_value)) & (split > start_column) & (split < entry_column - 1)
+    opens = np.ones(len(is_end), dtype=bool)  # a separator that follows an entry's end (every message's last is)
+    opens[1:] = is_end[:-1]
+    first_split = np.flatnonzero(opens & ~is_end)
+    split = np.full(len(ends), -1, dtype=np.int64)
+    split[(np.cumsum(is_end) - is_end)[first_split]] = sep_column[first_split]  # an entry: the \x02s before it
+    valid = (split > start_column) & (split < entry_column - 1)
     entry_message, start_column, entry_column, split = (
         a[valid] for a in (entry_message, start_column, entry_column, split)
     )
@@ -438,10 +453,15 @@ def _parse(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first_off
 
     code, name_key = _classify(data, entry_start, name_length)
     # two entries of one name: Java's map keeps the last value at the first place; leave such messages to it
-    reserved = code != _USER
-    for used in (_CODE_KEYS, _CODE_NULL_VALUE, _CODE_BATCH, _CODE_PRODUCER):
-        columnar[np.bincount(entry_message[code == used], minlength=n) > 1] = False
-    user_entries = np.flatnonzero(~reserved)
+    # the reserved properties the batches read (_READ), as a column each: where a message's value is (-1: none)
+    column = _READ_COLUMN[code]
+    read = np.flatnonzero(column >= 0)
+    cell = entry_message[read] * len(_READ) + column[read]
+    read_at, read_length = np.full((2, n * len(_READ)), -1, dtype=np.int64)
+    read_at[cell], read_length[cell] = value_at[read], value_length[read]
+    columnar[entry_message[read[read_at[cell] != value_at[read]]]] = False  # a cell written twice: two entries
+    read_at, read_length = read_at.reshape(n, len(_READ)), read_length.reshape(n, len(_READ))
+    user_entries = np.flatnonzero(code == _USER)
     if len(user_entries) > 1:
         keys = [entry_message[user_entries], *(part[user_entries] for part in name_key)]
         order = np.lexsort(keys[::-1])
@@ -451,17 +471,8 @@ def _parse(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first_off
     for special in (_CODE_KEY64, _CODE_HEADERS64):
         columnar[entry_message[code == special]] = False
 
-    def value_of(wanted: int) -> tuple[np.ndarray, np.ndarray]:
-        at, length = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
-        chosen = code == wanted
-        at[entry_message[chosen]] = value_at[chosen]
-        length[entry_message[chosen]] = value_length[chosen]
-        return at, length
-
-    key_at, key_length = value_of(_CODE_KEYS)
-    _, null_length = value_of(_CODE_NULL_VALUE)
-    producer_at, producer_length = value_of(_CODE_PRODUCER)
-    batch_at, batch_length = value_of(_CODE_BATCH)
+    key_at, _, batch_at, producer_at = read_at.T
+    key_length, null_length, batch_length, producer_length = read_length.T
     ends_batch, batch_left = _batch_ends(data, batch_at, batch_length)
 
     user = code == _USER
