@@ -109,10 +109,12 @@ def _serve(args: argparse.Namespace) -> int:
     # broker process generates no test data, and the registration would cost every start a few hundred ms (seconds
     # in a working directory without hypothesis's cache)
     sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+    from tidelog.allocator import keep_freed_memory
     from tidelog.broker.run import serve
     from tidelog.open_files import raise_open_file_limit
 
     raise_open_file_limit()  # a broker with many partitions and connections needs many descriptors
+    keep_freed_memory()  # request-sized buffers reused from the heap, not faulted in afresh on every request
     return serve(args.config, args.override)
 
 

@@ -18,6 +18,7 @@ import pytest
 import tidelog
 from broker_process import ROCKETMQ_IGNORE_DISK_USAGE
 from tidelog import Record
+from tidelog.codec import rocketmq_batches
 from tidelog.codec import rocketmq_message as rm
 from tidelog.codec.record_batch import build_batch
 from tidelog.codec.record_set import iter_batches, iter_records
@@ -236,3 +237,33 @@ def test_messages_of_any_properties_rebuild_as_record_by_record() -> None:
         want = rebuild_batches(data, positions[start:], sizes[start:], start, 1 << 30, per_record=True)
         assert b"".join(got.batches) == b"".join(want.batches)
         assert len(list(iter_records(b"".join(got.batches)))) == 400 - start
+
+
+def test_kafka_batch_values_parse_alike_in_python_and_numpy() -> None:
+    """A few KAFKA_BATCH values are parsed in Python, many with numpy: the same verdict and numbers for valid values
+    and for damaged ones (other characters, no or two slashes, empty or over-long numbers, index >= count)."""
+    rng = random.Random(3)
+    values = [b"%d/%d" % (i, c) for c in (1, 2, 10, 999_999) for i in (0, c - 1, c)]
+    values += [
+        b"",
+        b"/",
+        b"1/",
+        b"/1",
+        b"1//2",
+        b"1/2/3",
+        b"a/2",
+        b"1/2x",
+        b" 1/2",
+        b"1" * 19 + b"/2",
+        b"1/" + b"9" * 19,
+    ]
+    values += [bytes(rng.choice(b"0123456789/x") for _ in range(rng.randrange(0, 27))) for _ in range(300)]
+    text = np.frombuffer(b"".join(values) + bytes(PADDING), dtype=np.uint8)
+    length = np.array([len(v) for v in values])
+    at = np.cumsum(length) - length
+    few = rocketmq_batches._few_batch_positions(text, at, length)
+    many = rocketmq_batches._batch_positions(text, at, length)
+    assert few[2].tolist() == many[2].tolist()
+    assert few[2].sum() > 10  # valid values among them
+    for parsed_few, parsed_many in zip(few[:2], many[:2], strict=True):
+        assert parsed_few[few[2]].tolist() == parsed_many[many[2]].tolist()

@@ -58,6 +58,8 @@ PROPERTIES_WIDTH = 512  # PROPERTIES longer than this send their message the per
 PADDING = PROPERTIES_WIDTH  # zero bytes after the last message in `data` save rebuild_batches a copy of it
 BATCH_DIGITS = 24  # the longest KAFKA_BATCH value ("<index>/<count>") read
 BATCH_NUMBER_DIGITS = 18  # the most digits of either number in it (an int64 holds them)
+RECORD_VARINTS = ("length", "timestamp delta", "offset delta", "key length", "value length", "header count")
+FEW_BATCHES = 16  # up to this many KAFKA_BATCH values are parsed in Python (_few_batch_positions)
 MIN_MESSAGE_SIZE = rm.FIXED_SIZE + 3  # header, topic length (v1), properties length
 CRC_AT = 17  # where a v2 batch header's CRC sits
 ATTRIBUTES_AT = 21  # the CRC covers the batch from its attributes on
@@ -232,6 +234,27 @@ def _batch_positions(text: np.ndarray, at: np.ndarray, length: np.ndarray) -> tu
     return index, count, ok
 
 
+def _few_batch_positions(text: np.ndarray, at: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, ...]:
+    """_batch_positions for up to FEW_BATCHES values, in Python: numpy's fixed cost per operation exceeds the
+    parse of a few short strings. The same results for every input."""
+    index, count = np.zeros(len(at), dtype=np.int64), np.zeros(len(at), dtype=np.int64)
+    ok = np.zeros(len(at), dtype=bool)
+    view = memoryview(text)  # type: ignore[arg-type]
+    for row, (start, size) in enumerate(zip(at.tolist(), length.tolist(), strict=True)):
+        before, slash, after = bytes(view[start : start + size]).partition(b"/")
+        if (
+            size <= BATCH_DIGITS
+            and slash
+            and 0 < len(before) <= BATCH_NUMBER_DIGITS
+            and 0 < len(after) <= BATCH_NUMBER_DIGITS
+            and before.isdigit()
+            and after.isdigit()
+        ):
+            index[row], count[row] = int(before), int(after)
+            ok[row] = index[row] < count[row]
+    return index, count, ok
+
+
 def _batch_ends(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Which messages end their Kafka batch, from their KAFKA_BATCH values (`index/count`; none: a batch of one),
     and how many messages of its batch follow each (only the last message's is filled in). A batch's first message
@@ -247,10 +270,11 @@ def _batch_ends(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> tuple[n
     batch_left = np.zeros(n, dtype=np.int64)
     first = np.flatnonzero(starts)
     first = first[has[first]]  # the batches that say their count
-    checked = np.union1d(first, np.array([n - 1] if has[-1] else [], dtype=np.int64))
+    checked = np.append(first, n - 1) if has[-1] and (not len(first) or first[-1] != n - 1) else first
     if not len(checked):
         return ends, batch_left
-    index, count, ok = _batch_positions(data, at[checked], length[checked])
+    parse = _few_batch_positions if len(checked) <= FEW_BATCHES else _batch_positions
+    index, count, ok = parse(data, at[checked], length[checked])
     if not ok.all():
         bad = int(checked[np.flatnonzero(~ok)[0]])
         raise CorruptMessageError(bad, "its KAFKA_BATCH property is not <index>/<count>")
@@ -500,18 +524,21 @@ def _parse(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, first_off
 
 
 class _Records(NamedTuple):
-    """The records of the messages in whole batches (the first `records` messages of the run): every field's value
-    (zigzagged, as the varints carry them) and varint size, each record's size; and their headers."""
+    """The records of the messages in whole batches (the first `records` messages of the run): the varints each
+    record starts with (RECORD_VARINTS: zigzagged, as they are written, and their sizes; a row per field), each
+    record's size; and their headers (name and value length: zigzagged and sizes, a row each)."""
 
     records: int
-    zigzag: dict[str, np.ndarray]  # per record: body, ts, off, key, value, count; per header: name, hvalue
-    varint_size: dict[str, np.ndarray]
+    zigzag: np.ndarray  # RECORD_VARINTS x records
+    varint_size: np.ndarray
     record_size: np.ndarray
     header_message: np.ndarray
     header_name_at: np.ndarray
     header_name_length: np.ndarray
     header_value_at: np.ndarray
     header_value_length: np.ndarray
+    header_zigzag: np.ndarray  # 2 x headers: name length, value length
+    header_varint_size: np.ndarray
 
 
 def _records(messages: _Messages, group_start: np.ndarray, group_end: np.ndarray) -> _Records:
@@ -524,35 +551,39 @@ def _records(messages: _Messages, group_start: np.ndarray, group_end: np.ndarray
     header_message = messages.header_message[rows]
     name_length = messages.header_name_length[rows]
     value_of_header = messages.header_value_length[rows]
-    header_count = np.bincount(header_message, minlength=count).astype(np.int64)
-    zigzag = {
-        "ts": _zigzag(messages.born[:count] - messages.born[first_of]),
-        "off": _zigzag(np.arange(count) - first_of),
-        "key": _zigzag(key_length),
-        "value": _zigzag(value_length),
-        "count": _zigzag(header_count),
-        "name": _zigzag(name_length),
-        "hvalue": _zigzag(value_of_header),
-    }
-    varint_size = {name: _varint_sizes(values) for name, values in zigzag.items()}
-    header_bytes = varint_size["name"] + name_length + varint_size["hvalue"] + value_of_header
+    header_zigzag = _zigzag(np.stack([name_length, value_of_header]))
+    header_varint_size = _varint_sizes(header_zigzag)
+    header_bytes = header_varint_size.sum(axis=0) + name_length + value_of_header
     headers_size = np.bincount(header_message, weights=header_bytes, minlength=count).astype(np.int64)
-    body = (
-        1 + varint_size["ts"] + varint_size["off"] + varint_size["key"] + np.maximum(key_length, 0)
-        + varint_size["value"] + np.maximum(value_length, 0) + varint_size["count"] + headers_size
-    )  # fmt: skip
-    zigzag["body"] = _zigzag(body)
-    varint_size["body"] = _varint_sizes(zigzag["body"])
+    zigzag = np.empty((len(RECORD_VARINTS), count), dtype=np.uint64)
+    zigzag[1:] = _zigzag(
+        np.stack(
+            [
+                messages.born[:count] - messages.born[first_of],  # timestamp delta
+                np.arange(count) - first_of,  # offset delta
+                key_length,
+                value_length,
+                np.bincount(header_message, minlength=count),  # header count
+            ]
+        )
+    )
+    varint_size = np.empty((len(RECORD_VARINTS), count), dtype=np.int64)
+    varint_size[1:] = _varint_sizes(zigzag[1:])
+    body = 1 + varint_size[1:].sum(axis=0) + np.maximum(key_length, 0) + np.maximum(value_length, 0) + headers_size
+    zigzag[0] = _zigzag(body)
+    varint_size[0] = _varint_sizes(zigzag[0])
     return _Records(
         count,
         zigzag,
         varint_size,
-        varint_size["body"] + body,
+        varint_size[0] + body,
         header_message,
         messages.header_name_at[rows],
         name_length,
         messages.header_value_at[rows],
         value_of_header,
+        header_zigzag,
+        header_varint_size,
     )
 
 
@@ -731,42 +762,38 @@ def _build(messages: _Messages, records: _Records, group_start: np.ndarray, grou
     out[batch_at[:, None] + np.arange(HEADER_SIZE)] = header.view(np.uint8).reshape(-1, HEADER_SIZE)
 
     # each record: length, attributes, timestamp delta, offset delta, key length, key, value length, value,
-    # header count, headers
-    zigzag, varint_size = records.zigzag, records.varint_size
-    at = batch_at[group_of] + HEADER_SIZE + before - before[starts][group_of]
-    _put_varints(out, at, zigzag["body"][rows], varint_size["body"][rows])
-    at += varint_size["body"][rows]
-    out[at] = 0
-    at += 1
-    for field in ("ts", "off", "key"):
-        _put_varints(out, at, zigzag[field][rows], varint_size[field][rows])
-        at += varint_size[field][rows]
+    # header count, headers; the varints (RECORD_VARINTS) written together
+    varint_size = records.varint_size[:, rows]
     key_length = np.maximum(messages.key_length[rows], 0)
-    _copy(out, at, messages.data, messages.key_at[rows], key_length)
-    at += key_length
-    _put_varints(out, at, zigzag["value"][rows], varint_size["value"][rows])
-    at += varint_size["value"][rows]
     value_length = np.where(messages.null_value[rows], 0, messages.body_length[rows])
-    _copy(out, at, messages.data, messages.body_at[rows], value_length)
-    at += value_length
-    _put_varints(out, at, zigzag["count"][rows], varint_size["count"][rows])
-    at += varint_size["count"][rows]
+    varint_at = np.empty_like(varint_size)
+    varint_at[0] = batch_at[group_of] + HEADER_SIZE + before - before[starts][group_of]  # the record's length
+    varint_at[1] = varint_at[0] + varint_size[0] + 1  # timestamp delta, after the attributes byte
+    varint_at[2] = varint_at[1] + varint_size[1]  # offset delta
+    varint_at[3] = varint_at[2] + varint_size[2]  # key length
+    varint_at[4] = varint_at[3] + varint_size[3] + key_length  # value length, after the key
+    varint_at[5] = varint_at[4] + varint_size[4] + value_length  # header count, after the value
+    _put_varints(out, varint_at.reshape(-1), records.zigzag[:, rows].reshape(-1), varint_size.reshape(-1))
+    out[varint_at[0] + varint_size[0]] = 0  # attributes
+    _copy(out, varint_at[3] + varint_size[3], messages.data, messages.key_at[rows], key_length)
+    _copy(out, varint_at[4] + varint_size[4], messages.data, messages.body_at[rows], value_length)
 
     chosen = (records.header_message >= lo) & (records.header_message < hi)
     if chosen.any():
         owner = records.header_message[chosen] - lo
         name_length, value_length = records.header_name_length[chosen], records.header_value_length[chosen]
-        name_size, value_size = varint_size["name"][chosen], varint_size["hvalue"][chosen]
+        name_size, value_size = records.header_varint_size[:, chosen]
         each = name_size + name_length + value_size + value_length
         before_header = np.cumsum(each) - each
-        header_at = at[owner] + before_header - before_header[np.searchsorted(owner, owner, side="left")]
-        _put_varints(out, header_at, zigzag["name"][chosen], name_size)
-        header_at += name_size
-        _copy(out, header_at, messages.data, records.header_name_at[chosen], name_length)
-        header_at += name_length
-        _put_varints(out, header_at, zigzag["hvalue"][chosen], value_size)
-        header_at += value_size
-        _copy(out, header_at, messages.data, records.header_value_at[chosen], value_length)
+        header_at = varint_at[5][owner] + varint_size[5][owner]  # after the header count
+        header_at += before_header - before_header[np.searchsorted(owner, owner, side="left")]
+        value_at = header_at + name_size + name_length
+        _put_varints(
+            out, np.concatenate([header_at, value_at]), records.header_zigzag[:, chosen].reshape(-1),
+            records.header_varint_size[:, chosen].reshape(-1),
+        )  # fmt: skip
+        _copy(out, header_at + name_size, messages.data, records.header_name_at[chosen], name_length)
+        _copy(out, value_at + value_size, messages.data, records.header_value_at[chosen], value_length)
 
     view = memoryview(out)  # type: ignore[arg-type]
     for at_batch, size in zip(batch_at.tolist(), sizes.tolist(), strict=True):
