@@ -178,11 +178,14 @@ def _put_varints(out: np.ndarray, at: np.ndarray, zigzagged: np.ndarray, sizes: 
     """Write each value as a varint of its size at its position (one numpy pass per byte of the longest)."""
     if len(at) == 0:
         return
+    continues = np.uint64(0x80)
     for k in range(int(sizes.max())):
-        chosen = sizes > k
-        part = (zigzagged[chosen] >> np.uint64(7 * k)) & np.uint64(0x7F)
-        part |= np.where(sizes[chosen] > k + 1, np.uint64(0x80), np.uint64(0))
-        out[at[chosen] + k] = part.astype(np.uint8)
+        if k:  # every varint has a first byte; the later ones only some
+            chosen = np.flatnonzero(sizes > k)
+            at, zigzagged, sizes = at[chosen], zigzagged[chosen], sizes[chosen]
+        part = (zigzagged >> np.uint64(7 * k)) & np.uint64(0x7F)
+        part |= (sizes > k + 1) * continues
+        out[at + k] = part
 
 
 def _copy(out: np.ndarray, out_at: np.ndarray, source: np.ndarray, source_at: np.ndarray, lengths: np.ndarray) -> None:
@@ -192,21 +195,27 @@ def _copy(out: np.ndarray, out_at: np.ndarray, source: np.ndarray, source_at: np
     with 2**k <= n < 2**(k+1), is its first 2**k bytes and its last 2**k bytes (two rows that overlap in the
     middle, writing the same bytes twice; one row when n is 2**k), so no row reaches outside its range."""
     long = lengths >= ROW_COPY_BYTES
-    short = (lengths > 0) & ~long
-    if short.any():
+    short = np.flatnonzero((lengths > 0) & ~long)
+    if len(short):
         at, origin, length = out_at[short], source_at[short], lengths[short]
         out[_ranges(at, length)] = source.take(_ranges(origin, length))
-    if not long.any():
+    long_ones = np.flatnonzero(long)
+    if not len(long_ones):
         return
-    out_at, source_at, lengths = out_at[long], source_at[long], lengths[long]
+    out_at, source_at, lengths = out_at[long_ones], source_at[long_ones], lengths[long_ones]
     high_bit = np.frexp(lengths)[1] - 1  # k with 2**k <= n < 2**(k+1)
-    for k in np.unique(high_bit).tolist():
+    classes = np.flatnonzero(np.bincount(high_bit)).tolist()
+    for k in classes:
         width = 1 << k
-        chosen = high_bit == k
-        at, origin, length = out_at[chosen], source_at[chosen], lengths[chosen]
-        tail = length > width
-        at = np.concatenate([at, at[tail] + length[tail] - width])
-        origin = np.concatenate([origin, origin[tail] + length[tail] - width])
+        if len(classes) == 1:
+            at, origin, length = out_at, source_at, lengths
+        else:
+            chosen = np.flatnonzero(high_bit == k)
+            at, origin, length = out_at[chosen], source_at[chosen], lengths[chosen]
+        tail = np.flatnonzero(length > width)
+        if len(tail):
+            shift = length[tail] - width
+            at, origin = np.concatenate([at, at[tail] + shift]), np.concatenate([origin, origin[tail] + shift])
         _windows(out, width)[at] = _windows(source, width)[origin]
 
 
