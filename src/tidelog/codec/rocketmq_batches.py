@@ -331,35 +331,35 @@ def _reserved_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The reserved names by slot: code (index in _NAMES; -1 for an empty slot), first word, second word, length."""
     text = np.frombuffer(b"".join(_NAMES) + bytes(16), dtype=np.uint8)
     lengths = np.array([len(name) for name in _NAMES])
-    first, last = _name_words(text, np.cumsum(lengths) - lengths, lengths)
+    first, second = _name_words(text, np.cumsum(lengths) - lengths, lengths)
     slots = _slot(first, lengths)
     if len(np.unique(slots)) != len(slots):
         raise AssertionError("two reserved property names share a slot of the table")
     codes = np.full(1 << TABLE_BITS, _USER, dtype=np.int64)
     codes[slots] = np.arange(len(_NAMES))
-    firsts, lasts = np.zeros(1 << TABLE_BITS, dtype=np.uint64), np.zeros(1 << TABLE_BITS, dtype=np.uint64)
-    firsts[slots], lasts[slots] = first, last
+    firsts, seconds = np.zeros(1 << TABLE_BITS, dtype=np.uint64), np.zeros(1 << TABLE_BITS, dtype=np.uint64)
+    firsts[slots], seconds[slots] = first, second
     table_lengths = np.full(1 << TABLE_BITS, -1, dtype=np.int64)
     table_lengths[slots] = lengths
-    return codes, firsts, lasts, table_lengths
+    return codes, firsts, seconds, table_lengths
 
 
-_TABLE_CODES, _TABLE_FIRST, _TABLE_LAST, _TABLE_LENGTH = _reserved_table()
+_TABLE_CODES, _TABLE_FIRST, _TABLE_SECOND, _TABLE_LENGTH = _reserved_table()
 
 
 def _classify(text: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """The code of each name (its index in _NAMES, or _USER), and its (first word, second word, length). A name is
     reserved when its slot's name has the same words and length; one of more than 16 bytes is then compared byte
     for byte."""
-    first, last = _name_words(text, start, length)
+    first, second = _name_words(text, start, length)
     slot = _slot(first, length)
-    found = (_TABLE_FIRST[slot] == first) & (_TABLE_LENGTH[slot] == length) & (_TABLE_LAST[slot] == last)
+    found = (_TABLE_FIRST[slot] == first) & (_TABLE_LENGTH[slot] == length) & (_TABLE_SECOND[slot] == second)
     codes = np.where(found, _TABLE_CODES[slot], _USER)
     for entry in np.flatnonzero(found & (length > 16)).tolist():
         name = text[start[entry] : start[entry] + length[entry]].tobytes()
         if name != _NAMES[codes[entry]]:
             codes[entry] = _USER
-    return codes, (first, last, length)
+    return codes, (first, second, length)
 
 
 # --- the rebuild ---------------------------------------------------------------------------------------------
