@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 import random
 import struct
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 import tidelog
+from broker_process import ROCKETMQ_IGNORE_DISK_USAGE
 from tidelog import Record
 from tidelog.codec.record_batch import build_batch
 from tidelog.errors import ConfigError, CrcMismatchError, RecordTooLargeError
@@ -470,3 +473,49 @@ def test_a_dispatch_round_over_many_queues(tmp_path: Path, monkeypatch: pytest.M
     with open_store(tmp_path / "store", **config) as engine:
         for partition in range(40):
             assert [r.value for r in engine.consume("t", partition)] == expected[partition]
+
+
+QUEUE_BUDGET_CHILD = """
+import resource, sys
+from pathlib import Path
+import tidelog
+from tidelog import Record
+from tidelog.codec.record_batch import build_batch
+from tidelog.errors import InvalidPartitionsError
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+engine = tidelog.open(Path(sys.argv[1]), engine="rocketmq", config=dict(arg.split("=") for arg in sys.argv[2:]))
+try:
+    engine.create_topic("too-many", partitions=200)
+except InvalidPartitionsError as exc:
+    print("refused:", exc)
+engine.create_topic("t", partitions=100)
+try:
+    engine.create_partitions("t", 150)
+except InvalidPartitionsError as exc:
+    print("refused:", exc)
+batch = build_batch([Record(b"v")])
+for queue in range(100):
+    engine.append("t", queue, batch)
+engine.flush()
+engine.catch_up()
+print("readable:", sum(engine.partition("t", queue).high_watermark for queue in range(100)))
+engine.close()
+"""
+
+
+def test_queues_beyond_the_open_file_limit_are_refused_with_the_limit_named(tmp_path: Path) -> None:
+    """Each queue keeps its ConsumeQueue file open, so a store under a soft open-file limit of 256 takes at most 128
+    queues: a topic or a growth past that is refused, naming the limit and what fits, and the queues it holds all
+    stay writable and readable (no EMFILE in the dispatcher). In a child process, whose limit is lowered."""
+    settings = [f"{key}={value}" for key, value in ROCKETMQ_IGNORE_DISK_USAGE.items()]
+    out = subprocess.run(
+        [sys.executable, "-c", QUEUE_BUDGET_CHILD, str(tmp_path / "store"), *settings],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("refused: topic too-many: 200 more queues") and "(256)" in lines[0], lines
+    assert "128 more fit" in lines[0]
+    assert lines[1].startswith("refused: topic t: 50 more queues") and "28 more fit" in lines[1], lines
+    assert lines[2] == "readable: 100", lines
+    assert "Too many open files" not in out.stderr

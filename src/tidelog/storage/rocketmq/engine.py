@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import struct
 import threading
 import time
@@ -107,6 +108,11 @@ REINDEX_BATCH = 2048  # messages per IndexFile batch when recovery re-indexes fr
 INDEX_RETRY_SECONDS = 1.0  # an index that could not be written is tried again after this long
 LONG_MAX = (1 << 63) - 1
 FLUSH_THREADS = 8  # threads syncing ConsumeQueue files when many are dirty
+# Each queue keeps its ConsumeQueue file open once it holds a message (written with pwrite, read with pread), so the
+# queues a store holds are bounded by the open-file limit: at most this share of the soft limit (the rest is for
+# CommitLog and IndexFile files, client connections and the files opened in passing). More are refused when a topic
+# is created or grown, with the limit named, rather than failing later with EMFILE in the dispatcher.
+QUEUES_SHARE_OF_OPEN_FILE_LIMIT = 0.5
 _UNIT_CHECK = struct.Struct(">i8xi4xq")  # a message's TOTALSIZE, QUEUEID and QUEUEOFFSET
 
 
@@ -718,6 +724,7 @@ class RocketMQEngine(StorageEngine):
             self._check_open()
             self.registry.check_new(name)
             held = check_local_partitions(name, 0, count, local_partitions)
+            self._check_queue_budget(name, count if held is None else len(held))
             since = self.commitlog.max_offset  # no message of the new topic can be older
             stale = self.root / CONSUME_QUEUE_DIR / name
             self.deleter.delete_later(stale)  # queues of a topic not in the topics file (reported at start)
@@ -754,12 +761,27 @@ class RocketMQEngine(StorageEngine):
             held = check_local_partitions(name, record.partitions, total, local_partitions)
             if held is None and record.local is not None:
                 held = list(range(record.partitions, total))
+            self._check_queue_budget(name, total - record.partitions if held is None else len(held))
             for queue_id in range(record.partitions, total) if held is None else held:
                 self._open_queue(name, queue_id)
             if held is not None:
                 record.local = [*record.held(), *held]
             record.partitions = total
             self._save_topics_file()
+
+    def _check_queue_budget(self, topic: str, new_queues: int) -> None:
+        """Refuse queues beyond QUEUES_SHARE_OF_OPEN_FILE_LIMIT of the soft open-file limit (see there)."""
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return
+        room = int(soft * QUEUES_SHARE_OF_OPEN_FILE_LIMIT) - len(self.queues)
+        if new_queues > room:
+            raise InvalidPartitionsError(
+                f"topic {topic}: {new_queues} more queues would pass {QUEUES_SHARE_OF_OPEN_FILE_LIMIT:.0%} of the "
+                f"broker's open-file limit ({soft}): the RocketMQ engine keeps each queue's ConsumeQueue file open; "
+                f"{max(room, 0)} more fit. Raise the limit (`ulimit -n` in the shell that starts the broker, "
+                "LimitNOFILE= in a systemd unit)"
+            )
 
     def hold_partitions(self, name: str, local_partitions: Collection[int]) -> None:
         with self._lock:
