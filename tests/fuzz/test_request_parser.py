@@ -168,7 +168,7 @@ def test_fuzz_inputs_that_crashed_the_request_target(crash: bytes) -> None:
 def test_a_topic_with_more_partitions_than_open_files_allow_is_refused(tmp_path: Path) -> None:
     """A CreateTopics/CreatePartitions for 2^31-1 partitions opened files until the process hit EMFILE and could
     no longer accept connections. Now the engine refuses more partitions than a few per descriptor of its hard
-    open-file limit (idle partitions hold no descriptor: storage/kafka/file_handles.py)."""
+    open-file limit (idle partitions hold no descriptor: storage/common/file_handles.py)."""
     with tidelog.open(tmp_path, background=False) as engine:
         with pytest.raises(InvalidPartitionsError, match="open-file limit"):
             engine.create_topic("huge", 2**31 - 1)

@@ -1,4 +1,4 @@
-"""The Kafka engine's open files (storage/kafka/file_handles.py): segment and index files open on first use, idle ones
+"""The Kafka engine's open files (storage/common/file_handles.py): segment and index files open on first use, idle ones
 are closed past the engine's capacity and reopen transparently, many partitions fit a small open-file limit, and a
 limit that really is reached is a clear error that loses nothing. The low limits are set in child processes."""
 
@@ -15,7 +15,7 @@ from tidelog import Record
 from tidelog.codec.record_batch import build_batch
 from tidelog.config import LogConfig
 from tidelog.open_files import raise_open_file_limit
-from tidelog.storage.kafka.file_handles import FileHandles
+from tidelog.storage.common.file_handles import FileHandles
 from tidelog.storage.kafka.partition_log import PartitionLog
 
 

@@ -40,7 +40,7 @@ from typing import Self
 import numpy as np
 
 from tidelog.errors import CorruptIndexError, KafkaStorageError
-from tidelog.storage.kafka.file_handles import FileHandles, LazyFile
+from tidelog.storage.common.file_handles import FileHandles, LazyFile
 
 BLOCK_ENTRIES = 128  # entries per block of the lookup directory (1 KiB of an offset index)
 

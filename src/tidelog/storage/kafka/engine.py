@@ -46,13 +46,13 @@ from tidelog.storage.api import (
 )
 from tidelog.storage.common.clock import now_ms
 from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
+from tidelog.storage.common.file_handles import FileHandles, capacity_for_limit
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRecord, TopicRegistry, check_local_partitions
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.batch_check import BatchCheckWorker
 from tidelog.storage.kafka.cleaner import CLEANER_OFFSET_CHECKPOINT, CleaningAborted, CleanStats, LogCleaner
-from tidelog.storage.kafka.file_handles import FileHandles, capacity_for_limit
 from tidelog.storage.kafka.key_index import PartitionKeyIndex, record_at
 from tidelog.storage.kafka.partition_log import PARTITION_DIR, PartitionLog, partition_dir_name
 

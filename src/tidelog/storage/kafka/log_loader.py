@@ -39,10 +39,10 @@ from tidelog.codec.record_batch import BatchHeader
 from tidelog.config import LogConfig
 from tidelog.errors import CorruptCheckpointError, CorruptRecordError, TidelogError
 from tidelog.storage.common.aborted_txn import AbortedTxn
+from tidelog.storage.common.file_handles import FileHandles
 from tidelog.storage.common.producer_state import ProducerStateManager
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka import checkpoints
-from tidelog.storage.kafka.file_handles import FileHandles
 from tidelog.storage.kafka.key_index import KEY_INDEX_DIR
 from tidelog.storage.kafka.leader_epoch_cache import LeaderEpochCache
 from tidelog.storage.kafka.segment import (

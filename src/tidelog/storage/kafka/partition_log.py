@@ -73,9 +73,9 @@ from tidelog.storage.api import (
     ProducerSummary,
     TimestampAndOffset,
 )
+from tidelog.storage.common.file_handles import FileHandles
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES, BatchCheckWorker, PendingCheck
-from tidelog.storage.kafka.file_handles import FileHandles
 from tidelog.storage.kafka.leader_epoch_cache import EpochEndOffset
 from tidelog.storage.kafka.log_loader import LogLoader, apply_batch, rebuild_producer_state
 from tidelog.storage.kafka.segment import SWAP_SUFFIX, LogSegment, now_ms

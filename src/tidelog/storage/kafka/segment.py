@@ -28,7 +28,7 @@ from tidelog.codec.record_set import decode_batch, peek_batch, read_batch_info
 from tidelog.config import INT_MAX, LogConfig
 from tidelog.errors import CorruptIndexError, CorruptRecordError, KafkaStorageError, TidelogError
 from tidelog.storage.api import FileSlice
-from tidelog.storage.kafka.file_handles import FileHandles, LazyFile, SegmentFile
+from tidelog.storage.common.file_handles import FileHandles, LazyFile, StoreFile
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
 from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
@@ -121,7 +121,7 @@ class LogSegment:
         return self._log.path
 
     @property
-    def file(self) -> SegmentFile:
+    def file(self) -> StoreFile:
         """The open `.log` (opened now if it was let go): hold it for as long as its descriptor is used."""
         return self._log.get()
 
@@ -218,7 +218,7 @@ class LogSegment:
                 yield _location(window, slot)
         self._raise_if_damaged(chain)
 
-    def _header_walk(self, file: SegmentFile, position: int, end: int | None = None) -> ChainReader:
+    def _header_walk(self, file: StoreFile, position: int, end: int | None = None) -> ChainReader:
         """The chain of `file` (the open .log, held by the caller for the walk) from `position` to `end` (default:
         the segment's size), walked over headers. The first read covers one index interval (a lookup expects its
         batch within it), each later one twice the one before, up to SCAN_CHUNK_BYTES; bodies that reach past a

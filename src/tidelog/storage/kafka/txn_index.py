@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from tidelog.errors import CorruptIndexError, KafkaStorageError
 from tidelog.storage.common.aborted_txn import ENTRY, AbortedTxn, parse_entries
-from tidelog.storage.kafka.file_handles import FileHandles, LazyFile
+from tidelog.storage.common.file_handles import FileHandles, LazyFile
 
 SUFFIX = ".txnindex"
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tidelog.errors import KafkaStorageError
+from tidelog.storage.common.file_handles import FileHandles
 from tidelog.storage.rocketmq.mapped_file import MappedFile, MappedFileQueue
 
 log = logging.getLogger("tidelog.storage.rocketmq")
@@ -43,12 +43,15 @@ def consume_queue_file_size(configured: int) -> int:
 
 
 class ConsumeQueue:
-    def __init__(self, root: Path, topic: str, queue_id: int, file_size: int) -> None:
+    def __init__(
+        self, root: Path, topic: str, queue_id: int, file_size: int, handles: FileHandles | None = None
+    ) -> None:
+        """`handles`: the engine's open ConsumeQueue files, which bound how many stay open (file_handles.py)."""
         self.topic = topic
         self.queue_id = queue_id
         self.directory = root / CONSUME_QUEUE_DIR / topic / str(queue_id)
         self.file_size = file_size
-        self.queue = MappedFileQueue(self.directory, file_size, mapped=False)
+        self.queue = MappedFileQueue(self.directory, file_size, mapped=False, handles=handles)
         self.max_physic_offset = -1  # CommitLog end (offset + size) of the last unit
         self.min_logic_offset = 0  # in bytes, as RocketMQ keeps it
         self.dirty = False
@@ -99,11 +102,7 @@ class ConsumeQueue:
         self.max_physic_offset = last_unit[0] + last_unit[1] if last_unit is not None else -1
 
     def _valid_units(self, mapped_file: MappedFile) -> int:
-        try:
-            data_end = os.lseek(mapped_file.fd, 0, os.SEEK_HOLE)
-        except OSError:
-            data_end = mapped_file.file_size
-        data = os.pread(mapped_file.fd, min(data_end, mapped_file.file_size), 0)
+        data = mapped_file.read(0, mapped_file.data_end())
         written = len(data.rstrip(b"\0"))
         units = -(-written // CQ_STORE_UNIT_SIZE)
         first_checked = max(0, units - RECOVERY_CHECK_UNITS)
@@ -327,7 +326,7 @@ class ConsumeQueue:
             last = files[-1]
             position = byte_offset - last.file_from_offset
             if last.wrote_position > position:  # zeros, so the cut units do not come back on the next load
-                os.pwrite(last.fd, bytes(last.wrote_position - position), position)
+                last.write_at(position, bytes(last.wrote_position - position))
             last.wrote_position = min(last.wrote_position, position)
             last.flushed_position = min(last.flushed_position, position)
         self.queue.flushed_where = min(self.queue.flushed_where, byte_offset)

@@ -70,6 +70,7 @@ from tidelog.storage.api import (
 )
 from tidelog.storage.common.clock import now_ms
 from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
+from tidelog.storage.common.file_handles import FileHandles, capacity_for_limit
 from tidelog.storage.common.index_file import IndexService
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.common.scheduler import Scheduler
@@ -108,11 +109,11 @@ REINDEX_BATCH = 2048  # messages per IndexFile batch when recovery re-indexes fr
 INDEX_RETRY_SECONDS = 1.0  # an index that could not be written is tried again after this long
 LONG_MAX = (1 << 63) - 1
 FLUSH_THREADS = 8  # threads syncing ConsumeQueue files when many are dirty
-# Each queue keeps its ConsumeQueue file open once it holds a message (written with pwrite, read with pread), so the
-# queues a store holds are bounded by the open-file limit: at most this share of the soft limit (the rest is for
-# CommitLog and IndexFile files, client connections and the files opened in passing). More are refused when a topic
-# is created or grown, with the limit named, rather than failing later with EMFILE in the dispatcher.
-QUEUES_SHARE_OF_OPEN_FILE_LIMIT = 0.5
+# ConsumeQueue files are opened on use and the idle ones let go (file_handles.py: at most half the soft open-file
+# limit open), so queues are not bounded by descriptors; they are bounded all the same, at QUEUES_PER_OPEN_FILE per
+# descriptor of the hard limit (as the Kafka engine bounds partitions): a topic or a growth past that is refused
+# with the limit named.
+QUEUES_PER_OPEN_FILE = 4
 _UNIT_CHECK = struct.Struct(">i8xi4xq")  # a message's TOTALSIZE, QUEUEID and QUEUEOFFSET
 
 
@@ -225,6 +226,7 @@ class RocketMQEngine(StorageEngine):
         for directory in (self.commitlog.directory, self.root / CONSUME_QUEUE_DIR):
             directory.mkdir(exist_ok=True)  # created at start, as RocketMQ does: they mark the store
         self.queues: dict[tuple[str, int], MessageQueue] = {}
+        self.file_handles = FileHandles(capacity_for_limit())  # the open ConsumeQueue files (file_handles.py)
         self.registry = TopicRegistry([self.root])
         self.registry.load(damaged_is_fatal=True, check_configs=self._log_config_for)
         self.cluster_id = self.registry.cluster_id or expected_cluster_id or new_kafka_uuid()
@@ -361,7 +363,11 @@ class RocketMQEngine(StorageEngine):
 
     def _open_queue(self, topic: str, queue_id: int, *, start_floor: int = 0) -> MessageQueue:
         consume_queue = ConsumeQueue(
-            self.root, topic, queue_id, consume_queue_file_size(self.store_config.maped_file_size_consume_queue)
+            self.root,
+            topic,
+            queue_id,
+            consume_queue_file_size(self.store_config.maped_file_size_consume_queue),
+            self.file_handles,
         )
         consume_queue.load()
         queue = MessageQueue(
@@ -770,17 +776,15 @@ class RocketMQEngine(StorageEngine):
             self._save_topics_file()
 
     def _check_queue_budget(self, topic: str, new_queues: int) -> None:
-        """Refuse queues beyond QUEUES_SHARE_OF_OPEN_FILE_LIMIT of the soft open-file limit (see there)."""
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft == resource.RLIM_INFINITY:
+        """Refuse more than QUEUES_PER_OPEN_FILE queues per descriptor of the hard open-file limit (see there)."""
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
             return
-        room = int(soft * QUEUES_SHARE_OF_OPEN_FILE_LIMIT) - len(self.queues)
+        room = hard * QUEUES_PER_OPEN_FILE - len(self.queues)
         if new_queues > room:
             raise InvalidPartitionsError(
-                f"topic {topic}: {new_queues} more queues would pass {QUEUES_SHARE_OF_OPEN_FILE_LIMIT:.0%} of the "
-                f"broker's open-file limit ({soft}): the RocketMQ engine keeps each queue's ConsumeQueue file open; "
-                f"{max(room, 0)} more fit. Raise the limit (`ulimit -n` in the shell that starts the broker, "
-                "LimitNOFILE= in a systemd unit)"
+                f"topic {topic}: {new_queues} more queues would exceed {QUEUES_PER_OPEN_FILE} per descriptor of the "
+                f"broker's hard open-file limit ({hard}, ulimit -Hn); {max(room, 0)} more fit"
             )
 
     def hold_partitions(self, name: str, local_partitions: Collection[int]) -> None:

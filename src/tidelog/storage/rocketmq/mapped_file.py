@@ -11,10 +11,13 @@ global: file start + position.
 Writes: CommitLog files are preallocated (posix_fallocate, so a write through the mapping never meets a full disk
 with SIGBUS) and memory-mapped; appends under PWRITE_MIN_BYTES are copied into the mapping, larger ones go through
 pwrite (measured in Python: mmap wins for 1 KiB writes, pwrite for 16 KiB and up). ConsumeQueue files are sparse
-(5,000 queues x 6 MB would otherwise reserve 30 GB) and use pread/pwrite only.
+(5,000 queues x 6 MB would otherwise reserve 30 GB) and use pread/pwrite only; their descriptors are opened on use
+and let go when idle (storage/common/file_handles.py, the engine's FileHandles), so a store's queues are not bounded
+by the open-file limit.
 
 A deleted file is unlinked and dropped from the queue; its mapping and descriptor close when the last reader lets go
-of the object (Python's reference counting plays the part of RocketMQ's hold/release).
+of the object (Python's reference counting plays the part of RocketMQ's hold/release); a ConsumeQueue file that was
+let go is not opened again (its reads find nothing).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tidelog.errors import KafkaStorageError
+from tidelog.storage.common.file_handles import FileHandles, LazyFile, StoreFile
 
 log = logging.getLogger("tidelog.storage.rocketmq")
 
@@ -45,9 +49,18 @@ def offset_to_file_name(offset: int) -> str:
 
 
 class MappedFile:
-    """One store file. `mapped=True`: preallocated and memory-mapped (CommitLog); False: sparse, pread/pwrite."""
+    """One store file. `mapped=True`: preallocated and memory-mapped (CommitLog), its descriptor open for its life;
+    False: sparse, pread/pwrite through a descriptor opened on use and let go when idle (`handles`)."""
 
-    def __init__(self, path: Path, file_size: int, *, mapped: bool = True, create: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        file_size: int,
+        *,
+        mapped: bool = True,
+        create: bool = False,
+        handles: FileHandles | None = None,
+    ) -> None:
         self.path = path
         self.file_size = file_size
         self.file_from_offset = int(path.name)
@@ -79,8 +92,14 @@ class MappedFile:
                     os.close(fd)
                     raise
                 extended_from = actual
-        self.fd = fd
-        self.map: mmap.mmap | None = mmap.mmap(fd, file_size) if mapped else None
+        self.map: mmap.mmap | None = None
+        self._lazy: LazyFile | None = None
+        if mapped:
+            self.fd = fd
+            self.map = mmap.mmap(fd, file_size)
+        else:  # created and checked: from now on opened on use
+            os.close(fd)
+            self._lazy = LazyFile(path, handles)
         self.wrote_position = 0
         self.flushed_position = 0
         self.last_store_timestamp = 0  # of the last message appended (CommitLog), for the checkpoint
@@ -141,25 +160,48 @@ class MappedFile:
             if self.map is not None and size < PWRITE_MIN_BYTES:
                 self.map[position : position + size] = data
             else:
-                written = os.pwrite(self.fd, data, position)
+                fd, _held = self._descriptor()
+                written = os.pwrite(fd, data, position)
                 while written < size:
-                    written += os.pwrite(self.fd, memoryview(data)[written:], position + written)
+                    written += os.pwrite(fd, memoryview(data)[written:], position + written)
         except OSError as exc:
             raise KafkaStorageError(f"cannot write {self.path}: {exc}") from exc
+
+    def _descriptor(self) -> tuple[int, StoreFile | None]:
+        """The descriptor to use now, and what to hold while it is used: a lazily opened file's descriptor closes
+        when the last holder of its StoreFile lets go (file_handles.py), never under a use."""
+        if self._lazy is None:
+            return self.fd, None
+        file = self._lazy.get()
+        return file.fileno(), file
 
     def read(self, position: int, size: int) -> bytes:
         size = max(0, min(size, self.file_size - position))
         if self.map is not None:
             return self.map[position : position + size]
-        return os.pread(self.fd, size, position)
+        if self._lazy is not None and self._lazy.sealed:
+            return b""  # deleted (retention, truncation) after the reader found it
+        fd, _held = self._descriptor()
+        return os.pread(fd, size, position)
 
     def read_into(self, position: int, target: memoryview) -> None:
         """Fill `target` with the bytes at `position` (inside the file): one copy, none in between."""
         if self.map is not None:
             with memoryview(self.map) as mapped:
                 target[:] = mapped[position : position + len(target)]
-        elif os.preadv(self.fd, [target], position) != len(target):
+            return
+        fd, _held = self._descriptor()
+        if os.preadv(fd, [target], position) != len(target):
             raise KafkaStorageError(f"{self.path}: short read of {len(target)} bytes at {position}")
+
+    def data_end(self) -> int:
+        """Where the file's data ends as far as the filesystem knows: the start of its first hole (a sparse
+        ConsumeQueue file), or its size where holes are not reported."""
+        fd, _held = self._descriptor()
+        try:
+            return min(os.lseek(fd, 0, os.SEEK_HOLE), self.file_size)
+        except OSError:
+            return self.file_size
 
     def flush(self) -> int:
         """fdatasync what was written so far (covers writes through the mapping, too); returns the new flushed
@@ -168,7 +210,8 @@ class MappedFile:
         if target <= self.flushed_position:
             return self.flushed_position
         try:
-            os.fdatasync(self.fd)
+            fd, _held = self._descriptor()
+            os.fdatasync(fd)
         except OSError as exc:
             raise KafkaStorageError(f"cannot flush {self.path}: {exc}") from exc
         self.flushed_position = max(self.flushed_position, target)
@@ -202,7 +245,10 @@ class MappedFile:
             done += size
 
     def destroy(self) -> None:
-        """Unlink the file. Readers holding this object may finish; the mapping closes with the last of them."""
+        """Unlink the file. Readers holding this object may finish; the mapping closes with the last of them, and a
+        lazily opened file is never opened again (its name may be taken by a new file)."""
+        if self._lazy is not None:
+            self._lazy.seal()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
@@ -210,13 +256,16 @@ class MappedFile:
         if self._closed:
             return
         self._closed = True
+        if self._lazy is not None:  # its descriptor closes with the last use holding it (at once when none does)
+            self._lazy.seal()
+            return
         if self.map is not None:
             with contextlib.suppress(BufferError):  # a view is still exported: let garbage collection close it
                 self.map.close()
         os.close(self.fd)
 
     def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
+        if not getattr(self, "_closed", True) and getattr(self, "_lazy", None) is None:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
 
@@ -315,11 +364,13 @@ class MappedFileQueue:
         *,
         mapped: bool,
         allocator: AllocateMappedFileService | None = None,
+        handles: FileHandles | None = None,
     ) -> None:
         self.directory = directory
         self.file_size = file_size
         self.mapped = mapped
         self.allocator = allocator
+        self.handles = handles  # where files that are not mapped keep their descriptors (file_handles.py)
         self.files: list[MappedFile] = []
         self.flushed_where = 0
         self.lock = threading.RLock()  # the list of files
@@ -344,7 +395,7 @@ class MappedFileQueue:
                 "(was the file size setting changed?)"
             )
         for name in names:
-            mapped_file = MappedFile(self.directory / name, self.file_size, mapped=self.mapped)
+            mapped_file = MappedFile(self.directory / name, self.file_size, mapped=self.mapped, handles=self.handles)
             mapped_file.wrote_position = mapped_file.flushed_position = self.file_size
             if self.files and mapped_file.file_from_offset != self.files[-1].file_from_offset + self.file_size:
                 log.warning(
@@ -419,7 +470,7 @@ class MappedFileQueue:
                 next_path = self.directory / offset_to_file_name(create_at + self.file_size)
                 new_file = self.allocator.get(path, self.file_size, mapped=self.mapped, next_path=next_path)
             else:
-                new_file = MappedFile(path, self.file_size, mapped=self.mapped, create=True)
+                new_file = MappedFile(path, self.file_size, mapped=self.mapped, create=True, handles=self.handles)
             self.files.append(new_file)
             return new_file
 

@@ -1,25 +1,27 @@
-"""The open files of the Kafka engine's segments, bounded: opened on first use, the idle ones closed (Kafka's LazyIndex,
-and a bound Kafka leaves to `ulimit -n`).
+"""Open store files, bounded: opened on first use, the idle ones closed (Kafka's LazyIndex, and a bound Kafka leaves to
+`ulimit -n`). Both engines use it: the Kafka engine for its segments' files, the RocketMQ engine for its ConsumeQueue
+files (one per queue; its few CommitLog files stay open and mapped).
 
-A `LazyFile` stands for one file of a segment (its `.log`, `.index`, `.timeindex` or `.txnindex`). Creating one opens
-nothing; `get()` opens the file on first use and hands out the open `SegmentFile`. One `FileHandles` per engine holds
-every open `LazyFile` and keeps at most `capacity` of them open: when a file opens past that, the least recently used
-are let go (the clock algorithm: a use only sets a flag, so the append path takes no lock; a file used since the hand
-last passed it gets a second chance). Nothing else closes a file until its segment closes or is deleted: a partition
-that nobody writes or reads holds no descriptor once enough others were used after it, and opens its files again, by
-path, at its next use.
+A `LazyFile` stands for one file (a segment's `.log`, `.index`, `.timeindex` or `.txnindex`; a ConsumeQueue file).
+Creating one opens nothing; `get()` opens the file on first use and hands out the open `StoreFile`. One `FileHandles`
+per engine holds every open `LazyFile` and keeps at most `capacity` of them open: when a file opens past that, the
+least recently used are let go (the clock algorithm: a use only sets a flag, so the append path takes no lock; a
+file used since the hand last passed it gets a second chance). Nothing else closes a file until it is closed or
+sealed (its segment or queue closes or is deleted): a partition or queue that nobody writes or reads holds no
+descriptor once enough others were used after it, and opens its files again, by path, at its next use.
 
 Letting go of a file only drops the reference: the descriptor closes when the last holder lets go of the
-`SegmentFile` (CPython frees it then, and `SegmentFile.__del__` closes it quietly). Every use holds the object for as
+`StoreFile` (CPython frees it then, and `StoreFile.__del__` closes it quietly). Every use holds the object for as
 long as it needs the descriptor - a pwrite, an fsync, a header walk, a `FileSlice` on its way to a socket - so a
 descriptor is never closed under a use, and its number is never reused while one remains. Data written through a
 descriptor that was let go stays in the page cache, and an fsync through the next one makes it durable (fsync acts on
-the file, not on the descriptor).
+the file, not on the descriptor). `seal()` is let-go for a deleted file: never opened again (by its name, which a
+later file may take), its open descriptor left to its last holder.
 
 When opening fails with EMFILE or ENFILE, half of the held files are let go and the open is tried once more; if it
 fails again the error is a KafkaStorageError that names the limit and the setting to change (`ulimit -n`, systemd's
 LimitNOFILE), logged at ERROR, never a bare OSError. `capacity_for_limit` gives the share of the process's open-file
-limit the engine's segment files may hold (the rest is for client connections and the files opened in passing:
+limit an engine's store files may hold (the rest is for client connections and the files opened in passing:
 checkpoints, snapshots).
 """
 
@@ -38,13 +40,13 @@ from tidelog.errors import KafkaStorageError
 
 log = logging.getLogger("tidelog.storage")
 
-SHARE_OF_OPEN_FILE_LIMIT = 0.5  # of the soft RLIMIT_NOFILE, for segment files
+SHARE_OF_OPEN_FILE_LIMIT = 0.5  # of the soft RLIMIT_NOFILE, for an engine's store files
 MIN_CAPACITY = 16  # a partition's active segment needs 3 at once; a read crossing segments a few more
 UNLIMITED_CAPACITY = 1 << 20  # RLIM_INFINITY: bounded all the same
 
 
-class SegmentFile(io.FileIO):
-    """An open segment file whose descriptor closes when the last reference to it goes (without a ResourceWarning:
+class StoreFile(io.FileIO):
+    """An open store file whose descriptor closes when the last reference to it goes (without a ResourceWarning:
     the engine lets go of files on purpose, see the module docstring)."""
 
     def __del__(self) -> None:
@@ -52,7 +54,7 @@ class SegmentFile(io.FileIO):
 
 
 def capacity_for_limit() -> int:
-    """How many segment files the engine keeps open: half of the soft open-file limit, at least MIN_CAPACITY."""
+    """How many store files an engine keeps open: half of the soft open-file limit, at least MIN_CAPACITY."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return UNLIMITED_CAPACITY
@@ -111,7 +113,7 @@ class FileHandles:
 
 
 class LazyFile:
-    """A segment file opened on first use (`get`): read-write and created if missing, or read-only (`writable`
+    """A store file opened on first use (`get`): read-write and created if missing, or read-only (`writable`
     False: the dump-log tool's and the Spark path reader's indexes)."""
 
     __slots__ = ("_closed", "_file", "_handles", "_writable", "path", "used")
@@ -120,7 +122,7 @@ class LazyFile:
         self.path = path
         self.used = False
         self._writable = writable
-        self._file: SegmentFile | None = None
+        self._file: StoreFile | None = None
         self._handles = handles
         self._closed = False  # by close(): never opened again (a deleted segment's name must not be recreated)
 
@@ -128,7 +130,11 @@ class LazyFile:
     def is_open(self) -> bool:
         return self._file is not None
 
-    def get(self) -> SegmentFile:
+    @property
+    def sealed(self) -> bool:
+        return self._closed
+
+    def get(self) -> StoreFile:
         """The open file (opened now if it is not). Hold the returned object for as long as its descriptor is used."""
         file = self._file
         if file is None:
@@ -136,7 +142,7 @@ class LazyFile:
         self.used = True
         return file
 
-    def _open(self) -> SegmentFile:
+    def _open(self) -> StoreFile:
         if self._closed:
             raise KafkaStorageError(f"{self.path} is closed")
         flags = os.O_CLOEXEC | (os.O_RDWR | os.O_CREAT if self._writable else os.O_RDONLY)
@@ -155,7 +161,7 @@ class LazyFile:
                 error = open_file_limit_error(self.path, again)
                 log.error("%s", error)
                 raise error from again
-        file = self._file = SegmentFile(fd, "r+b" if self._writable else "rb")
+        file = self._file = StoreFile(fd, "r+b" if self._writable else "rb")
         if self._handles is not None:
             self._handles.opened(self)
         return file
@@ -164,6 +170,14 @@ class LazyFile:
         """Drop the open file (it closes once no use holds it); the next `get` opens it again."""
         self._file = None
         self.used = False
+
+    def seal(self) -> None:
+        """Never open the file again (it was deleted); an open descriptor closes with its last holder, as in
+        `let_go`, so a use still running finishes on it."""
+        self._file = None
+        self._closed = True
+        if self._handles is not None:
+            self._handles.forget(self)
 
     def close(self) -> None:
         """Close the file now (the segment closes or is deleted)."""
