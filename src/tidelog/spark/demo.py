@@ -46,6 +46,8 @@ from rich.text import Text
 
 from tidelog.spark.local_broker import LocalBroker
 
+COMMIT_WAIT_S = 15.0  # how long the report waits for the sink's last transaction to become visible
+
 PAGES = ["/", "/products", "/products/42", "/cart", "/checkout", "/blog/kafka-on-disk", "/about", "/search"]
 WEIGHTS = [30, 22, 15, 10, 7, 6, 5, 5]
 EVENTS_PARTITIONS = 5
@@ -533,6 +535,40 @@ def _stream(
     return closed, not closed and time.monotonic() > until
 
 
+def wait_for_committed(bootstrap: str, topic: str, timeout_s: float) -> bool:
+    """Wait until no partition of `topic` has an open transaction - its last stable offset (what a read_committed
+    ListOffsets answers) is its high watermark - or `timeout_s` passes; True when none had. A transaction's commit
+    returns before its markers are written (the coordinator writes them next, as Kafka's does), so a read_committed
+    read right after the sink's last commit may not see that commit yet."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    def consumer(isolation: str) -> Any:
+        return Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "tidelog-demo-check", "isolation.level": isolation}
+        )
+
+    committed, uncommitted = consumer("read_committed"), consumer("read_uncommitted")
+    try:
+        partitions = [
+            TopicPartition(topic, p) for p in committed.list_topics(topic, timeout=10).topics[topic].partitions
+        ]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ends = [
+                (committed.get_watermark_offsets(tp, timeout=5, cached=False)[1],
+                 uncommitted.get_watermark_offsets(tp, timeout=5, cached=False)[1])
+                for tp in partitions
+            ]  # fmt: skip
+            if all(stable == high for stable, high in ends):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+    finally:
+        committed.close()
+        uncommitted.close()
+
+
 def _report(
     console: Console, spark: Any, pipeline: ModuleType, brokers: DemoBrokers, parquet_dir: str, progress: Progress
 ) -> bool:
@@ -564,6 +600,8 @@ def _report(
     matches = all(windowed.get(page) == visits for page, visits in top)
     verdict = "[green]every window counted, none twice" if matches else "[red]windowed counts differ"
     console.print(f"{total:,} visits; {verdict}")
+    if brokers.exactly_once and not wait_for_committed(brokers.bootstrap, "page_visits_per_window", COMMIT_WAIT_S):
+        console.print(f"[yellow]page_visits_per_window still had an open transaction after {COMMIT_WAIT_S:.0f} s")
     reader = pipeline.with_options(spark.read.format("tidelog"), results_source(brokers, source))
     topic_rows = reader.option("subscribe", "page_visits_per_window").load(
         *([source["path"]] if "path" in source else [])
