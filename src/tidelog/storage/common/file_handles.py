@@ -36,13 +36,18 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from tidelog.errors import KafkaStorageError
+from tidelog.errors import InvalidPartitionsError, KafkaStorageError
 
 log = logging.getLogger("tidelog.storage")
 
 SHARE_OF_OPEN_FILE_LIMIT = 0.5  # of the soft RLIMIT_NOFILE, for an engine's store files
 MIN_CAPACITY = 16  # a partition's active segment needs 3 at once; a read crossing segments a few more
 UNLIMITED_CAPACITY = 1 << 20  # RLIM_INFINITY: bounded all the same
+# Partitions (queues) hold no descriptor while idle, so their number is not bounded by descriptors; an engine bounds
+# it all the same, at PARTITIONS_PER_OPEN_FILE per descriptor of the hard open-file limit, so that a CreateTopics
+# asking for 2^31 of them is refused instead of filling the disk with directories. A broker near that bound that
+# uses all its partitions at once reopens files at every use.
+PARTITIONS_PER_OPEN_FILE = 4
 
 
 class StoreFile(io.FileIO):
@@ -59,6 +64,20 @@ def capacity_for_limit() -> int:
     if soft == resource.RLIM_INFINITY:
         return UNLIMITED_CAPACITY
     return max(MIN_CAPACITY, int(soft * SHARE_OF_OPEN_FILE_LIMIT))
+
+
+def check_partition_budget(topic: str, new: int, held: int, noun: str = "partitions") -> None:
+    """Refuse `new` more partitions (or queues) when, with the `held` ones, they pass PARTITIONS_PER_OPEN_FILE per
+    descriptor of the hard open-file limit: an InvalidPartitionsError naming the limit and how many more fit."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        return
+    room = hard * PARTITIONS_PER_OPEN_FILE - held
+    if new > room:
+        raise InvalidPartitionsError(
+            f"topic {topic}: {new} more {noun} would exceed {PARTITIONS_PER_OPEN_FILE} per descriptor of the "
+            f"broker's hard open-file limit ({hard}, ulimit -Hn); {max(room, 0)} more fit"
+        )
 
 
 def open_file_limit_error(path: Path, exc: OSError) -> KafkaStorageError:

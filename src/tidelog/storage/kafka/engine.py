@@ -22,7 +22,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import resource
 import threading
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +45,7 @@ from tidelog.storage.api import (
 )
 from tidelog.storage.common.clock import now_ms
 from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
-from tidelog.storage.common.file_handles import FileHandles, capacity_for_limit
+from tidelog.storage.common.file_handles import FileHandles, capacity_for_limit, check_partition_budget
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRecord, TopicRegistry, check_local_partitions
@@ -76,11 +75,6 @@ KNOWN_LOG_DIR_FILES = {
 }
 KEY_INDEX_INTERVAL_MS = 1000  # how often the key indexes follow the logs (tidelog.index.keys=true)
 FOREIGN_PARTITION_DIRS = {"__cluster_metadata-0"}  # KRaft's metadata log: not a topic of ours
-# Partitions hold no descriptor while idle (file_handles.py keeps at most half of the open-file limit open), so their
-# number is not bounded by descriptors; it is bounded all the same, at PARTITIONS_PER_OPEN_FILE times the hard
-# open-file limit, so that a CreateTopics asking for 2^31 partitions is refused instead of filling the disk with
-# directories. A broker near that bound that uses all its partitions at once reopens files at every use.
-PARTITIONS_PER_OPEN_FILE = 4
 FLUSH_THREADS = 8  # threads syncing partitions when many are dirty
 _T = TypeVar("_T")
 
@@ -572,17 +566,7 @@ class KafkaEngine(StorageEngine):
             return self.registry.describe(name)
 
     def _check_partition_budget(self, topic: str, new_partitions: int) -> None:
-        """Refuse more than PARTITIONS_PER_OPEN_FILE partitions per descriptor of the hard open-file limit (a
-        CreateTopics asking for 2^31 of them)."""
-        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY:
-            return
-        room = hard * PARTITIONS_PER_OPEN_FILE - len(self._log_dir_of)
-        if new_partitions > room:
-            raise InvalidPartitionsError(
-                f"topic {topic}: {new_partitions} more partitions would exceed {PARTITIONS_PER_OPEN_FILE} per "
-                f"descriptor of the broker's hard open-file limit ({hard}, ulimit -Hn); {max(room, 0)} more fit"
-            )
+        check_partition_budget(topic, new_partitions, len(self._log_dir_of))
 
     def delete_topic(self, name: str) -> None:
         with self._lock:

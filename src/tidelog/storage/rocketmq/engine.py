@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import struct
 import threading
 import time
@@ -70,7 +69,7 @@ from tidelog.storage.api import (
 )
 from tidelog.storage.common.clock import now_ms
 from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
-from tidelog.storage.common.file_handles import FileHandles, capacity_for_limit
+from tidelog.storage.common.file_handles import FileHandles, capacity_for_limit, check_partition_budget
 from tidelog.storage.common.index_file import IndexService
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.common.scheduler import Scheduler
@@ -109,11 +108,6 @@ REINDEX_BATCH = 2048  # messages per IndexFile batch when recovery re-indexes fr
 INDEX_RETRY_SECONDS = 1.0  # an index that could not be written is tried again after this long
 LONG_MAX = (1 << 63) - 1
 FLUSH_THREADS = 8  # threads syncing ConsumeQueue files when many are dirty
-# ConsumeQueue files are opened on use and the idle ones let go (file_handles.py: at most half the soft open-file
-# limit open), so queues are not bounded by descriptors; they are bounded all the same, at QUEUES_PER_OPEN_FILE per
-# descriptor of the hard limit (as the Kafka engine bounds partitions): a topic or a growth past that is refused
-# with the limit named.
-QUEUES_PER_OPEN_FILE = 4
 _UNIT_CHECK = struct.Struct(">i8xi4xq")  # a message's TOTALSIZE, QUEUEID and QUEUEOFFSET
 
 
@@ -730,7 +724,7 @@ class RocketMQEngine(StorageEngine):
             self._check_open()
             self.registry.check_new(name)
             held = check_local_partitions(name, 0, count, local_partitions)
-            self._check_queue_budget(name, count if held is None else len(held))
+            check_partition_budget(name, count if held is None else len(held), len(self.queues), "queues")
             since = self.commitlog.max_offset  # no message of the new topic can be older
             stale = self.root / CONSUME_QUEUE_DIR / name
             self.deleter.delete_later(stale)  # queues of a topic not in the topics file (reported at start)
@@ -767,25 +761,15 @@ class RocketMQEngine(StorageEngine):
             held = check_local_partitions(name, record.partitions, total, local_partitions)
             if held is None and record.local is not None:
                 held = list(range(record.partitions, total))
-            self._check_queue_budget(name, total - record.partitions if held is None else len(held))
+            check_partition_budget(
+                name, total - record.partitions if held is None else len(held), len(self.queues), "queues"
+            )
             for queue_id in range(record.partitions, total) if held is None else held:
                 self._open_queue(name, queue_id)
             if held is not None:
                 record.local = [*record.held(), *held]
             record.partitions = total
             self._save_topics_file()
-
-    def _check_queue_budget(self, topic: str, new_queues: int) -> None:
-        """Refuse more than QUEUES_PER_OPEN_FILE queues per descriptor of the hard open-file limit (see there)."""
-        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY:
-            return
-        room = hard * QUEUES_PER_OPEN_FILE - len(self.queues)
-        if new_queues > room:
-            raise InvalidPartitionsError(
-                f"topic {topic}: {new_queues} more queues would exceed {QUEUES_PER_OPEN_FILE} per descriptor of the "
-                f"broker's hard open-file limit ({hard}, ulimit -Hn); {max(room, 0)} more fit"
-            )
 
     def hold_partitions(self, name: str, local_partitions: Collection[int]) -> None:
         with self._lock:
