@@ -5,9 +5,11 @@ about 1.1 GB, in 1 GiB segments). It was just written, so it is in the page cach
 random offsets, each operation is timed one call at a time:
 
   locate          engine.read(topic, 0, offset, max_bytes=1): segment bisect -> offset index (block directory,
-                  one block read) -> the header of the batch the next entry names (or a header walk);
-                  returns FileSlices (no data read)
-  locate + bytes  ... + FileSlices.read_bytes() (os.pread of the batch holding the offset)
+                  one block, from the engine's index block cache after its first read) -> one pread at the start
+                  of the batch the candidate entry names, of its header and, as the entry after it says the
+                  batch ends there at the latest, the rest of it (segment.py's read-ahead); or a header walk.
+                  Returns FileSlices, here carrying the batch's bytes
+  locate + bytes  ... + FileSlices.read_bytes() (the bytes the slice carries, or an os.pread of them)
   + decode        ... + read_batch_info + decode_batch, then the record at `offset` (checked)
   raw pread       os.pread of one batch's size at a random batch-aligned position of a random segment file,
                   on an fd opened once: the floor for "locate + bytes"

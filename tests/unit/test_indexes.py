@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tidelog.errors import CorruptIndexError, TidelogError
+from tidelog.storage.kafka.index_block_cache import IndexBlockCache
 from tidelog.storage.kafka.offset_index import OffsetIndex, OffsetPosition
 from tidelog.storage.kafka.time_index import TimeIndex, TimestampOffset
 
@@ -21,7 +22,7 @@ OFFSET_ENTRY = struct.Struct(">ii")  # relativeOffset, position
 TIME_ENTRY = struct.Struct(">qi")  # timestamp, relativeOffset
 BASE = 1000
 TS = 1_700_000_000_000
-MANY = 3000  # entries: six blocks of the lookup directory (abstract_index.BLOCK_ENTRIES = 512), the last partial
+MANY = 3000  # entries: 24 blocks of the lookup directory (abstract_index.BLOCK_ENTRIES = 128), the last partial
 
 
 def offset_entries(count: int) -> list[tuple[int, int]]:
@@ -186,17 +187,24 @@ def test_offset_index_truncate_to(index_path: Path, cut: int) -> None:
         index.close()
 
 
-def test_the_lookup_directory_follows_appends_truncations_and_resizes(index_path: Path) -> None:
+@pytest.mark.parametrize("cached_blocks", [None, 1000, 3], ids=["no-cache", "cache", "small-cache"])
+def test_the_lookup_directory_follows_appends_truncations_and_resizes(
+    index_path: Path, cached_blocks: int | None
+) -> None:
     """The in-memory directory of block keys, built at the first lookup, stays right through everything that
     changes the entries: appends one by one and in bulk across block boundaries, truncations inside a block and at
-    a boundary, and resizes that drop entries."""
+    a boundary, and resizes that drop entries. So do the blocks an IndexBlockCache keeps (one that holds them all,
+    one that lets most go): entries rewritten in the slots of a truncation are found, never the cached old ones."""
     entries = offset_entries(1500)
-    index = OffsetIndex(index_path, BASE, 4000 * 8)
+    cache = IndexBlockCache(cached_blocks) if cached_blocks is not None else None
+    index = OffsetIndex(index_path, BASE, 4000 * 8, blocks=cache)
 
     def check(current: list[tuple[int, int]]) -> None:
         assert index.entries == len(current)
         for target in range(BASE - 2, BASE + 3 * 4000 + 5, 7):
             assert index.lookup(target) == expected_offset_lookup(current, target), target
+        if cache is not None:  # whole blocks were kept (older generations too, until they age out), within the bound
+            assert 0 < len(cache) <= cache.max_blocks
 
     try:
         for offset, position in entries:
@@ -223,6 +231,29 @@ def test_the_lookup_directory_follows_appends_truncations_and_resizes(index_path
         index.close()
     with OffsetIndex(index_path, BASE, writable=False) as reopened:  # what was written is what was looked up
         assert [tuple(e) for e in reopened.entry_array().tolist()] == [(o - BASE, p) for o, p in entries]
+
+
+def test_a_lookup_for_a_read_gives_the_floor_the_candidate_and_where_a_later_batch_starts(index_path: Path) -> None:
+    """`lookup_for_read`: the floor entry; the candidate (the floor when it is for the target, else the entry after
+    it); the position of the entry after the candidate; -1 for what the block read does not hold. Targets on and
+    between entries, across block boundaries, below the first entry and past the last; cached and not."""
+    entries = offset_entries(700)
+    for cache in (None, IndexBlockCache()):
+        with OffsetIndex(index_path, BASE, 700 * 8, blocks=cache) as index:
+            if not index.entries:
+                index.append_entries(entries)
+            for target in range(BASE - 2, entries[-1][0] + 4):
+                floor = bisect.bisect_right([o for o, _ in entries], target) - 1
+                if floor < 0:
+                    expected = (BASE, 0, -1, -1, -1)
+                else:
+                    candidate = floor if entries[floor][0] == target else floor + 1
+                    block_end = (floor // 128 + 1) * 128  # the block read holds the floor's block only
+                    cand = entries[candidate] if candidate < min(block_end, len(entries)) else (-1, -1)
+                    later = candidate + 1
+                    later_position = entries[later][1] if cand[0] >= 0 and later < min(block_end, len(entries)) else -1
+                    expected = (*entries[floor], *cand, later_position)
+                assert index.lookup_for_read(target) == expected, target
 
 
 def test_a_lookup_never_answers_an_entry_above_its_target_when_the_file_changed_behind_it(index_path: Path) -> None:

@@ -1004,6 +1004,39 @@ def test_read_respects_max_bytes_and_min_one_message(data_dir: Path) -> None:
         assert walk_batches(limited.read_bytes())[0] == big
 
 
+@pytest.mark.parametrize("segment_bytes", [1 << 30, 9000], ids=["one-segment", "small-segments"])
+def test_small_reads_carry_their_bytes_and_every_read_gives_what_the_file_holds(
+    data_dir: Path, segment_bytes: int
+) -> None:
+    """A read sure to end within READ_AHEAD_BYTES (64 KiB) of its start reads its bytes with the first batch's
+    header and carries them (FileSlice.head): one record (max_bytes=1, 150) when the offset index names the batch
+    after it, and any read that must stop that soon (a segment's end). Reads whose batch a walk over headers finds
+    (the first two batches of a segment, the first batch after a block of the index) carry none, nor does a read
+    that may be longer. Whatever the read, its bytes - whole or a range of them - are the file's at its place."""
+    with open_engine(data_dir, **{"log.index.interval.bytes": 100, "log.segment.bytes": segment_bytes}) as engine:
+        engine.create_topic("t", 1)
+        produce_batches(engine, "t", 400, 5)  # 82 KB of 206-byte batches, every one indexed
+        end = engine.log_end_offset("t", 0)
+        carried: dict[int, list[bool]] = {1: [], 150: [], 10**6: []}
+        far_from_the_end = []  # a read of 10**6 bytes from here may take more than 64 KiB
+        for offset in range(end):
+            for max_bytes, heads in carried.items():
+                slices = engine.read("t", 0, offset, max_bytes)
+                for piece in slices.slices:
+                    in_file = os.pread(piece.file.fileno(), piece.length, piece.position)
+                    assert piece.read() == in_file, (offset, max_bytes)
+                    assert piece.read_range(5, 100) == in_file[5:105]
+                first = slices.slices[0]
+                heads.append(first.head is not None)
+                if max_bytes == 10**6:
+                    far_from_the_end.append(os.fstat(first.file.fileno()).st_size - first.position > 65536)
+                assert walk_batches(slices.read_bytes())[0].base_offset == offset - offset % 5
+        for heads in (carried[1], carried[150], [h for h, far in zip(carried[10**6], far_from_the_end) if not far]):
+            assert sum(heads) >= 0.9 * len(heads)  # all but the batches found by a walk
+        assert not any(h for h, far in zip(carried[10**6], far_from_the_end) if far)
+        assert any(far_from_the_end) == (segment_bytes > 65536)
+
+
 def test_reads_span_segments(data_dir: Path) -> None:
     with open_engine(data_dir, **{"log.segment.bytes": 500}) as engine:
         engine.create_topic("t", 1)

@@ -331,7 +331,7 @@ class KafkaServer:
             if isinstance(part, FileSlice) and not zero_copy:
                 for start in range(0, part.length, TLS_WRITE_CHUNK_BYTES):
                     length = min(TLS_WRITE_CHUNK_BYTES, part.length - start)
-                    writer.write(part._replace(position=part.position + start, length=length).read())
+                    writer.write(part.read_range(start, length))
                     if length == TLS_WRITE_CHUNK_BYTES:
                         await writer.drain()
             elif isinstance(part, FileSlice) and part.length < SENDFILE_MIN_BYTES:

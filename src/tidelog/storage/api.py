@@ -83,15 +83,26 @@ def validate_topic_name(name: str) -> None:
 
 
 class FileSlice(NamedTuple):
-    """`length` bytes at `position` of a segment file; `file` stays open for as long as the slice may be sent."""
+    """`length` bytes at `position` of a segment file; `file` stays open for as long as the slice may be sent.
+    `head`: the slice's bytes when the engine read them already (a small slice read with its first batch's header),
+    which `read` and `read_range` then return without a system call."""
 
     file: BinaryIO
     path: Path
     position: int
     length: int
+    head: bytes | None = None
 
     def read(self) -> bytes:
+        if self.head is not None:
+            return self.head
         return os.pread(self.file.fileno(), self.length, self.position)
+
+    def read_range(self, start: int, length: int) -> bytes:
+        """`length` bytes from byte `start` of the slice (a caller that sends it in pieces)."""
+        if self.head is not None:
+            return self.head[start : start + length]
+        return os.pread(self.file.fileno(), length, self.position + start)
 
 
 class MemorySlice(NamedTuple):
@@ -123,7 +134,10 @@ class FileSlices(NamedTuple):
         return sum(s.length for s in self.slices)
 
     def read_bytes(self) -> bytes:
-        return b"".join(s.read() for s in self.slices)
+        slices = self.slices
+        if len(slices) == 1:  # the common answer: no join
+            return slices[0].read()
+        return b"".join([s.read() for s in slices])
 
 
 class AppendResult(NamedTuple):

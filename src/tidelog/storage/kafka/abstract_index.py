@@ -17,6 +17,8 @@ directory, reads the one block that holds its answer with one pread and searches
 wherever the entry is, and, like Kafka's warm section, a tail lookup touches only the index's last page. Should the
 block not agree with the directory (the file was changed behind a read-only reader), the lookup answers "no entry"
 (callers then scan from the segment start, which is always safe) and the directory is read again at the next one.
+An index the engine writes keeps the whole blocks its lookups read in the engine's IndexBlockCache
+(index_block_cache.py), with their keys decoded: a lookup in such a block reads nothing and bisects in C.
 
 Opened read-only (`writable=False`, as Kafka's DumpLogSegments opens its indexes; the Spark path reader, the
 dump-log tool), nothing is created or written. The length found at open counts the entries, as Kafka does; bytes
@@ -41,6 +43,7 @@ import numpy as np
 
 from tidelog.errors import CorruptIndexError, KafkaStorageError
 from tidelog.storage.common.file_handles import FileHandles, LazyFile
+from tidelog.storage.kafka.index_block_cache import CachedBlock, IndexBlockCache
 
 BLOCK_ENTRIES = 128  # entries per block of the lookup directory (1 KiB of an offset index)
 
@@ -58,11 +61,15 @@ class AbstractIndex:
         *,
         writable: bool = True,
         handles: FileHandles | None = None,
+        blocks: IndexBlockCache | None = None,
     ) -> None:
         """`max_index_size` is the size a new writable file is preallocated to; read-only it is the length found.
-        `handles`: the engine's open segment files, which this one joins while it is open."""
+        `handles`: the engine's open segment files, which this one joins while it is open. `blocks`: the engine's
+        cache of index blocks, which a writable index keeps the blocks its lookups read in."""
         self.base_offset = base_offset
         self.writable = writable
+        self._blocks = blocks if writable else None
+        self._generation = self._blocks.new_generation() if self._blocks is not None else 0  # index_block_cache.py
         self._guard = threading.Lock()  # entries and length vs. a concurrent resize or flush
         self._dirty = False  # written or resized since the last sync
         self._block_keys: array[int] | None = None  # first key of each block of written entries; see lookups
@@ -143,7 +150,10 @@ class AbstractIndex:
             self._set_entries(max(0, min(self.entries, entries)))
 
     def _set_entries(self, entries: int) -> None:
-        """Under the guard: `entries` written entries, never more than before; the directory forgets later blocks."""
+        """Under the guard: `entries` written entries, never more than before; the directory forgets later blocks,
+        and fewer entries than before make the blocks cached so far unreachable (a new generation)."""
+        if entries < self.entries and self._blocks is not None:
+            self._generation = self._blocks.new_generation()
         self.entries = entries
         if self._block_keys is not None:
             del self._block_keys[-(-entries // BLOCK_ENTRIES) :]
@@ -255,10 +265,24 @@ class AbstractIndex:
         entries = self.entries
         if entries == 0:
             return -1, b"", 0
-        block = bisect_right(self._block_directory(), target) - 1
+        directory = self._block_keys
+        if directory is None:
+            directory = self._block_directory()
+        block = bisect_right(directory, target) - 1
         if block < 0:
             return -1, b"", 0
         first = block * BLOCK_ENTRIES
+        cache = self._blocks
+        if cache is not None:
+            generation = self._generation  # before the read: a truncation during it makes what it read unreachable
+            cached = cache.get(generation, block)
+            if cached is None and entries - first >= BLOCK_ENTRIES:  # a whole block: kept
+                data = self._read_entries(first, BLOCK_ENTRIES)
+                cached = CachedBlock(self._keys_of(data), data)
+                cache.put(generation, block, cached)
+            if cached is not None:
+                slot = bisect_right(cached.keys, target) - 1  # >= 0: the directory holds the block's first key
+                return (first + slot, cached.data, first) if slot >= 0 else (-1, b"", 0)
         data = self._read_entries(first, min(BLOCK_ENTRIES, entries - first))
         unpack, size = self.entry.unpack_from, self.entry.size
         lo, hi = 0, len(data) // size - 1  # inlined binary search: this runs for every fetch of an older offset
@@ -275,6 +299,10 @@ class AbstractIndex:
             self._block_keys = None
             return -1, b"", 0
         return first + lo, data, first
+
+    def _keys_of(self, data: bytes) -> array[int]:
+        """The key of each entry in `data` (subclasses may do it faster for their layout)."""
+        return array("q", np.frombuffer(data, self.entry_dtype)[self.key_field].tolist())
 
     def _block_directory(self) -> array[int]:
         """The first key of each block of BLOCK_ENTRIES written entries, read from the file the first time."""

@@ -52,6 +52,7 @@ from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRecord, Topi
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.batch_check import BatchCheckWorker
 from tidelog.storage.kafka.cleaner import CLEANER_OFFSET_CHECKPOINT, CleaningAborted, CleanStats, LogCleaner
+from tidelog.storage.kafka.index_block_cache import IndexBlockCache
 from tidelog.storage.kafka.key_index import PartitionKeyIndex, record_at
 from tidelog.storage.kafka.partition_log import PARTITION_DIR, PartitionLog, partition_dir_name
 
@@ -113,6 +114,7 @@ class KafkaEngine(StorageEngine):
         self.registry = TopicRegistry(self.log_dirs)
         # The segment files of every partition: opened when used, at most half the open-file limit kept open.
         self.file_handles = FileHandles(capacity_for_limit())
+        self.index_blocks = IndexBlockCache()
         self._flush_check_ms = LONG_MAX  # the interval of the running chain of time-based flush checks
         self._flush_check_chain = 0
         # Checks the large batches of every partition while they are written (stopped by close()).
@@ -363,6 +365,7 @@ class KafkaEngine(StorageEngine):
             replicated=self.config.replicated,
             high_watermark=high_watermark,
             handles=self.file_handles,
+            index_blocks=self.index_blocks,
         )
         self.logs[(topic, partition)] = partition_log
         self._log_dir_of[(topic, partition)] = log_dir

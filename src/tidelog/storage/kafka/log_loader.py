@@ -43,6 +43,7 @@ from tidelog.storage.common.file_handles import FileHandles
 from tidelog.storage.common.producer_state import ProducerStateManager
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka import checkpoints
+from tidelog.storage.kafka.index_block_cache import IndexBlockCache
 from tidelog.storage.kafka.key_index import KEY_INDEX_DIR
 from tidelog.storage.kafka.leader_epoch_cache import LeaderEpochCache
 from tidelog.storage.kafka.segment import (
@@ -91,9 +92,11 @@ class LogLoader:
         scheduler: Scheduler | None,
         clock: Callable[[], int],
         handles: FileHandles | None = None,
+        index_blocks: IndexBlockCache | None = None,
     ) -> None:
         self.directory = directory
         self.handles = handles  # the engine's open segment files (file_handles.py)
+        self.index_blocks = index_blocks  # the engine's cache of index blocks (index_block_cache.py)
         self.name = name  # of the partition, in log messages
         self.topic_id = topic_id
         self.config = config
@@ -111,7 +114,9 @@ class LogLoader:
             base = offset_from_file_name(name)
             index_missing = segment_file_name(base, INDEX_SUFFIX) not in names
             time_index_missing = segment_file_name(base, TIME_INDEX_SUFFIX) not in names
-            segment = LogSegment(self.directory, base, self.config, now_ms=now, handles=self.handles)
+            segment = LogSegment(
+                self.directory, base, self.config, now_ms=now, handles=self.handles, index_blocks=self.index_blocks
+            )
             if index_missing or time_index_missing:
                 log.warning("%s: index files for segment %d are missing; rebuilding them", self.name, base)
                 needs_recovery.add(base)
@@ -141,7 +146,14 @@ class LogLoader:
             segments = []
         if not segments:
             segments.append(
-                LogSegment(self.directory, max(log_start_offset, 0), self.config, now_ms=now, handles=self.handles)
+                LogSegment(
+                    self.directory,
+                    max(log_start_offset, 0),
+                    self.config,
+                    now_ms=now,
+                    handles=self.handles,
+                    index_blocks=self.index_blocks,
+                )
             )
             log_end_offset = segments[0].base_offset
         for segment in segments[:-1]:

@@ -10,6 +10,8 @@ the dump-log tool read-only (abstract_index.py).
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from typing import NamedTuple
 
 import numpy as np
@@ -19,6 +21,7 @@ from tidelog.storage.kafka.abstract_index import AbstractIndex
 
 SUFFIX = ".index"
 _TWO_ENTRIES = struct.Struct(">iiii")
+_THREE_ENTRIES = struct.Struct(">iiiiii")
 
 
 class OffsetPosition(NamedTuple):
@@ -63,23 +66,43 @@ class OffsetIndex(AbstractIndex):
             self._write_entries([v for offset, position in entries for v in (offset - self.base_offset, position)])
             self.last_offset = entries[-1][0]
 
-    def lookup(self, target_offset: int) -> OffsetPosition:
-        return self.lookup_with_next(target_offset)[0]
+    def _keys_of(self, data: bytes) -> array[int]:
+        """Relative offsets: every other big-endian int32."""
+        words = array("i", data)
+        if sys.byteorder == "little":
+            words.byteswap()
+        return words[::2]
 
-    def lookup_with_next(self, target_offset: int) -> tuple[OffsetPosition, OffsetPosition | None]:
-        """`lookup(target)` and the entry after it when the block read for the lookup holds it (else None): the
-        batch holding the target ends at or before that entry's offset, so when that entry's batch starts at or
-        below the target, it is the one."""
-        slot, block, first = self._floor(target_offset - self.base_offset)
-        if slot < 0:
-            return OffsetPosition(self.base_offset, 0), None
-        at = (slot - first) * 8
+    def lookup(self, target_offset: int) -> OffsetPosition:
+        offset, position, _, _, _ = self.lookup_for_read(target_offset)
+        return OffsetPosition(offset, position)
+
+    def lookup_for_read(self, target_offset: int) -> tuple[int, int, int, int, int]:
+        """What a read needs of the index, from the one block a lookup reads, as plain integers (this runs for every
+        read): `lookup(target)` as (offset, position); the candidate entry (offset, position): the floor entry when
+        it is for the target, else the entry after it - each entry names the batch that ends at its offset, so the
+        batch holding the target is the candidate's when that batch starts at or below the target; and the position
+        of the entry after the candidate, where a later batch starts. Entries the block does not hold are -1."""
         base = self.base_offset
-        if at + 16 > len(block):
-            relative, position = self.entry.unpack_from(block, at)
-            return OffsetPosition(base + relative, position), None
-        relative, position, next_relative, next_position = _TWO_ENTRIES.unpack_from(block, at)
-        return OffsetPosition(base + relative, position), OffsetPosition(base + next_relative, next_position)
+        slot, block, first = self._floor(target_offset - base)
+        if slot < 0:
+            return base, 0, -1, -1, -1
+        at = (slot - first) * 8
+        available = len(block) - at
+        if available >= 24:
+            relative, position, next_relative, next_position, _, later_position = _THREE_ENTRIES.unpack_from(block, at)
+            if relative + base == target_offset:
+                return target_offset, position, target_offset, position, next_position
+            return relative + base, position, next_relative + base, next_position, later_position
+        if available >= 16:
+            relative, position, next_relative, next_position = _TWO_ENTRIES.unpack_from(block, at)
+            if relative + base == target_offset:
+                return target_offset, position, target_offset, position, next_position
+            return relative + base, position, next_relative + base, next_position, -1
+        relative, position = self.entry.unpack_from(block, at)
+        if relative + base == target_offset:
+            return target_offset, position, target_offset, position, -1
+        return relative + base, position, -1, -1, -1
 
     def truncate_to(self, offset: int) -> None:
         """Drop every entry for an offset >= `offset`."""

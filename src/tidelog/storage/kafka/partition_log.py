@@ -76,6 +76,7 @@ from tidelog.storage.api import (
 from tidelog.storage.common.file_handles import FileHandles
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES, BatchCheckWorker, PendingCheck
+from tidelog.storage.kafka.index_block_cache import IndexBlockCache
 from tidelog.storage.kafka.leader_epoch_cache import EpochEndOffset
 from tidelog.storage.kafka.log_loader import LogLoader, apply_batch, rebuild_producer_state
 from tidelog.storage.kafka.segment import SWAP_SUFFIX, LogSegment, now_ms
@@ -146,12 +147,14 @@ class PartitionLog(Partition):
         replicated: bool = False,
         high_watermark: int | None = None,
         handles: FileHandles | None = None,
+        index_blocks: IndexBlockCache | None = None,
     ) -> None:
         """Open (load, recovering if need be) the partition in `directory`, creating it if missing. Large batches
         are checked on `check_worker` (the engine's) while they are written; without one, before, like the
         others. `replicated`: the broker moves the high watermark, which starts at `high_watermark` (the
         checkpointed one; None: the log start) kept within [log start, log end]. `handles`: the engine's open segment
-        files, which bound how many of them stay open (file_handles.py)."""
+        files, which bound how many of them stay open (file_handles.py); `index_blocks`: the engine's cache of the
+        index blocks lookups read (index_block_cache.py)."""
         self.directory = directory
         self.topic = topic
         self.partition = partition
@@ -161,6 +164,7 @@ class PartitionLog(Partition):
         self.check_worker = check_worker
         self.clock = clock
         self.handles = handles
+        self.index_blocks = index_blocks
         self.leader_epoch = DEFAULT_LEADER_EPOCH
         self._lock = threading.RLock()  # state: segments, offsets
         self._flush_lock = threading.Lock()  # fsync and file close never overlap
@@ -168,7 +172,16 @@ class PartitionLog(Partition):
         self._deleted = False  # closed because its topic was deleted: readers are told the partition is gone
         self.last_flush_ms = clock()
         self._new_files = True  # directory entries not yet known durable
-        loader = LogLoader(directory, self.name, topic_id, config, scheduler=scheduler, clock=clock, handles=handles)
+        loader = LogLoader(
+            directory,
+            self.name,
+            topic_id,
+            config,
+            scheduler=scheduler,
+            clock=clock,
+            handles=handles,
+            index_blocks=index_blocks,
+        )
         loaded = loader.load(recovery_point, log_start_offset, had_clean_shutdown)
         self.segments = loaded.segments
         self._bases = [segment.base_offset for segment in self.segments]
@@ -239,7 +252,14 @@ class PartitionLog(Partition):
                 self.producer_state.take_snapshot(new_base, sync=False)
             except OSError as exc:  # an optimisation only: recovery replays the log instead
                 log.warning("%s: cannot write the producer snapshot at %d: %s", self.name, new_base, exc.strerror)
-            segment = LogSegment(self.directory, new_base, self.config, now_ms=self.clock(), handles=self.handles)
+            segment = LogSegment(
+                self.directory,
+                new_base,
+                self.config,
+                now_ms=self.clock(),
+                handles=self.handles,
+                index_blocks=self.index_blocks,
+            )
             self._add_segment(segment)
             self._new_files = True
             log.debug("%s: rolled new segment at offset %d", self.name, new_base)
@@ -608,8 +628,11 @@ class PartitionLog(Partition):
                 end = min(end, max_offset)
             if offset < end:
                 clip = self._clip(end) if end < self.log_end_offset else None
-                for segment in self.segments[self._segment_slot(offset) :]:
-                    start = max(offset, segment.base_offset)
+                segments = self.segments
+                first = bisect.bisect_right(self._bases, offset) - 1  # _segment_slot, inlined: this runs per read
+                for slot in range(first if first > 0 else 0, len(segments)):
+                    segment = segments[slot]
+                    start = offset if offset > segment.base_offset else segment.base_offset
                     stop = clip.position if clip is not None and segment is clip.segment else None
                     piece = segment.read(start, remaining, stop, min_one_message=min_one_message and not slices)
                     if piece is not None:
@@ -922,7 +945,16 @@ class PartitionLog(Partition):
         doomed = list(self.segments)
         for segment in doomed:
             segment.rename_to_deleted()  # first: the new segment may take the name of one of them
-        self.segments = [LogSegment(self.directory, offset, self.config, now_ms=self.clock(), handles=self.handles)]
+        self.segments = [
+            LogSegment(
+                self.directory,
+                offset,
+                self.config,
+                now_ms=self.clock(),
+                handles=self.handles,
+                index_blocks=self.index_blocks,
+            )
+        ]
         self._bases = [offset]
         self.log_start_offset = self.log_end_offset = self.high_watermark = self.recovery_point = offset
         self._clips.clear()

@@ -9,6 +9,13 @@ a short forward scan of batch headers, and hand out file slices. The segment als
 RECENT_APPEND_ENDS appends ended (the offset after each, and the byte its batch starts at): a read from one of those
 offsets - a follower's fetch from its log end, a consumer at the tail - costs one header read, no index lookup and
 no scan. Any truncation forgets them.
+
+A read whose slice is sure to end within READ_AHEAD_BYTES of its start reads it with the first batch's header, in
+one pread, and the slice carries those bytes (`FileSlice.head`): reading it costs no further system call. Sure, because
+the read must stop that soon (the high watermark, the segment's end: a consumer or a follower at the tail), or
+because the offset index names a batch that starts that soon after the first one, and the read asks for no more
+bytes than lie before it (a read of one record: the first batch ends there at the latest). A read that may be longer
+reads the header alone: reading ahead would copy bytes the slice may not need (a large one is sent with sendfile).
 """
 
 from __future__ import annotations
@@ -23,12 +30,21 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tidelog.codec.batch_chain import ChainEnd, ChainReader, Stop, Window, check_stored
-from tidelog.codec.record_batch import HEADER_SIZE, BatchHeader
+from tidelog.codec.record_batch import (
+    HEADER,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    MAGIC_V2,
+    MIN_BATCH_LENGTH,
+    BatchHeader,
+)
 from tidelog.codec.record_set import decode_batch, peek_batch, read_batch_info
 from tidelog.config import INT_MAX, LogConfig
 from tidelog.errors import CorruptIndexError, CorruptRecordError, KafkaStorageError, TidelogError
 from tidelog.storage.api import FileSlice
 from tidelog.storage.common.file_handles import FileHandles, LazyFile, StoreFile
+from tidelog.storage.kafka.index_block_cache import IndexBlockCache
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
 from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
@@ -55,6 +71,7 @@ def offset_from_file_name(name: str) -> int:
 
 
 RECENT_APPEND_ENDS = 16  # append ends remembered for reads at the tail
+READ_AHEAD_BYTES = 64 * 1024  # a slice sure to be this small is read with its first batch's header
 
 
 class BatchLocation(NamedTuple):
@@ -81,13 +98,16 @@ class LogSegment:
         now_ms: int,
         file_suffix: str = "",
         handles: FileHandles | None = None,
+        index_blocks: IndexBlockCache | None = None,
     ) -> None:
         """`file_suffix` (CLEANED_SUFFIX) is appended to the file names of a segment being written aside. `handles`:
-        the engine's open segment files; the segment's files join them while they are open (file_handles.py)."""
+        the engine's open segment files; the segment's files join them while they are open (file_handles.py).
+        `index_blocks`: the engine's cache of the index blocks lookups read (index_block_cache.py)."""
         self.directory = directory
         self.base_offset = base_offset
         self.config = config
         self.handles = handles
+        self.index_blocks = index_blocks
         self._log = LazyFile(directory / (segment_file_name(base_offset, LOG_SUFFIX) + file_suffix), handles)
         try:
             self.size = os.stat(self._log.path).st_size
@@ -98,12 +118,14 @@ class LogSegment:
             base_offset,
             config.segment_index_bytes,
             handles=handles,
+            blocks=index_blocks,
         )
         self.time_index = TimeIndex(
             directory / (segment_file_name(base_offset, TIME_INDEX_SUFFIX) + file_suffix),
             base_offset,
             config.segment_index_bytes,
             handles=handles,
+            blocks=index_blocks,
         )
         self.txn_index = TransactionIndex(
             directory / (segment_file_name(base_offset, TXN_INDEX_SUFFIX) + file_suffix), handles
@@ -239,45 +261,69 @@ class LogSegment:
 
         An index entry that does not name a batch at or before its offset (the index file was damaged after it
         was trusted at open) is not followed: the lookup scans from `starting_position` instead."""
+        return self._locate(target_offset, starting_position)[0]
+
+    def _locate(
+        self, target_offset: int, starting_position: int = 0, read_limit: int = 0, max_size: int = 0
+    ) -> tuple[BatchLocation | None, bytes]:
+        """`translate_offset`, and the bytes read from the batch's start with its header: all of the slice a read of
+        `max_size` bytes that may not pass byte `read_limit` gives, when it is sure to end within READ_AHEAD_BYTES
+        (b"" when a walk found the batch)."""
         position = self._append_ends.get(target_offset, -1)
         if starting_position <= position < self.size:  # the batch after a recent append: its header says the rest
-            found = self._header_at(position)
+            found, head = self._header_at(position, read_limit)
             if found is not None and found.last_offset >= target_offset:
-                return found
-        entry, following = self.index.lookup_with_next(target_offset)
-        indexed = entry if entry.offset == target_offset else following
-        if indexed is not None and starting_position <= indexed.position < self.size:
+                return found, head
+        entry_offset, entry_position, indexed_offset, indexed_position, later_position = self.index.lookup_for_read(
+            target_offset
+        )
+        if indexed_offset >= 0 and starting_position <= indexed_position < self.size:
             # the batch an entry names ends at its offset: if it also starts at or below the target, it holds it
+            if max_size <= later_position - indexed_position < read_limit - indexed_position:
+                read_limit = later_position  # the slice ends there at the latest: its batch ends there or before
             try:
-                found = self._header_at(indexed.position)
+                found, head = self._header_at(indexed_position, read_limit)
             except TidelogError:  # not a batch header: the walk below says what is wrong
                 found = None
             if (
                 found is not None
                 and found.header is not None
-                and found.last_offset == indexed.offset
+                and found.last_offset == indexed_offset
                 and found.header.base_offset <= target_offset
             ):
-                return found
-        position = max(entry.position, starting_position)
+                return found, head
+        position = max(entry_position, starting_position)
         if position > starting_position:
             try:
-                return self._first_batch_to(target_offset, position, entry.offset)
+                return self._first_batch_to(target_offset, position, entry_offset), b""
             except TidelogError:
                 log.warning(
                     "%s: entry (%d at byte %d) does not name a batch of the log; scanning the segment instead",
                     self.index.path,
-                    entry.offset,
-                    entry.position,
+                    entry_offset,
+                    entry_position,
                 )
-        return self._first_batch_to(target_offset, starting_position)
+        return self._first_batch_to(target_offset, starting_position), b""
 
-    def _header_at(self, position: int) -> BatchLocation | None:
-        """The batch whose header is at `position`, if the segment holds all of it."""
-        peeked = peek_batch(self.read_bytes(position, HEADER_SIZE), 0)
+    def _header_at(self, position: int, read_limit: int = 0) -> tuple[BatchLocation | None, bytes]:
+        """The batch whose header is at `position`, if the segment holds all of it, and the bytes read from
+        `position`: all up to `read_limit` when that is READ_AHEAD_BYTES away or less, else the header."""
+        size = read_limit - position
+        if size < HEADER_SIZE or size > READ_AHEAD_BYTES:
+            size = HEADER_SIZE
+        data = os.pread(self._log.get().fileno(), size, position)
+        if len(data) >= HEADER_SIZE and data[MAGIC_OFFSET] == MAGIC_V2:  # the common case, without peek_batch's tuple
+            header = BatchHeader._make(HEADER.unpack_from(data))
+            size = header.batch_length + LOG_OVERHEAD
+            if header.batch_length >= MIN_BATCH_LENGTH:
+                if position + size > self.size:
+                    return None, b""
+                last_offset = header.base_offset + header.last_offset_delta
+                return BatchLocation(position, size, last_offset, header.max_timestamp, header), data
+        peeked = peek_batch(data, 0)
         if peeked is None or position + peeked.size > self.size:
-            return None
-        return BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.header)
+            return None, b""
+        return BatchLocation(position, peeked.size, peeked.last_offset, peeked.max_timestamp, peeked.header), data
 
     def _first_batch_to(
         self, target_offset: int, position: int, indexed_offset: int | None = None
@@ -303,15 +349,20 @@ class LogSegment:
         self, start_offset: int, max_size: int, max_position: int | None = None, min_one_message: bool = True
     ) -> FileSlice | None:
         """A slice from the batch holding `start_offset`, at most `max_size` bytes (or one whole batch)."""
-        location = self.translate_offset(start_offset)
+        limit = self.size if max_position is None else max_position
+        location, head = self._locate(start_offset, 0, limit, max_size)
         if location is None:
             return None
-        limit = self.size if max_position is None else max_position
-        adjusted = max(max_size, location.size) if min_one_message else max_size
-        length = min(limit - location.position, adjusted)
+        position = location.position
+        length = location.size if min_one_message and location.size > max_size else max_size
+        if length > limit - position:
+            length = limit - position
         if length <= 0:
             return None
-        return FileSlice(self._log.get(), self.log_path, location.position, length)
+        log_file = self._log
+        if len(head) < length:
+            return FileSlice(log_file.get(), log_file.path, position, length)
+        return FileSlice(log_file.get(), log_file.path, position, length, head[:length])
 
     def end_offset(self) -> int:
         """The offset after the last batch (the base offset when there is none): a walk from the last index entry."""
