@@ -1031,9 +1031,10 @@ def test_small_reads_carry_their_bytes_and_every_read_gives_what_the_file_holds(
                 if max_bytes == 10**6:
                     far_from_the_end.append(os.fstat(first.file.fileno()).st_size - first.position > 65536)
                 assert walk_batches(slices.read_bytes())[0].base_offset == offset - offset % 5
-        for heads in (carried[1], carried[150], [h for h, far in zip(carried[10**6], far_from_the_end) if not far]):
+        long_reads = list(zip(carried[10**6], far_from_the_end, strict=True))
+        for heads in (carried[1], carried[150], [head for head, far in long_reads if not far]):
             assert sum(heads) >= 0.9 * len(heads)  # all but the batches found by a walk
-        assert not any(h for h, far in zip(carried[10**6], far_from_the_end) if far)
+        assert not any(head for head, far in long_reads if far)
         assert any(far_from_the_end) == (segment_bytes > 65536)
 
 
