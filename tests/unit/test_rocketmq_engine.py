@@ -4,6 +4,7 @@ or from nothing; SYNC_FLUSH group commit; the abort file and checkpoint; deleted
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import struct
@@ -18,8 +19,10 @@ import tidelog
 from broker_process import ROCKETMQ_IGNORE_DISK_USAGE
 from tidelog import Record
 from tidelog.codec.record_batch import build_batch
-from tidelog.errors import ConfigError, CrcMismatchError, RecordTooLargeError
+from tidelog.errors import ConfigError, CrcMismatchError, KafkaStorageError, RecordTooLargeError
 from tidelog.storage.api import MAX_TIMESTAMP
+from tidelog.storage.common import filesystem_sync
+from tidelog.storage.rocketmq import engine as rocketmq_engine
 from tidelog.storage.rocketmq import message_queue
 from tidelog.storage.rocketmq.checkpoint import read_checkpoint
 from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
@@ -245,14 +248,85 @@ def test_consume_queue_flush_rounds(tmp_path: Path) -> None:
             engine.produce("t", 0, [Record(b"%d" % i, timestamp_ms=TS)])
         engine.produce("t", 1, [Record(b"one", timestamp_ms=TS)])
         busy, quiet = (engine.partition("t", p).consume_queue for p in (0, 1))
-        assert busy.dirty_bytes() == 6000 and quiet.dirty_bytes() == 20
+        assert busy.unflushed_bytes == 6000 and quiet.unflushed_bytes == 20
         engine._scheduled_consume_queue_flush()
-        assert busy.dirty_bytes() == 0 and quiet.dirty_bytes() == 20
+        assert busy.unflushed_bytes == 0 and quiet.unflushed_bytes == 20
         assert engine.checkpoint.logics_msg_timestamp == 0  # only a thorough round moves it
         engine._last_thorough_cq_flush -= 3601
         engine._scheduled_consume_queue_flush()
-        assert quiet.dirty_bytes() == 0
+        assert quiet.unflushed_bytes == 0
         assert engine.checkpoint.logics_msg_timestamp == engine.dispatcher.last_store_timestamp > 0
+
+
+def test_many_dirty_queues_are_flushed_by_one_sync_of_the_filesystem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From SYNC_FILESYSTEM_MIN_FILES dirty ConsumeQueues a flush is one syncfs (the real call, counted here), after
+    which every queue is clean and flushed to its end; fewer go file by file. A failed sync (EIO, injected) fails
+    the flush, moves no checkpoint and leaves every queue dirty: the next flush syncs them. The units stay readable
+    after a reopen."""
+    calls: list[Path] = []
+
+    def counted(directory: Path) -> bool:
+        calls.append(directory)
+        return filesystem_sync.sync_filesystem(directory)
+
+    monkeypatch.setattr(rocketmq_engine, "sync_filesystem", counted)
+    many = filesystem_sync.SYNC_FILESYSTEM_MIN_FILES
+    with open_store(tmp_path / "store") as engine:
+        engine.create_topic("few", 3)
+        engine.create_topic("many", many)
+        for partition in range(3):
+            engine.produce("few", partition, [Record(b"x", timestamp_ms=TS)])
+        engine.flush()
+        assert calls == []  # three dirty queues: file by file
+        queues = [engine.partition("many", p).consume_queue for p in range(many)]
+        for partition in range(many):
+            engine.produce("many", partition, [Record(b"%d" % partition, timestamp_ms=TS)])
+        assert all(queue.dirty for queue in queues)
+
+        def failing(directory: Path) -> bool:
+            raise OSError(errno.EIO, "injected")
+
+        monkeypatch.setattr(rocketmq_engine, "sync_filesystem", failing)
+        before = engine.checkpoint.logics_msg_timestamp
+        with pytest.raises(KafkaStorageError, match=f"cannot flush {many} ConsumeQueues"):
+            engine.flush()
+        assert all(queue.dirty for queue in queues)
+        assert engine.checkpoint.logics_msg_timestamp == before
+        monkeypatch.setattr(rocketmq_engine, "sync_filesystem", counted)
+        engine.flush()
+        assert calls == [engine.root]
+        for queue in queues:
+            assert not queue.dirty and queue.unflushed_bytes == 0
+            assert all(f.flushed_position == f.wrote_position > 0 for f in queue.queue.files)
+            assert queue.queue.flushed_where == queue.queue.max_offset
+        assert engine.checkpoint.logics_msg_timestamp > before
+    with open_store(tmp_path / "store") as engine:
+        for partition in range(many):
+            assert [r.value for r in engine.consume("many", partition, 0)] == [b"%d" % partition]
+
+
+def test_a_failed_queue_flush_leaves_the_queue_dirty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ConsumeQueue whose fdatasync fails (EIO, injected into that one file) stays dirty, so the next flush
+    syncs it again instead of counting it done."""
+    with open_store(tmp_path / "store") as engine:
+        engine.create_topic("t", 1)
+        engine.produce("t", 0, [Record(b"x", timestamp_ms=TS)])
+        engine.dispatcher.catch_up()
+        queue = engine.partition("t", 0).consume_queue
+        (mapped_file,) = queue.queue.files
+
+        def failing() -> int:
+            raise KafkaStorageError("cannot flush: injected EIO")
+
+        monkeypatch.setattr(mapped_file, "flush", failing)
+        with pytest.raises(KafkaStorageError, match="injected"):
+            queue.flush()
+        assert queue.dirty
+        monkeypatch.undo()
+        queue.flush()
+        assert not queue.dirty and mapped_file.flushed_position == mapped_file.wrote_position
 
 
 def test_time_lookup_over_many_blocks_with_timestamps_out_of_order(

@@ -20,6 +20,7 @@ import logging
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,6 +36,11 @@ UNIT = struct.Struct(">qiq")
 UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])  # the same unit, for numpy
 BLANK_UNIT = UNIT.pack(0, 0x7FFFFFFF, 0)
 RECOVERY_CHECK_UNITS = 4096  # units at the tail of the last file checked one by one when loading
+
+
+class UnflushedUnits(NamedTuple):
+    files: list[tuple[MappedFile, int]]  # each file written past its flushed position, and where it was written to
+    end: int  # the queue's end (a byte offset) when they were taken
 
 
 def consume_queue_file_size(configured: int) -> int:
@@ -54,7 +60,8 @@ class ConsumeQueue:
         self.queue = MappedFileQueue(self.directory, file_size, mapped=False, handles=handles)
         self.max_physic_offset = -1  # CommitLog end (offset + size) of the last unit
         self.min_logic_offset = 0  # in bytes, as RocketMQ keeps it
-        self.dirty = False
+        self.dirty = False  # written since the last flush began
+        self.unflushed_bytes = 0  # bytes written since then: what the least-pages rule of a scheduled flush reads
         self.torn = False  # a file was found short at load: the units after its cut are dispatched again
 
     # --- loading and recovery ---------------------------------------------------------------------------------
@@ -253,6 +260,7 @@ class ConsumeQueue:
             view = view[room:]
             position += room
         self.dirty = True
+        self.unflushed_bytes += len(data)
 
     def _create_first_file(self, at: int) -> None:
         start = at - at % self.file_size
@@ -378,16 +386,36 @@ class ConsumeQueue:
         return count
 
     def flush(self) -> None:
+        """fdatasync every file written past its flushed position; a failure leaves the queue dirty."""
         if not self.dirty:
             return
         self.dirty = False
-        for mapped_file in self.queue.files:
-            if mapped_file.flushed_position < mapped_file.wrote_position:
-                mapped_file.flush()
+        self.unflushed_bytes = 0
+        try:
+            for mapped_file in self.queue.files:
+                if mapped_file.flushed_position < mapped_file.wrote_position:
+                    mapped_file.flush()
+        except BaseException:
+            self.dirty = True
+            raise
         self.queue.flushed_where = self.queue.max_offset
 
-    def dirty_bytes(self) -> int:
-        return sum(max(0, f.wrote_position - f.flushed_position) for f in self.queue.files[-2:])
+    def unflushed(self) -> UnflushedUnits | None:
+        """For a flush made by other means (one sync of the whole filesystem): what this queue has not flushed
+        yet, taken now, or None when nothing. The queue counts as clean from here; `flushed` records the result, and
+        a failed sync must mark it dirty again."""
+        if not self.dirty:
+            return None
+        self.dirty = False
+        self.unflushed_bytes = 0
+        files = [(f, f.wrote_position) for f in self.queue.files if f.flushed_position < f.wrote_position]
+        return UnflushedUnits(files, self.queue.max_offset)
+
+    def flushed(self, unflushed: UnflushedUnits) -> None:
+        """What `unflushed` took is durable."""
+        for mapped_file, position in unflushed.files:
+            mapped_file.flushed_position = max(mapped_file.flushed_position, position)
+        self.queue.flushed_where = max(self.queue.flushed_where, unflushed.end)
 
     def close(self) -> None:
         self.queue.close()

@@ -70,6 +70,7 @@ from tidelog.storage.api import (
 from tidelog.storage.common.clock import now_ms
 from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
 from tidelog.storage.common.file_handles import FileHandles, capacity_for_limit, check_partition_budget
+from tidelog.storage.common.filesystem_sync import SYNC_FILESYSTEM_MIN_FILES, sync_filesystem
 from tidelog.storage.common.index_file import IndexService
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from tidelog.storage.common.scheduler import Scheduler
@@ -111,9 +112,27 @@ FLUSH_THREADS = 8  # threads syncing ConsumeQueue files when many are dirty
 _UNIT_CHECK = struct.Struct(">i8xi4xq")  # a message's TOTALSIZE, QUEUEID and QUEUEOFFSET
 
 
-def _flush_queues(consume_queues: list[ConsumeQueue]) -> None:
-    """Sync ConsumeQueues, on up to FLUSH_THREADS threads when there are many: an fdatasync leaves the GIL, and the
-    filesystem commits concurrent syncs together (1,000 small files: 0.36 s one by one, 0.06 s on 8 threads)."""
+def _flush_queues(consume_queues: list[ConsumeQueue], root: Path) -> None:
+    """Sync ConsumeQueues: from SYNC_FILESYSTEM_MIN_FILES of them with one sync of the filesystem holding the store
+    `root` (filesystem_sync.py: 20,000 small files 0.2 s, against 1.0-1.2 s file by file); fewer, or where that sync
+    is not available, file by file, on up to FLUSH_THREADS threads when there are many: an fdatasync leaves the GIL,
+    and the filesystem commits concurrent syncs together (1,000 small files: 0.36 s one by one, 0.06 s on 8
+    threads). A failed sync leaves every queue it covered dirty, to be flushed again."""
+    if len(consume_queues) >= SYNC_FILESYSTEM_MIN_FILES:
+        taken = [(queue, queue.unflushed()) for queue in consume_queues]
+        try:
+            synced = sync_filesystem(root)
+        except OSError as exc:
+            for queue, _ in taken:
+                queue.dirty = True
+            raise KafkaStorageError(f"cannot flush {len(taken)} ConsumeQueues: {exc}") from exc
+        if synced:
+            for queue, unflushed in taken:
+                if unflushed is not None:
+                    queue.flushed(unflushed)
+            return
+        for queue, _ in taken:
+            queue.dirty = True
     if len(consume_queues) < FLUSH_THREADS:
         for consume_queue in consume_queues:
             consume_queue.flush()
@@ -609,7 +628,7 @@ class RocketMQEngine(StorageEngine):
         dispatched = self.dispatcher.reput_from_offset
         with self._lock:
             queues = list(self.queues.values())
-        _flush_queues([queue.consume_queue for queue in queues if queue.consume_queue.dirty])
+        _flush_queues([queue.consume_queue for queue in queues if queue.consume_queue.dirty], self.root)
         self._last_thorough_cq_flush = time.monotonic()
         if timestamp:
             self.checkpoint.logics_msg_timestamp = timestamp
@@ -625,7 +644,7 @@ class RocketMQEngine(StorageEngine):
         least_bytes = max(1, store.flush_consume_queue_least_pages * OS_PAGE_SIZE)
         with self._lock:
             queues = list(self.queues.values())
-        _flush_queues([q.consume_queue for q in queues if q.consume_queue.dirty_bytes() >= least_bytes])
+        _flush_queues([q.consume_queue for q in queues if q.consume_queue.unflushed_bytes >= least_bytes], self.root)
 
     def delete_derived_files(self, commitlog_min_offset: int) -> None:
         """CleanConsumeQueueService: after CommitLog files went, cut what points into them (the IndexFile's
