@@ -210,6 +210,17 @@ class PartitionLog(Partition):
     def active_segment(self) -> LogSegment:
         return self.segments[-1]
 
+    def _new_segment(self, base_offset: int) -> LogSegment:
+        """An empty segment at `base_offset`, its files among the engine's open ones, its index blocks cached."""
+        return LogSegment(
+            self.directory,
+            base_offset,
+            self.config,
+            now_ms=self.clock(),
+            handles=self.handles,
+            index_blocks=self.index_blocks,
+        )
+
     def _add_segment(self, segment: LogSegment) -> None:
         self.segments.append(segment)
         self._bases.append(segment.base_offset)
@@ -252,14 +263,7 @@ class PartitionLog(Partition):
                 self.producer_state.take_snapshot(new_base, sync=False)
             except OSError as exc:  # an optimisation only: recovery replays the log instead
                 log.warning("%s: cannot write the producer snapshot at %d: %s", self.name, new_base, exc.strerror)
-            segment = LogSegment(
-                self.directory,
-                new_base,
-                self.config,
-                now_ms=self.clock(),
-                handles=self.handles,
-                index_blocks=self.index_blocks,
-            )
+            segment = self._new_segment(new_base)
             self._add_segment(segment)
             self._new_files = True
             log.debug("%s: rolled new segment at offset %d", self.name, new_base)
@@ -945,16 +949,7 @@ class PartitionLog(Partition):
         doomed = list(self.segments)
         for segment in doomed:
             segment.rename_to_deleted()  # first: the new segment may take the name of one of them
-        self.segments = [
-            LogSegment(
-                self.directory,
-                offset,
-                self.config,
-                now_ms=self.clock(),
-                handles=self.handles,
-                index_blocks=self.index_blocks,
-            )
-        ]
+        self.segments = [self._new_segment(offset)]
         self._bases = [offset]
         self.log_start_offset = self.log_end_offset = self.high_watermark = self.recovery_point = offset
         self._clips.clear()
