@@ -15,8 +15,12 @@ the one measured) on 127.0.0.1 with its log dir in a fresh scratch directory; th
             transactional producer (the same settings and a transactional.id) produces transactions of 1,000
             such records (begin, 1,000 produce calls, commit) back to back: the records of the transactions
             committed within the window count. Windows alternate, idempotent, transactional, idempotent,
-            transactional (to even out drift); records/s of both rounds summed. Target: transactional >= 80 % of
-            idempotent.
+            transactional (to even out drift); records/s of both rounds summed. Each count of --producers
+            (default 1 and 4) runs this with that many producers at once, each in a process of its own (with
+            its own transactional.id), their records/s added up. One producer measures the client: librdkafka
+            sends a transaction's registration, its records and its commit one after another, and the broker
+            idles in between. Several measure the broker, as several producers keep it busy either way. Target:
+            transactional >= 80 % of idempotent with the most producers; every count is reported.
   fetch     a topic `mixed` (3 partitions) gets --transactions transactions of 1,000 100-byte records, every tenth
             aborted (10 % of the records), all committed or aborted before reading. Then a consumer (assigned,
             from the start, fetch.max.bytes and max.partition.fetch.bytes at their defaults) reads every partition
@@ -35,6 +39,7 @@ import argparse
 import contextlib
 import ctypes
 import ctypes.util
+import multiprocessing
 import os
 import re
 import signal
@@ -198,6 +203,18 @@ def transactional_window(
     return committed, time.perf_counter() - t0, commits
 
 
+def _idempotent_rate(job: tuple[str, str, float, float]) -> tuple[float, list[float]]:
+    """One producer's idempotent records/s (run in a worker process of phase_produce's pool)."""
+    records, seconds = idempotent_window(*job)
+    return records / seconds, []
+
+
+def _transactional_rate(job: tuple[str, str, float, float, str]) -> tuple[float, list[float]]:
+    """One producer's transactional records/s and its commit times (run in a worker process)."""
+    records, seconds, commits = transactional_window(*job)
+    return records / seconds, commits
+
+
 # --- phase 2: read_committed against read_uncommitted ------------------------------------------------------------
 
 
@@ -301,37 +318,49 @@ class PhaseResult:
 
 def phase_produce(bootstrap: str, args: argparse.Namespace) -> PhaseResult:
     create_topics(bootstrap, "idempotent", "transactional")
-    totals = {"idempotent": [0, 0.0], "transactional": [0, 0.0]}
     rows = []
-    commits: list[float] = []
-    for round_ in (1, 2):
-        for kind in ("idempotent", "transactional"):
-            if kind == "idempotent":
-                records, seconds = idempotent_window(bootstrap, kind, args.seconds, args.warmup)
-            else:
-                records, seconds, times = transactional_window(
-                    bootstrap, kind, args.seconds, args.warmup, f"bench-{round_}"
-                )
-                commits += times
-            totals[kind][0] += records
-            totals[kind][1] += seconds
-            rows.append([f"{kind}, round {round_}", f"{records:,}", f"{seconds:.1f}", f"{records / seconds:,.0f}"])
-    rates = {kind: records / seconds for kind, (records, seconds) in totals.items()}
-    share = rates["transactional"] / rates["idempotent"]
-    rows.append(["transactional / idempotent", "", "", percent(rates["transactional"], rates["idempotent"])])
-    per_txn_ms = 1000 * TXN_RECORDS / rates["transactional"]
-    note = (
-        f"a transaction took {per_txn_ms:.1f} ms, of which the commit after its records were acknowledged (EndTxn: "
-        f"the coordinator's writes and the markers) {1000 * median(commits):.1f} ms median, "
-        f"{1000 * max(commits):.1f} ms max ({len(commits)} commits)"
-    )
+    notes = []
+    shares: dict[int, float] = {}
+    spawn = multiprocessing.get_context("spawn")  # librdkafka's threads do not survive a fork
+    for producers in args.producers:
+        totals = {"idempotent": 0.0, "transactional": 0.0}
+        commits: list[float] = []
+        with spawn.Pool(producers) as pool:
+            for round_ in (1, 2):
+                for kind in ("idempotent", "transactional"):
+                    if kind == "idempotent":
+                        jobs: list[Any] = [(bootstrap, kind, args.seconds, args.warmup)] * producers
+                        done = pool.map(_idempotent_rate, jobs)
+                    else:
+                        jobs = [
+                            (bootstrap, kind, args.seconds, args.warmup, f"bench-{producers}-{round_}-{k}")
+                            for k in range(producers)
+                        ]
+                        done = pool.map(_transactional_rate, jobs)
+                    rate = sum(rate for rate, _ in done)
+                    commits += [t for _, times in done for t in times]
+                    totals[kind] += rate
+                    rows.append([str(producers), f"{kind}, round {round_}", f"{rate:,.0f}"])
+        shares[producers] = totals["transactional"] / totals["idempotent"]
+        rows.append(
+            [str(producers), "transactional / idempotent", percent(totals["transactional"], totals["idempotent"])]
+        )
+        per_txn_ms = 1000 * TXN_RECORDS * producers / (totals["transactional"] / 2)
+        notes.append(
+            f"{producers} producer{'s' if producers > 1 else ''}: a transaction took {per_txn_ms:.1f} ms, of which "
+            f"the commit after its records "
+            f"were acknowledged (EndTxn: the coordinator's writes and the markers) {1000 * median(commits):.1f} ms "
+            f"median, {1000 * max(commits):.1f} ms max ({len(commits)} commits)"
+        )
+    most = max(args.producers)
+    share = shares[most]
     return PhaseResult(
         f"Transactional produce (transactions of {TXN_RECORDS:,} records of {VALUE_BYTES} B) vs idempotent, acks=all",
-        ("window", "records", "seconds", "records/s"),
+        ("producers", "window", "records/s"),
         rows,
-        f"transactional >= {TARGET:.0%} of idempotent: {share:.0%}",
+        f"transactional >= {TARGET:.0%} of idempotent with {most} producer{'s' if most > 1 else ''}: {share:.0%}",
         share >= TARGET,
-        [note],
+        notes,
     )
 
 
@@ -377,8 +406,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"write (or replace) the section “{SECTION_HEADING[3:]}” of {BENCHMARKS_MD.relative_to(REPO)}",
     )
+    parser.add_argument(
+        "--producers", default="1,4", help="producer counts of the produce phase, comma-separated (default 1,4)"
+    )
     add_dir_argument(parser)
     args = parser.parse_args(argv)
+    try:
+        args.producers = [int(count) for count in args.producers.split(",")]
+    except ValueError:
+        parser.error(f"--producers must be counts separated by commas, not {args.producers!r}")
+    if min(args.producers) < 1:
+        parser.error("--producers must be at least 1")
     args.seconds = args.seconds if args.seconds is not None else (2.0 if args.quick else 10.0)
     args.warmup = 0.5 if args.quick else 2.0
     args.transactions = args.transactions if args.transactions is not None else (30 if args.quick else 300)
@@ -395,8 +433,9 @@ def markdown_section(results: list[PhaseResult], facts: dict[str, str]) -> str:
 make bench-transactions     # = .venv/bin/python bench/transactions.py --write-report
 ```
 
-One broker on 127.0.0.1 and librdkafka clients in the benchmark process; how each phase is measured is in the
-docstring of `bench/transactions.py`. Both figures are ratios within one run, so the machine's speed cancels out.
+One broker on 127.0.0.1 and librdkafka clients (the produce phase's producers in worker processes of their own); how
+each phase is measured is in the docstring of `bench/transactions.py`. Both figures are ratios within one run, so the
+machine's speed cancels out.
 
 Command: `{facts["command"]}`, run {facts["started"]}; tidelog {facts["revision"]}.
 Machine: {facts["machine"]}. Load average {facts["load"]} at the start.
