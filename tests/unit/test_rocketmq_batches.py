@@ -20,7 +20,7 @@ from broker_process import ROCKETMQ_IGNORE_DISK_USAGE
 from tidelog import Record
 from tidelog.codec import rocketmq_batches
 from tidelog.codec import rocketmq_message as rm
-from tidelog.codec.record_batch import build_batch
+from tidelog.codec.record_batch import BatchHeader, build_batch
 from tidelog.codec.record_set import iter_batches, iter_records
 from tidelog.codec.rocketmq_batches import PADDING, TXN_ATTRIBUTES, rebuild_batches, records_batch
 from tidelog.errors import KafkaStorageError
@@ -267,3 +267,108 @@ def test_kafka_batch_values_parse_alike_in_python_and_numpy() -> None:
     assert few[2].sum() > 10  # valid values among them
     for parsed_few, parsed_many in zip(few[:2], many[:2], strict=True):
         assert parsed_few[few[2]].tolist() == parsed_many[many[2]].tolist()
+
+
+def _outcome(rebuild: object) -> tuple[object, ...]:
+    """What a rebuild returned (its bytes and where it ends) or raised (which message, why)."""
+    try:
+        assert callable(rebuild)
+        got = rebuild()
+    except rocketmq_batches.CorruptMessageError as exc:
+        return ("raised", exc.index, exc.reason)
+    return (b"".join(got.batches), got.next_offset, got.missing, got.full)
+
+
+def test_short_runs_rebuild_message_by_message_as_column_wise(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of at most SMALL_RUN messages is rebuilt in Python (_rebuild_small): for every start, length, budget
+    and end, the same batches, next offset and missing count as the column-wise rebuild, full whenever it is (and
+    also where it cut the run at the budget before parsing), and the same error for a damaged header or
+    KAFKA_BATCH."""
+    rng = random.Random(20261128)
+    engine, queue = store
+    fill(queue, rng, 60)
+    engine.catch_up()
+    end = queue.high_watermark
+    units = queue.consume_queue.unit_array(0, end)
+    data, positions, covered = engine.read_runs(units["offset"].astype(np.int64), units["size"])
+    assert covered == end
+    buffer = bytearray(bytes(data) + bytes(PADDING))
+    sizes = units["size"].astype(np.int64)
+
+    def both(start: int, count: int, max_bytes: int, min_one: bool, at_end: bool) -> None:
+        def rebuild() -> rocketmq_batches.Rebuilt:
+            return rebuild_batches(
+                buffer, positions[start : start + count], sizes[start : start + count], start, max_bytes,
+                min_one_message=min_one, at_end=at_end,
+            )  # fmt: skip
+
+        small = _outcome(rebuild)
+        with monkeypatch.context() as patched:
+            patched.setattr(rocketmq_batches, "SMALL_RUN", 0)
+            column_wise = _outcome(rebuild)
+        if small[0] != "raised" and column_wise[0] != "raised" and small[3] and not column_wise[3]:
+            # the column-wise rebuild cut the run at the budget before parsing it, so it did not see the batches
+            # that do not fit; the caller finds its budget spent and stops either way
+            column_wise = (*column_wise[:3], True)
+        assert small == column_wise, (start, count, max_bytes, min_one, at_end)
+
+    runs = 0
+    for start in [0, 1, *rng.sample(range(end - 1), 60)]:
+        for count in (1, 2, 3, rng.randrange(1, rocketmq_batches.SMALL_RUN + 1)):
+            count = min(count, end - start)
+            for max_bytes in (0, 1, 200, 3000, 1 << 20):
+                for min_one in (True, False):
+                    for at_end in (True, False):
+                        both(start, count, max_bytes, min_one, at_end)
+                        runs += 1
+    assert runs > 1000
+
+    # damaged: a header field, a KAFKA_BATCH value (bytes of the same length), in a message of a short run
+    for damage in ("total size", "magic", "queue offset", "batch value", "batch start"):
+        for _ in range(15):
+            start = rng.randrange(end - 4)
+            count = rng.randrange(2, min(rocketmq_batches.SMALL_RUN, end - start) + 1)
+            victim = start + rng.randrange(count)
+            at = int(positions[victim])
+            saved = bytes(buffer[at : at + int(sizes[victim])])
+            message = bytearray(saved)
+            if damage == "total size":
+                message[0:4] = (len(message) + 4).to_bytes(4, "big")
+            elif damage == "magic":
+                message[4:8] = b"\x00\x00\x00\x01"
+            elif damage == "queue offset":
+                message[rm.QUEUE_OFFSET_POSITION : rm.QUEUE_OFFSET_POSITION + 8] = (10**9).to_bytes(8, "big")
+            else:
+                where = message.find(b"KAFKA_BATCH\x01")
+                if where < 0:
+                    continue
+                value_at = where + len(b"KAFKA_BATCH\x01")
+                # "0/..." becomes "x/...", anything else "0/...": a bad number, or a batch start where none was
+                message[value_at] = ord("x") if damage == "batch value" else ord("0")
+            buffer[at : at + len(message)] = message
+            both(start, count, 1 << 20, True, rng.random() < 0.5)
+            buffer[at : at + len(saved)] = saved
+
+
+def test_batches_of_messages_with_long_properties_stay_whole(store: Store) -> None:
+    """PROPERTIES longer than the rows the column-wise parse scans (a long key, many headers) put KAFKA_BATCH
+    past them: such messages still form their producer's batch, a transactional one keeps its producer, and every
+    read equals the record-by-record reference."""
+    engine, queue = store
+    long_key = b"k" * (rocketmq_batches.PROPERTIES_WIDTH + 100)
+    many_headers = [(f"header-{h}", b"v" * 20) for h in range(30)]
+    queue.append(build_batch([Record(b"a%d" % i, key=long_key, timestamp_ms=TS) for i in range(20)]))
+    queue.append(build_batch([Record(b"b%d" % i, headers=many_headers, timestamp_ms=TS) for i in range(20)]))
+    records = [Record(b"c%d" % i, key=long_key + b"%d" % i, timestamp_ms=TS) for i in range(20)]
+    queue.append(build_batch(records, producer_id=9, producer_epoch=0, base_sequence=0, is_transactional=True))
+    queue.append_marker(9, 0, coordinator_epoch=1, commit=True)
+    engine.catch_up()
+    whole = queue.read(0, 1 << 20).read_bytes()
+    assert [(b.base_offset, b.last_offset) for b in iter_batches(whole)][:3] == [(0, 19), (20, 39), (40, 59)]
+    transactional = list(iter_batches(whole))[2]
+    assert isinstance(transactional.header, BatchHeader)
+    assert (transactional.header.producer_id, transactional.header.is_transactional) == (9, True)
+    for start in (0, 5, 19, 20, 45, 59):
+        for max_bytes in (1, 20_000, 1 << 20):
+            got = queue.read(start, max_bytes).read_bytes()
+            assert got == reference_read(engine, queue, start, max_bytes, True), (start, max_bytes)
