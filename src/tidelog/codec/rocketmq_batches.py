@@ -675,9 +675,11 @@ def _rebuild_small(
 ) -> Rebuilt:
     """rebuild_batches for a run of at most SMALL_RUN messages, message by message in Python: the same checks in
     the same order (so the same CorruptMessageError for a damaged header or KAFKA_BATCH), the same batches (each
-    one records_batch, which the column-wise rebuild equals byte for byte) and the same Rebuilt. A tail read or a
-    fetch of many partitions reads a few messages a partition, where numpy's fixed cost per operation (about
-    140 µs a rebuild) outweighs the 4-5 µs a message this path costs."""
+    one records_batch, which the column-wise rebuild equals byte for byte), next offset and missing count. `full`
+    is also True where the column-wise rebuild, having cut the run at the budget before parsing it
+    (_within_budget), did not see the batches left out; a caller whose budget is spent stops either way. A tail
+    read or a fetch of many partitions reads a few messages a partition, where numpy's fixed cost per operation
+    (about 140 µs a rebuild) outweighs the 4-5 µs a message this path costs."""
     n = len(positions)
     for index, size in enumerate(sizes):
         if size < MIN_MESSAGE_SIZE:
