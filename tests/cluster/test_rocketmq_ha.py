@@ -396,10 +396,9 @@ def test_placement_slave_refuses_and_reads(cluster: Cluster) -> None:
     assert len(dumps[0]) > 500 and dumps[0] == dumps[1] == dumps[2]
 
 
-@pytest.mark.slow  # the selection is checked on the wire in make test (placement); librdkafka end to end here
 def test_a_consumer_in_a_slaves_rack_reads_from_that_slave(cluster: Cluster) -> None:
     """KIP-392: the master sends a consumer in rack r3 to slave 3 (slaveReadEnable), which serves it every record, and
-    one in rack r1 reads from the master. `make test-rocketmq-ha-long` runs it."""
+    one in rack r1 reads from the master (librdkafka end to end; the placement test checks the choice on the wire)."""
     brokers = cluster.brokers
     create_topic(brokers[1].bootstrap, "near-rack", 1)
     wait_for(
