@@ -20,6 +20,12 @@ this process. Phases (`--phases`, default all):
               - after a short warm-up, once per value size (--sizes, 100 B and 1 KiB). Delivered messages/s and MB/s;
               rf3 as a share of rf1 (both rounds summed; target >= 50 %). The brokers' CPU seconds in each window
               (utime + stime from /proc/<pid>/stat) and this process's: three brokers share the machine's cores.
+              They also share one disk: first the phase measures the disk's sustained append rate (disk_append_rate,
+              16 s), and each window shows how fast the topic's .log files grew, all replicas, as a share of it.
+              librdkafka's idempotent producer has one Produce request in flight per partition whenever a batch
+              holds five messages or more (it counts the messages in flight against the five-request window), so
+              each partition moves one batch per acks=all round trip: leader append, follower fetch and append,
+              the follower's next fetch.
   latency     the same cluster: a producer thread paced at --rate messages/s (acks=all, linger.ms=1) puts its
               perf_counter_ns into each 100-byte value; a consumer thread (assigned, from the end) takes the
               receive time. --seconds of steady state after a warm-up; p50/p99/p99.9/max of receive - send (target
@@ -413,6 +419,45 @@ class Window:
     broker_cpu: dict[int, float]
     client_cpu: float
     errors: int
+    log_bytes: int  # what the brokers' .log files of the topic grew by in the window, all replicas
+
+
+DISK_PROBE_FILES = 9  # as many files as the rf3 topic's replicas: three partitions on each of three brokers
+DISK_PROBE_CHUNK = 1 << 20  # about the size of one producer batch (librdkafka's batch.size)
+
+
+def log_bytes(cluster: BenchCluster, topic: str) -> int:
+    """The bytes in the `.log` files of `topic`'s replicas, all brokers."""
+    return sum(
+        path.stat().st_size for broker in cluster.brokers.values() for path in broker.log_dir.glob(f"{topic}-*/*.log")
+    )
+
+
+def disk_append_rate(directory: Path, seconds: float) -> float:
+    """The disk's sustained append rate in bytes/s: 1 MiB pwritev calls round-robin over DISK_PROBE_FILES new
+    files in `directory`, as fast as they go, for `seconds`; the rate of the second half, once the page cache has
+    taken what it takes before the kernel paces writers to the disk (on the AMD VM a 1 MiB append goes from 0.2
+    to 2.4 ms once about 1.5 GB are dirty)."""
+    chunk = os.urandom(DISK_PROBE_CHUNK)
+    paths = [directory / f"disk-probe-{i}.log" for i in range(DISK_PROBE_FILES)]
+    fds = [os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644) for path in paths]
+    try:
+        positions = [0] * len(fds)
+        start = time.perf_counter()
+        half, written_at_half = start + seconds / 2, 0
+        count = 0
+        while (now := time.perf_counter()) < start + seconds:
+            if written_at_half == 0 and now >= half:
+                half, written_at_half = now, count * DISK_PROBE_CHUNK
+            index = count % len(fds)
+            positions[index] += os.pwritev(fds[index], [chunk], positions[index])
+            count += 1
+        return (count * DISK_PROBE_CHUNK - written_at_half) / (time.perf_counter() - half)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for path in paths:
+            path.unlink()
 
 
 def produce_flat_out(cluster: BenchCluster, topic: str, size: int, seconds: float, warmup_s: float) -> Window:
@@ -452,21 +497,27 @@ def produce_flat_out(cluster: BenchCluster, topic: str, size: int, seconds: floa
         producer.poll(0)
 
     run_until(time.perf_counter() + warmup_s)
+    bytes0 = log_bytes(cluster, topic)
     cpu0, client0, n0, t0 = cluster.broker_cpu(), time.process_time(), delivered[0], time.perf_counter()
     run_until(t0 + seconds)
     cpu1, client1, n1, t1 = cluster.broker_cpu(), time.process_time(), delivered[0], time.perf_counter()
+    bytes1 = log_bytes(cluster, topic)
     remaining = producer.flush(120)
     if remaining:
         raise BenchError(f"{remaining} messages to {topic} neither acknowledged nor failed after 120 s")
     if errors:
         console.print(f"note: {len(errors)} deliveries to {topic} failed, the first: {errors[0]}")
-    return Window(n1 - n0, t1 - t0, {b: cpu1[b] - cpu0.get(b, 0.0) for b in cpu1}, client1 - client0, len(errors))
+    return Window(
+        n1 - n0, t1 - t0, {b: cpu1[b] - cpu0.get(b, 0.0) for b in cpu1}, client1 - client0, len(errors), bytes1 - bytes0
+    )
 
 
 def phase_throughput(cluster: BenchCluster, args: argparse.Namespace) -> PhaseResult:
     rows = []
     totals: dict[tuple[int, str], list[float]] = {}
     notes = []
+    with console.status("throughput: the disk's sustained append rate …"):
+        disk_rate = disk_append_rate(cluster.directory, args.disk_seconds)
     for size in args.sizes:
         for round_index in (1, 2):
             for topic in ("rf1", "rf3"):
@@ -474,10 +525,12 @@ def phase_throughput(cluster: BenchCluster, args: argparse.Namespace) -> PhaseRe
                     window = produce_flat_out(cluster, topic, size, args.seconds, args.warmup)
                 rate = window.messages / window.seconds
                 mb = rate * size / 1e6
-                total = totals.setdefault((size, topic), [0.0, 0.0, 0.0])
+                total = totals.setdefault((size, topic), [0.0, 0.0, 0.0, 0.0])
                 total[0] += window.messages
                 total[1] += window.seconds
                 total[2] += sum(window.broker_cpu.values())
+                total[3] += window.log_bytes
+                log_rate = window.log_bytes / window.seconds
                 cpu = "/".join(f"{window.broker_cpu[b]:.1f}" for b in BROKER_IDS)
                 rows.append(
                     [
@@ -486,6 +539,7 @@ def phase_throughput(cluster: BenchCluster, args: argparse.Namespace) -> PhaseRe
                         str(round_index),
                         f"{rate:,.0f}",
                         f"{mb:.2f}",
+                        f"{log_rate / 1e6:.0f} ({percent(log_rate, disk_rate)})",
                         f"{sum(window.broker_cpu.values()):.1f} ({cpu})",
                         f"{window.client_cpu:.1f}",
                     ]
@@ -507,13 +561,23 @@ def phase_throughput(cluster: BenchCluster, args: argparse.Namespace) -> PhaseRe
                 "both",
                 percent(rate3, rate1),
                 percent(rate3, rate1),
+                f"{rf3[3] / rf3[1] / 1e6:.0f} vs {rf1[3] / rf1[1] / 1e6:.0f}",
                 f"{cpu_per_msg3:.0f} vs {cpu_per_msg1:.0f} µs/msg",
                 "",
             ]
         )
         targets.append(Target(f"rf3 throughput, {size} B", ">= 50 % of rf1", percent(rate3, rate1), share >= 0.5))
         parts.append(f"{size} B: rf1 {rate1:,.0f} msg/s, rf3 {rate3:,.0f} msg/s ({percent(rate3, rate1)})")
-    columns = ("value", "topic", "round", "msgs/s", "MB/s", "brokers CPU s (1/2/3)", "client CPU s")
+    columns = (
+        "value",
+        "topic",
+        "round",
+        "msgs/s",
+        "MB/s",
+        "log MB/s (of disk)",
+        "brokers CPU s (1/2/3)",
+        "client CPU s",
+    )
     title = f"Throughput, acks=all, idempotent, linger.ms={THROUGHPUT_LINGER_MS}, {args.seconds:g} s windows"
     notes.append(
         "brokers CPU s: utime + stime of the three broker processes in the window (in the ratio rows: broker CPU "
@@ -523,6 +587,12 @@ def phase_throughput(cluster: BenchCluster, args: argparse.Namespace) -> PhaseRe
     notes.append(
         "client CPU s: this process (the Python produce() loop and librdkafka's threads); close to the window's "
         "seconds, the client rather than the brokers set the pace, and rf3 ÷ rf1 says little about replication"
+    )
+    notes.append(
+        f"log MB/s: what the topic's .log files grew by per second, all replicas (rf3 writes each record three "
+        f"times), as a share of the disk's sustained append rate measured at the start of this phase: "
+        f"{disk_rate / 1e6:,.0f} MB/s ({DISK_PROBE_FILES} files, {DISK_PROBE_CHUNK >> 20} MiB pwritev, the second "
+        f"half of {args.disk_seconds:g} s); near 100 % the disk, not the brokers, set the pace"
     )
     return PhaseResult(title, columns, rows, "throughput: " + "; ".join(parts), targets, notes)
 
@@ -1113,6 +1183,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     quick = args.quick
     args.seconds = args.seconds if args.seconds is not None else (2.0 if quick else 15.0)
     args.warmup = 0.5 if quick else 2.0
+    args.disk_seconds = 2.0 if quick else 16.0
     args.kills = args.kills if args.kills is not None else (2 if quick else 20)
     args.shutdowns = args.shutdowns if args.shutdowns is not None else (2 if quick else 5)
     timeouts = args.session_timeouts or ("6000" if quick else "18000,6000")
