@@ -712,6 +712,7 @@ class RocketMQStoreConfig:
     max_hash_slot_num: int = 5_000_000
     max_index_num: int = 5_000_000 * 4
     message_index_enable: bool = True
+    read_ahead_queues: int = 64  # tidelog's: queues whose next read is rebuilt ahead (storage/rocketmq/read_ahead.py)
     check_crc_on_recover: bool = True
     max_message_size: int = 1024 * 1024 * 4
     store_host: str = "127.0.0.1:10911"  # STOREHOSTADDRESS of messages (BrokerConfig's brokerIP1:listenPort)
@@ -851,6 +852,14 @@ ROCKETMQ_KEYS: dict[str, Key] = _keys(
     ),
     _rocketmq_key("maxIndexNum", parse_int, "Entries of each IndexFile.", minimum=2, maximum=INT_MAX // 20),
     _rocketmq_key("messageIndexEnable", parse_bool, "Build the IndexFiles that `lookup_key` answers from."),
+    _rocketmq_key(
+        "readAheadQueues",
+        parse_int,
+        "tidelog's: how many queues may have their next read rebuilt ahead, while the reader takes the last one "
+        "(a read its byte budget stopped); 0 turns read-ahead off.",
+        minimum=0,
+        maximum=1_000_000,
+    ),
     _rocketmq_key("checkCRCOnRecover", parse_bool, "Check every message body's CRC when recovering after a crash."),
     _rocketmq_key(
         "maxMessageSize",

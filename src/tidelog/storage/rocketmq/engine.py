@@ -98,6 +98,7 @@ from tidelog.storage.rocketmq.ha_protocol import MASTER_ROLES, SLAVE, SYNC_MASTE
 from tidelog.storage.rocketmq.index_builder import INDEX_DIR, build_index, message_index_keys
 from tidelog.storage.rocketmq.mapped_file import OS_PAGE_SIZE, AllocateMappedFileService
 from tidelog.storage.rocketmq.message_queue import TXN_ATTRIBUTES, MessageQueue
+from tidelog.storage.rocketmq.read_ahead import ReadAhead
 from tidelog.storage.rocketmq.retention import CleanCommitLogService
 
 log = logging.getLogger("tidelog.storage.rocketmq")
@@ -221,6 +222,7 @@ class RocketMQEngine(StorageEngine):
         self.unique_ids = rm.UniqueIdGenerator(self.store_host.ip)
         self._lock = threading.RLock()  # topics and queues
         self._closed = False
+        self.read_ahead = ReadAhead(self.store_config.read_ahead_queues)
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_store(self.root)
         try:
@@ -763,6 +765,7 @@ class RocketMQEngine(StorageEngine):
             for queue_id in record.held():
                 queue = self.queues.pop((name, queue_id))
                 queue.closed = queue.deleted = True
+                self.read_ahead.forget(queue)
                 queue.consume_queue.close()
                 self.deleter.delete_later(queue.producer_state.directory)
             self.deleter.delete_later(self.root / CONSUME_QUEUE_DIR / name)
@@ -1081,6 +1084,7 @@ class RocketMQEngine(StorageEngine):
             self._closed = True
             for queue in self.queues.values():
                 queue.closed = True
+        self.read_ahead.close()
         clean = True
         try:
             if self.ha_client is not None:

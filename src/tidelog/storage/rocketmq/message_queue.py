@@ -39,6 +39,7 @@ a read turns ConsumeQueue units back into Kafka v2 batches built in memory. The 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections import deque
@@ -96,6 +97,7 @@ from tidelog.storage.rocketmq.aborted_txns import AbortedTxnFile
 from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, QueueRun
 from tidelog.storage.rocketmq.ha_protocol import SLAVE, SYNC_MASTER
+from tidelog.storage.rocketmq.read_ahead import ReadKey, ReadResult
 
 if TYPE_CHECKING:
     from tidelog.storage.rocketmq.engine import RocketMQEngine
@@ -109,9 +111,9 @@ MAX_READ_UNITS = 32768  # at most this many ConsumeQueue units per round of a fe
 MIN_MESSAGE_BYTES = 128  # no stored message is smaller (header, topic, UNIQ_KEY): bounds the units a fetch reads
 # A fetch reads the messages whose stored bytes may fill its budget: the budget times the stored bytes per byte of
 # batch its queue's last read saw (a record takes fewer bytes in a batch than as a message: from nearly the same
-# for large values to a third for small ones) times READ_AHEAD, 3 before a first read. Reading too few costs
+# for large values to a third for small ones) times STORED_BYTES_MARGIN, 3 before a first read. Reading too few costs
 # another round, too many a larger copy and decode of what is left out.
-READ_AHEAD = 1.25
+STORED_BYTES_MARGIN = 1.25
 TIME_BLOCK_UNITS = 1024  # queue offsets per block of the time summary (offset_for_timestamp)
 PRODUCER_SNAPSHOT_UNITS = 2048  # offsets appended since a queue's last producer snapshot before it takes another
 BLANK_UNIT_SIZE = 0x7FFFFFFF
@@ -201,7 +203,8 @@ class MessageQueue(Partition):
         self.config = config
         self.next_offset = consume_queue.max_offset
         self.start_floor = start_floor
-        self._stored_per_kafka_byte = 3.0  # see READ_AHEAD
+        self._stored_per_kafka_byte = 3.0  # see STORED_BYTES_MARGIN
+        self.read_generation = 0  # moves when records change other than by an append (read_ahead.py)
         self.producer_state = ProducerStateManager(engine.producer_snapshot_dir(topic, queue_id))
         self.aborted_txns = AbortedTxnFile(self.producer_state.directory)
         self.has_transactions = self.aborted_txns.exists  # see aborted_txns.py: the file says the queue holds some
@@ -596,7 +599,8 @@ class MessageQueue(Partition):
     ) -> FileSlices:
         """Kafka batches re-encoded from the messages at `offset` on: one batch per original producer batch (or
         the part of it at or after `offset`); whole batches only, the first even when it exceeds `max_bytes`.
-        `max_offset` (the last stable offset of a read_committed fetch) is the high watermark here, or below it."""
+        `max_offset` (the last stable offset of a read_committed fetch) is the high watermark here, or below it.
+        A read that its budget stopped offers the next one to the engine's read-ahead (read_ahead.py)."""
         if self.closed:
             raise self._closed_error()
         high_watermark = self.high_watermark
@@ -605,10 +609,25 @@ class MessageQueue(Partition):
         start = self.log_start_offset
         if offset < start or offset > self.next_offset:
             raise OffsetOutOfRangeError(f"offset {offset} is outside {self.name}'s range [{start}, {self.next_offset}]")
+        key = ReadKey(offset, max_bytes, self.read_generation)
+        done = self.engine.read_ahead.take(self, key, high_watermark, min_one_message)
+        if done is None:
+            done = self._read(key, min_one_message, high_watermark)
+        if done.budget_bound and done.next_offset < high_watermark:
+            following = ReadKey(done.next_offset, max_bytes, key.generation)
+            read = functools.partial(self._read, following, True, high_watermark)  # True: see ReadAhead.take
+            self.engine.read_ahead.offer(self, following, read)
+        return FileSlices(done.slices.slices, start, high_watermark)
+
+    def _read(self, key: ReadKey, min_one_message: bool, high_watermark: int) -> ReadResult:
+        """read()'s work (also the read-ahead worker's): the batches from `key.offset` within `key.max_bytes`, up
+        to `high_watermark`."""
+        offset, max_bytes = key.offset, key.max_bytes
         slices: list[MemorySlice] = []
         remaining = max_bytes
         position = offset
         wanted = 0  # the messages of a batch that the last round read only part of
+        budget_bound = False
         while position < high_watermark and (remaining > 0 or (min_one_message and not slices)):
             reach = int(self._stored_per_kafka_byte * max(remaining, 0)) + 1  # stored bytes that may fit
             count = max(wanted, min(MAX_READ_UNITS, reach // MIN_MESSAGE_BYTES + 1))  # a whole batch, however long
@@ -640,13 +659,24 @@ class MessageQueue(Partition):
             remaining -= made
             if made:  # how many stored bytes the next read should take for a byte of batches
                 taken = rebuilt.next_offset - position
-                self._stored_per_kafka_byte = READ_AHEAD * int(stored[taken - 1]) / made
+                self._stored_per_kafka_byte = STORED_BYTES_MARGIN * int(stored[taken - 1]) / made
             if rebuilt.full:
+                budget_bound = True
+                position = rebuilt.next_offset
                 break
             if not rebuilt.batches and (not rebuilt.missing or at_end or covered < len(units)):
                 break  # an open batch whose end is not dispatched yet
             position, wanted = rebuilt.next_offset, rebuilt.missing
-        return FileSlices(tuple(slices), start, high_watermark)
+        budget_bound = budget_bound or (remaining <= 0 and position < high_watermark)
+        first_fits = not slices or slices[0].length <= max_bytes
+        return ReadResult(
+            FileSlices(tuple(slices), self.log_start_offset, high_watermark),
+            position,
+            high_watermark,
+            budget_bound,
+            min_one_message,
+            first_fits,
+        )
 
     # --- replication: one replica per queue (see the module's docstring) --------------------------------------
 
@@ -819,6 +849,7 @@ class MessageQueue(Partition):
         """A slave becomes master (under the put lock, everything dispatched): appends continue at the queue's end,
         and the producer state is rebuilt from the CommitLog at its next use."""
         self.next_offset = self._flushed = max(self.consume_queue.max_offset, self.start_floor)
+        self.read_generation += 1
         with self._lock:
             self._pending_flush.clear()
             self._pending_replication.clear()
@@ -843,6 +874,7 @@ class MessageQueue(Partition):
             )
         if before_offset > self.log_start_offset:
             self.start_floor = before_offset
+            self.read_generation += 1
             self._size = None
             self.engine.save_start_offsets()
         return self.log_start_offset
