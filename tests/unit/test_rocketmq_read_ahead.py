@@ -31,7 +31,12 @@ def open_pair(tmp_path: Path) -> tuple[RocketMQEngine, RocketMQEngine]:
         engine = tidelog.open(
             tmp_path / name,
             engine="rocketmq",
-            config={"tidelog.rocketmq.readAheadQueues": queues},
+            config={
+                "tidelog.rocketmq.readAheadQueues": queues,
+                "tidelog.rocketmq.mapedFileSizeCommitLog": 65536,  # reads cross CommitLog files
+                "tidelog.rocketmq.mapedFileSizeConsumeQueue": 6000,
+                "tidelog.rocketmq.messageIndexEnable": False,  # no key index files: not what is tested
+            },
             background=False,
         )
         assert isinstance(engine, RocketMQEngine)

@@ -77,7 +77,7 @@ class ReadAhead:
             if self._closed:
                 return
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocketmq-read-ahead")
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidelog-read-ahead")
             self._pending.pop(queue, None)
             self._pending[queue] = _Pending(key, self._executor.submit(read))
             while len(self._pending) > self.max_queues:
