@@ -18,7 +18,8 @@ random value of --value-bytes (100 and 1,024 by default), CreateTime.
   broker    `tidelog serve` with each engine (a fresh process and log dir each), the records produced by
             confluent-kafka (librdkafka, acks=1) to a 1-partition topic, then a confluent-kafka consumer assigns
             the partition from the beginning and reads to its end. Records/s of the consumer and the broker's CPU
-            seconds per million records (utime + stime from /proc/<pid>/stat).
+            seconds per million records (utime + stime from /proc/<pid>/stat). The RocketMQ engine once more with
+            its read-ahead off (tidelog.rocketmq.readAheadQueues=0), to show what it buys.
 
 Each measurement runs --repetitions times (3), the engines interleaved inside each repetition; the medians are
 reported. Target (issue 17): consume from the RocketMQ engine at least 70 % of the Kafka engine's, both ways.
@@ -72,6 +73,7 @@ ROCKETMQ_SETTINGS = {  # the benchmark's scratch disk may be fuller than RocketM
 }
 READ_BYTES = MiB
 SPREAD_TOPIC = "spread"
+NO_READ_AHEAD = ", without read-ahead"  # the same consumer, the engine's read-ahead turned off
 KCAT_CONSUMERS = 4
 KCAT_SUFFIX = f", {KCAT_CONSUMERS} kcat on {KCAT_CONSUMERS} partitions"
 TARGET = 0.7  # issue 17: consume from the RocketMQ engine at least 70 % of the Kafka engine's
@@ -153,11 +155,17 @@ def rebuild_only(engine: RocketMQEngine, records: int, per_record: bool) -> floa
 
 
 @contextlib.contextmanager
-def broker(directory: Path, engine: str) -> Iterator[tuple[int, int]]:
-    """`tidelog serve` with the engine: (port, pid); SIGKILL at the end (its data is scratch)."""
+def broker(directory: Path, engine: str, extra: dict[str, str] | None = None) -> Iterator[tuple[int, int]]:
+    """`tidelog serve` with the engine (and `extra` settings): (port, pid); SIGKILL at the end (its data is
+    scratch)."""
     directory.mkdir(parents=True)
     argv = [sys.executable, "-m", "tidelog.cli", "serve"]
-    settings = {"listeners": "PLAINTEXT://127.0.0.1:0", "log.dirs": str(directory / "logs"), **engine_settings(engine)}
+    settings = {
+        "listeners": "PLAINTEXT://127.0.0.1:0",
+        "log.dirs": str(directory / "logs"),
+        **engine_settings(engine),
+        **(extra or {}),
+    }
     for key, value in settings.items():
         argv += ["--override", f"{key}={value}"]
     with (directory / "broker.err").open("wb") as err:
@@ -297,12 +305,19 @@ def measure(args: argparse.Namespace, scratch: Path) -> tuple[list[list[str]], l
                     took, used = consume_with_kcat(port, records, pid)
                     add(name, took)
                     add(name, used, cpu)
+            status = console.status(f"{value_bytes} B, repetition {rep + 1}: rocketmq broker without read-ahead …")
+            directory = scratch / f"b-{value_bytes}-{rep}-rocketmq-plain"
+            with status, broker(directory, "rocketmq", {"tidelog.rocketmq.readAheadQueues": "0"}) as (port, pid):
+                produce(port, records, value_bytes)
+                took, used = consume(port, records, pid)
+                add(f"broker rocketmq{NO_READ_AHEAD}", took)
+                add(f"broker rocketmq{NO_READ_AHEAD}", used, cpu)
         rate = {name: records / median(values) for name, values in seconds.items()}
         for name in seconds:
             if name.startswith(("embedded", "rebuild")):
                 reference = rate["embedded kafka"]
             else:
-                reference = rate[name.replace("rocketmq", "kafka")]
+                reference = rate[name.replace("rocketmq", "kafka").removesuffix(NO_READ_AHEAD)]
             broker_cpu = f"{median(cpu[name]) / records * 1e6:.1f}" if name in cpu else ""
             rows.append(
                 [
@@ -383,7 +398,10 @@ tidelog {revision}. Machine: {machine_line()}. Load average {load} at the start.
 
 Reading the table: the Kafka engine's reads cost the broker almost nothing per record (file slices sent with
 sendfile), so its consume rows measure the clients; the RocketMQ engine's broker spends the CPU of the rebuild on
-every record (the last column), so its rows measure the broker. A ratio against a client-bound reference says as
+every record (the last column), so its rows measure the broker. Through the broker the rebuild of a consumer's
+next range runs while the last one travels and is parsed (the engine's read-ahead, storage/rocketmq/read_ahead.py),
+so a consumer waits for the rebuild only where it costs more than the client's own work per record; embedded, the
+reader asks for the next range at once and waits for all of it. A ratio against a client-bound reference says as
 much about the client as about the engine (4 kcat processes printing every offset are slower than one
 confluent-kafka consumer at 100 B); the broker CPU per record compares the engines directly. "rebuild
 record by record" is the way every RocketMQ read worked before codec/rocketmq_batches.py. The embedded rows compare
