@@ -7,7 +7,7 @@ default and one with it at 0; each read's bytes (or error) must match.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,13 @@ from tidelog.storage.rocketmq.read_ahead import ReadAhead, ReadKey, ReadResult
 
 BATCHES, PER_BATCH = 60, 25  # 1,500 records in batches of 25
 TS = 1_700_000_000_000
+Pair = tuple[RocketMQEngine, RocketMQEngine]
 
 
-def open_pair(tmp_path: Path) -> tuple[RocketMQEngine, RocketMQEngine]:
-    engines = []
+@pytest.fixture
+def engines(tmp_path: Path) -> Iterator[Pair]:
+    """Two engines holding the same batches: with read-ahead (64 queues), without (0)."""
+    opened = []
     for name, queues in (("ahead", 64), ("plain", 0)):
         engine = tidelog.open(
             tmp_path / name,
@@ -46,8 +49,12 @@ def open_pair(tmp_path: Path) -> tuple[RocketMQEngine, RocketMQEngine]:
                 Record(f"v{b}-{i}".encode() * (1 + i % 7), key=b"k", timestamp_ms=TS + i) for i in range(PER_BATCH)
             ]
             engine.partition("t", 0).append(build_batch(records))
-        engines.append(engine)
-    return engines[0], engines[1]
+        opened.append(engine)
+    try:
+        yield opened[0], opened[1]
+    finally:
+        for engine in opened:
+            engine.close()
 
 
 def outcome(engine: StorageEngine, call: Callable[[Any], Any]) -> object:
@@ -80,107 +87,80 @@ def last_offset(data: bytes) -> int:
 
 
 @pytest.mark.parametrize("budget", [1, 700, 4096, 20_000])
-def test_sequential_reads_take_the_read_ahead_and_match(tmp_path: Path, budget: int) -> None:
-    ahead, plain = open_pair(tmp_path)
-    try:
-        assert read_through(ahead, budget) == read_through(plain, budget)
-        reads = len(read_through(plain, budget))
-        assert ahead.read_ahead.taken >= reads - 2  # every read after the first but the last may be taken
-        assert plain.read_ahead.taken == 0
-    finally:
-        ahead.close()
-        plain.close()
+def test_sequential_reads_take_the_read_ahead_and_match(engines: Pair, budget: int) -> None:
+    ahead, plain = engines
+    assert read_through(ahead, budget) == read_through(plain, budget)
+    reads = len(read_through(plain, budget))
+    assert ahead.read_ahead.taken >= reads - 2  # every read after the first but the last may be taken
+    assert plain.read_ahead.taken == 0
 
 
-def test_delete_records_between_reads_drops_the_read_ahead(tmp_path: Path) -> None:
-    ahead, plain = open_pair(tmp_path)
-    try:
-        for engine in (ahead, plain):
-            engine.partition("t", 0).read(0, 2000)  # offers the next read
-        first = last_offset(plain.partition("t", 0).read(0, 2000).read_bytes()) + 1
-        for engine in (ahead, plain):
-            engine.partition("t", 0).delete_records(first + 10)
-        taken = ahead.read_ahead.taken
-        same = [
-            outcome(engine, lambda q: q.read(first, 2000)) for engine in (ahead, plain)
-        ]  # below the new log start now
-        assert same[0] == same[1] == OffsetOutOfRangeError
-        assert outcome(ahead, lambda q: q.read(first + 10, 2000)) == outcome(plain, lambda q: q.read(first + 10, 2000))
-        assert ahead.read_ahead.taken == taken
-    finally:
-        ahead.close()
-        plain.close()
+def test_reads_after_delete_records_match(engines: Pair) -> None:
+    ahead, plain = engines
+    for engine in (ahead, plain):
+        engine.partition("t", 0).read(0, 2000)  # offers the next read
+    first = last_offset(plain.partition("t", 0).read(0, 2000).read_bytes()) + 1
+    for engine in (ahead, plain):
+        engine.partition("t", 0).delete_records(first + 10)
+    taken = ahead.read_ahead.taken
+    same = [outcome(engine, lambda q: q.read(first, 2000)) for engine in (ahead, plain)]  # below the new log start now
+    assert same[0] == same[1] == OffsetOutOfRangeError
+    assert outcome(ahead, lambda q: q.read(first + 10, 2000)) == outcome(plain, lambda q: q.read(first + 10, 2000))
+    assert ahead.read_ahead.taken == taken
 
 
-def test_a_read_ahead_up_to_a_higher_limit_is_not_taken_by_a_lower_one(tmp_path: Path) -> None:
+def test_a_read_ahead_up_to_a_higher_limit_is_not_taken_by_a_lower_one(
+    engines: Pair,
+) -> None:
     """A read_committed fetch (max_offset: the last stable offset) must not get records past its limit."""
-    ahead, plain = open_pair(tmp_path)
-    try:
-        first = last_offset(plain.partition("t", 0).read(0, 3000).read_bytes()) + 1
-        ahead.partition("t", 0).read(0, 3000)  # offers the read at `first`, up to the high watermark
-        taken = ahead.read_ahead.taken
-        for limit in (first + 3, first + PER_BATCH + 1):
-            results = [
-                outcome(engine, lambda q, limit=limit: q.read(first, 3000, max_offset=limit))
-                for engine in (ahead, plain)
-            ]
-            assert results[0] == results[1]
-            assert last_offset(results[0]) < limit  # type: ignore[arg-type]
-        assert ahead.read_ahead.taken == taken
-    finally:
-        ahead.close()
-        plain.close()
+    ahead, plain = engines
+    first = last_offset(plain.partition("t", 0).read(0, 3000).read_bytes()) + 1
+    ahead.partition("t", 0).read(0, 3000)  # offers the read at `first`, up to the high watermark
+    taken = ahead.read_ahead.taken
+    for limit in (first + 3, first + PER_BATCH + 1):
+        results = [
+            outcome(engine, lambda q, limit=limit: q.read(first, 3000, max_offset=limit)) for engine in (ahead, plain)
+        ]
+        assert results[0] == results[1]
+        assert last_offset(results[0]) < limit  # type: ignore[arg-type]
+    assert ahead.read_ahead.taken == taken
 
 
-def test_a_read_of_other_parameters_reads_for_itself(tmp_path: Path) -> None:
-    ahead, plain = open_pair(tmp_path)
-    try:
-        first = last_offset(plain.partition("t", 0).read(0, 3000).read_bytes()) + 1
-        ahead.partition("t", 0).read(0, 3000)
-        taken = ahead.read_ahead.taken
-        for call in (
-            lambda q: q.read(first, 5000),  # another budget
-            lambda q: q.read(first + 1, 3000),  # another offset
-        ):
-            assert outcome(ahead, call) == outcome(plain, call)
-        assert ahead.read_ahead.taken == taken
-    finally:
-        ahead.close()
-        plain.close()
+def test_a_read_of_other_parameters_reads_for_itself(engines: Pair) -> None:
+    ahead, plain = engines
+    first = last_offset(plain.partition("t", 0).read(0, 3000).read_bytes()) + 1
+    ahead.partition("t", 0).read(0, 3000)
+    taken = ahead.read_ahead.taken
+    for call in (
+        lambda q: q.read(first, 5000),  # another budget
+        lambda q: q.read(first + 1, 3000),  # another offset
+    ):
+        assert outcome(ahead, call) == outcome(plain, call)
+    assert ahead.read_ahead.taken == taken
 
 
 @pytest.mark.parametrize(("budget", "taken"), [(3000, 1), (20, 0)])
-def test_min_one_message_matters_only_when_the_first_batch_does_not_fit(
-    tmp_path: Path, budget: int, taken: int
-) -> None:
+def test_min_one_message_matters_only_when_the_first_batch_does_not_fit(engines: Pair, budget: int, taken: int) -> None:
     """A fetch sets min_one_message for its first partition only; the read-ahead (made with it) serves a read
     without it when the first batch fits the budget, as both then give the same."""
-    ahead, plain = open_pair(tmp_path)
-    try:
-        first = last_offset(plain.partition("t", 0).read(0, budget).read_bytes()) + 1
-        ahead.partition("t", 0).read(0, budget)
-        before = ahead.read_ahead.taken
-        call = lambda q: q.read(first, budget, min_one_message=False)  # noqa: E731
-        assert outcome(ahead, call) == outcome(plain, call)
-        assert ahead.read_ahead.taken - before == taken
-    finally:
-        ahead.close()
-        plain.close()
+    ahead, plain = engines
+    first = last_offset(plain.partition("t", 0).read(0, budget).read_bytes()) + 1
+    ahead.partition("t", 0).read(0, budget)
+    before = ahead.read_ahead.taken
+    call = lambda q: q.read(first, budget, min_one_message=False)  # noqa: E731
+    assert outcome(ahead, call) == outcome(plain, call)
+    assert ahead.read_ahead.taken - before == taken
 
 
-def test_a_slave_taking_over_drops_the_read_ahead(tmp_path: Path) -> None:
-    ahead, plain = open_pair(tmp_path)
-    try:
-        queue = ahead.partition("t", 0)
-        first = last_offset(queue.read(0, 3000).read_bytes()) + 1
-        generation = queue.read_generation
-        queue.take_over()  # what a truncation of the CommitLog also does
-        assert queue.read_generation == generation + 1
-        assert outcome(ahead, lambda q: q.read(first, 3000)) == outcome(plain, lambda q: q.read(first, 3000))
-        assert ahead.read_ahead.taken == 0
-    finally:
-        ahead.close()
-        plain.close()
+def test_a_slave_taking_over_drops_the_read_ahead(engines: Pair) -> None:
+    ahead, plain = engines
+    queue = ahead.partition("t", 0)
+    first = last_offset(queue.read(0, 3000).read_bytes()) + 1
+    generation = queue.read_generation
+    queue.take_over()  # what a truncation of the CommitLog also does
+    assert queue.read_generation == generation + 1
+    assert outcome(ahead, lambda q: q.read(first, 3000)) == outcome(plain, lambda q: q.read(first, 3000))
+    assert ahead.read_ahead.taken == 0
 
 
 def result(value: int) -> Callable[[], ReadResult]:
