@@ -17,7 +17,7 @@ import tidelog
 from tidelog import Record
 from tidelog.codec.record_batch import build_batch
 from tidelog.errors import OffsetOutOfRangeError
-from tidelog.storage.api import FileSlices, StorageEngine
+from tidelog.storage.api import StorageEngine
 from tidelog.storage.rocketmq.engine import RocketMQEngine
 from tidelog.storage.rocketmq.read_ahead import ReadAhead, ReadKey, ReadResult
 
@@ -164,7 +164,7 @@ def test_a_slave_taking_over_drops_the_read_ahead(engines: Pair) -> None:
 
 
 def result(value: int) -> Callable[[], ReadResult]:
-    return lambda: ReadResult(FileSlices(), value, 10, True, True, True)
+    return lambda: ReadResult((), value, 10, True, True, True)
 
 
 def test_the_service_keeps_one_read_per_queue_and_at_most_max_queues() -> None:

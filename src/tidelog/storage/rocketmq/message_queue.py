@@ -617,7 +617,7 @@ class MessageQueue(Partition):
             following = ReadKey(done.next_offset, max_bytes, key.generation)
             read = functools.partial(self._read, following, True, high_watermark)  # True: see ReadAhead.take
             self.engine.read_ahead.offer(self, following, read)
-        return FileSlices(done.slices.slices, start, high_watermark)
+        return FileSlices(done.batches, start, high_watermark)
 
     def _read(self, key: ReadKey, min_one_message: bool, high_watermark: int) -> ReadResult:
         """read()'s work (also the read-ahead worker's): the batches from `key.offset` within `key.max_bytes`, up
@@ -670,7 +670,7 @@ class MessageQueue(Partition):
         budget_bound = budget_bound or (remaining <= 0 and position < high_watermark)
         first_fits = not slices or slices[0].length <= max_bytes
         return ReadResult(
-            FileSlices(tuple(slices), self.log_start_offset, high_watermark),
+            tuple(slices),
             position,
             high_watermark,
             budget_bound,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
-from tidelog.storage.api import FileSlices
+from tidelog.storage.api import MemorySlice
 
 
 class ReadKey(NamedTuple):
@@ -41,11 +41,11 @@ class ReadKey(NamedTuple):
 
 
 class ReadResult(NamedTuple):
-    """A read's batches; the offset after their last record; the limit (high watermark or last stable offset) it
-    read up to; whether the byte budget, not the limit, stopped it; its min_one_message; and whether its first
-    batch fitted the budget (then min_one_message made no difference)."""
+    """A read's batches (built in memory); the offset after their last record; the limit (high watermark or last
+    stable offset) it read up to; whether the byte budget, not the limit, stopped it; its min_one_message; and
+    whether its first batch fitted the budget (then min_one_message made no difference)."""
 
-    slices: FileSlices
+    batches: tuple[MemorySlice, ...]
     next_offset: int
     limit: int
     budget_bound: bool
