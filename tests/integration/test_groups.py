@@ -341,6 +341,8 @@ class CkMember(threading.Thread):
             self.crash = exc
 
     def leave(self) -> None:
+        if self.ident is None:  # never started (a test failed before it): nothing to leave
+            return
         self.halt.set()
         self.join(TIMEOUT_S)
         assert not self.is_alive(), f"{self.name} did not close"
@@ -732,7 +734,6 @@ class KpMember(threading.Thread):
 
         try:
             consumer = KafkaConsumer(
-                self.topic,
                 bootstrap_servers=self.bootstrap,
                 group_id=self.group,
                 client_id="kafka-python",
@@ -742,6 +743,11 @@ class KpMember(threading.Thread):
                 heartbeat_interval_ms=HEARTBEAT_MS,
             )
             self.protocols = [a.name for a in consumer.config["partition_assignment_strategy"]]
+            # The topic's metadata before the first JoinGroup: subscribed at once, kafka-python may join before its
+            # first metadata answer, assign nothing ("No partition metadata") and rejoin when the answer comes;
+            # in one CI run of 2026-11-28 it then went silent after that second join (no SyncGroup, no heartbeat).
+            consumer.partitions_for_topic(self.topic)
+            consumer.subscribe([self.topic])
             try:
                 while not self.halt.is_set():
                     batches = consumer.poll(timeout_ms=100)
@@ -773,7 +779,13 @@ def test_mixed_kafka_python_and_confluent_members_in_one_range_group(gbroker) ->
     ck = CkMember("confluent", gbroker.bootstrap, group, [topic], **{"partition.assignment.strategy": "range"})
     kp.start()
     try:
-        wait_for(lambda: kp.assignment == frozenset(range(partitions)), "the kafka-python member's assignment")
+        wait_for(
+            lambda: kp.assignment == frozenset(range(partitions)),
+            lambda: (
+                f"the kafka-python member's assignment ({sorted(kp.assignment)}, running {kp.is_alive()}, "
+                f"crash {kp.crash!r})"
+            ),
+        )
         assert kp.protocols[0] == "range"
         ck.start()
         wait_for(
