@@ -13,8 +13,9 @@ random value of --value-bytes (100 and 1,024 by default), CreateTime.
             read from the first offset to the last with Partition.read(offset, 1 MiB) and read_bytes() (the
             bytes: a pread of the Kafka engine's slices, the rebuilt batches of the RocketMQ engine). Also the
             RocketMQ rebuild alone over the same messages (rebuild_batches on runs of 10,000, the messages already
-            in memory), column-wise and record by record (`per_record`, the way every read went before the
-            column-wise rebuild), to show what the change bought.
+            in memory) three ways: compiled (codec/_rocketmq_rebuild.c, what a read uses when the package was
+            built with a C compiler), column-wise with numpy (without one), and record by record (`per_record`,
+            the way every read went before either), to show what each bought.
   broker    `tidelog serve` with each engine (a fresh process and log dir each), the records produced by
             confluent-kafka (librdkafka, acks=1) to a 1-partition topic, then a confluent-kafka consumer assigns
             the partition from the beginning and reads to its end. Records/s of the consumer and the broker's CPU
@@ -59,6 +60,7 @@ from benchutil import (
     write_doc_section,
 )
 from tidelog import Record
+from tidelog.codec import rocketmq_batches
 from tidelog.codec.record_batch import build_batch
 from tidelog.codec.rocketmq_batches import rebuild_batches
 from tidelog.storage.api import StorageEngine
@@ -137,18 +139,28 @@ def last_offset(data: bytes) -> int:
     return last
 
 
-def rebuild_only(engine: RocketMQEngine, records: int, per_record: bool) -> float:
-    """Seconds for the codec alone to rebuild every message (runs of REBUILD_RUN, bytes already read)."""
+def rebuild_only(engine: RocketMQEngine, records: int, way: str) -> float:
+    """Seconds for the codec alone to rebuild every message (runs of REBUILD_RUN, bytes already read), `way`:
+    "compiled" (as a read does when the package was built with a C compiler), "numpy" (without it) or "record"
+    (record by record)."""
     queue = engine.partition("t", 0)
     runs = []
     for first in range(0, records, REBUILD_RUN):
         units = queue.consume_queue.unit_array(first, min(REBUILD_RUN, records - first))  # type: ignore[attr-defined]
         data, positions, covered = engine.read_runs(units["offset"].astype(np.int64), units["size"])
         runs.append((data, positions, units["size"][:covered], first))
-    start = time.perf_counter()
-    for data, positions, sizes, first in runs:
-        rebuild_batches(data, positions, sizes, first, 1 << 40, per_record=per_record)
-    return time.perf_counter() - start
+    compiled = rocketmq_batches.compiled_rebuild
+    if way == "compiled" and compiled is None:
+        raise RuntimeError("tidelog.codec._rocketmq_rebuild is not built (pip install -e . with a C compiler)")
+    if way != "compiled":
+        rocketmq_batches.compiled_rebuild = None
+    try:
+        start = time.perf_counter()
+        for data, positions, sizes, first in runs:
+            rebuild_batches(data, positions, sizes, first, 1 << 40, per_record=way == "record")
+        return time.perf_counter() - start
+    finally:
+        rocketmq_batches.compiled_rebuild = compiled
 
 
 # --- through the broker ----------------------------------------------------------------------------------------
@@ -288,8 +300,9 @@ def measure(args: argparse.Namespace, scratch: Path) -> tuple[list[list[str]], l
                     try:
                         add(f"embedded {engine_name}", read_all(engine, records))
                         if isinstance(engine, RocketMQEngine):
-                            add("rebuild column-wise", rebuild_only(engine, records, per_record=False))
-                            add("rebuild record by record", rebuild_only(engine, records, per_record=True))
+                            add("rebuild compiled", rebuild_only(engine, records, "compiled"))
+                            add("rebuild column-wise (numpy)", rebuild_only(engine, records, "numpy"))
+                            add("rebuild record by record", rebuild_only(engine, records, "record"))
                     finally:
                         engine.close()
             for engine_name in ENGINES:
@@ -336,8 +349,9 @@ def measure(args: argparse.Namespace, scratch: Path) -> tuple[list[list[str]], l
             verdicts.append(f"| {value_bytes} B, {way}{suffix} | {target} | {share:.0%} | {verdict} |")
         summaries.append(
             f"{value_bytes} B: embedded {percent(rate['embedded rocketmq'], rate['embedded kafka'])}, "
-            f"broker {percent(rate['broker rocketmq'], rate['broker kafka'])} of the Kafka engine; the rebuild "
-            f"{rate['rebuild column-wise'] / rate['rebuild record by record']:.1f}x the record-by-record one"
+            f"broker {percent(rate['broker rocketmq'], rate['broker kafka'])} of the Kafka engine; the compiled "
+            f"rebuild {rate['rebuild compiled'] / rate['rebuild column-wise (numpy)']:.1f}x the numpy one, "
+            f"{rate['rebuild compiled'] / rate['rebuild record by record']:.1f}x the record-by-record one"
         )
     return rows, verdicts, summaries
 

@@ -11,7 +11,10 @@ It checks, printing one line per check and stopping at the first failure with ex
      (confluent-kafka) writes a record and a librdkafka consumer in a group reads it back, the broker stops cleanly;
   4. the embedded API (`tidelog.open`), both engines: append, read back, reopen, read again;
   5. `pip install DIR[spark]` into this environment, then in a new interpreter `import tidelog.spark` and the data
-     source module, whose class names the format `tidelog` (no Spark session).
+     source module, whose class names the format `tidelog` (no Spark session);
+  6. without a C compiler (CC=false): `pip install DIR` into a second fresh virtualenv goes on without the compiled
+     RocketMQ reads (codec/_rocketmq_rebuild.c, optional), and that install reads its RocketMQ engine with numpy.
+     (Step 4 checked that this environment, built with the compiler `make` provides, has them.)
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import pkgutil
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -281,6 +285,10 @@ def check_embedded(work: Path) -> None:
             again = [(r.offset, r.key, r.value, list(r.headers)) for r in log.consume("embedded", 1)]
         check(again == want, f"{engine}: after reopening, read back {len(again)} records that differ")
         ok(f"tidelog.open(engine={engine!r}): 100 records (zstd and plain) appended, read back, reopened, read again")
+    from tidelog.codec import rocketmq_batches
+
+    check(rocketmq_batches.compiled_rebuild is not None, "the install has no compiled RocketMQ reads (a C compiler?)")
+    ok("the RocketMQ engine's reads are the compiled ones (tidelog.codec._rocketmq_rebuild)")
 
 
 # --- 5: the spark extra ------------------------------------------------------------------------------------------
@@ -310,6 +318,40 @@ def check_spark_extra(source: Path) -> None:
     ok(f"import tidelog.spark and tidelog.spark.source (pyspark {version}): data source format {name!r}")
 
 
+# --- 6: no C compiler ----------------------------------------------------------------------------------------
+
+NUMPY_READS = """
+import tempfile
+import tidelog
+from tidelog.codec import rocketmq_batches
+assert rocketmq_batches.compiled_rebuild is None, "compiled without a compiler?"
+with tempfile.TemporaryDirectory() as tmp, tidelog.open(tmp, engine="rocketmq") as log:
+    log.create_topic("t", partitions=1)
+    log.produce("t", 0, [tidelog.Record(value=b"v%d" % i, key=b"k%d" % i) for i in range(1000)])
+    values = [r.value for r in log.consume("t", 0)]
+assert values == [b"v%d" % i for i in range(1000)], len(values)
+print("ok")
+"""
+
+
+def check_without_compiler(source: Path, work: Path) -> None:
+    venv = work / "venv-no-compiler"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=300)
+    check(done.returncode == 0, f"python -m venv failed:\n{done.stdout}{done.stderr}")
+    python = str(venv / "bin" / "python")
+    environment = {**child_env(), "CC": "false"}  # distutils' compiler: a command that fails
+    clean = work / "source-no-compiler"  # without the build/ of the install before, which holds a compiled module
+    shutil.copytree(source, clean, ignore=shutil.ignore_patterns("build", "*.egg-info", "*.so"))
+    command = [python, "-m", "pip", "install", "-q", "--no-cache-dir", str(clean)]  # no wheel built with one
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=1200)
+    check(done.returncode == 0, f"pip install with CC=false failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    done = subprocess.run([python, "-I", "-c", NUMPY_READS], capture_output=True, text=True, timeout=300)
+    check(done.stdout.strip() == "ok", f"the install without a compiler:\n{done.stdout}{done.stderr}")
+    ok(f"pip install without a C compiler, then 1,000 records read from the RocketMQ engine with numpy "
+       f"({time.monotonic() - started:.0f} s)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", required=True, type=Path, help="the repository (what `pip install .` installed)")
@@ -328,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if not args.skip_spark:
             steps.append(("spark extra", lambda: check_spark_extra(source)))
+        steps.append(("without a compiler", lambda: check_without_compiler(source, work)))
         for name, step in steps:
             try:
                 step()

@@ -4,7 +4,9 @@ into its record (message_to_record) and each producer batch encoded by records_b
 bytes for every start offset and byte budget, over batches of every kind the engine stores: keys as text, as
 base64 and null; values null, empty, short and long; headers as user properties, in KAFKA_HEADERS64, with
 duplicate names; idempotent and transactional batches and their markers; single records and long batches. A
-damaged message is a storage error naming its unit."""
+damaged message is a storage error naming its unit. Every test runs twice: with the compiled rebuild
+(_rocketmq_rebuild.c, built by `pip install -e .` with a C compiler, which `make` installs) and with numpy alone;
+and the compiled rebuild is compared with the numpy one run for run, damaged runs included."""
 
 from __future__ import annotations
 
@@ -32,6 +34,16 @@ TS = 1_700_000_000_000
 
 
 Store = tuple[RocketMQEngine, MessageQueue]
+
+
+@pytest.fixture(params=["compiled", "numpy"], autouse=True)
+def rebuild_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with the compiled rebuild (which hands what it declines to numpy) and with numpy alone."""
+    if request.param == "numpy":
+        monkeypatch.setattr(rocketmq_batches, "compiled_rebuild", None)
+    elif rocketmq_batches.compiled_rebuild is None:
+        pytest.fail("tidelog.codec._rocketmq_rebuild is not built: `pip install -e .` needs a C compiler")
+    return str(request.param)
 
 
 @pytest.fixture
@@ -71,12 +83,13 @@ def random_record(rng: random.Random, i: int, plain: bool) -> Record:
     )
 
 
-def fill(queue: MessageQueue, rng: random.Random, batches: int) -> None:
-    """Batches of every kind, some transactional (committed or aborted by a marker), some idempotent."""
+def fill(queue: MessageQueue, rng: random.Random, batches: int, plain_share: float = 0.75) -> None:
+    """Batches of every kind, some transactional (committed or aborted by a marker), some idempotent; `plain_share`
+    of them with keys and headers that need no base64."""
     sequence = 0
     for b in range(batches):
         count = rng.choice([1, 1, 2, 3, 10, 60])
-        plain = rng.random() < 0.75
+        plain = rng.random() < plain_share
         records = [random_record(rng, b * 100 + i, plain) for i in range(count)]
         kind = rng.choice(["plain", "idempotent", "transactional"])
         if kind == "plain":
@@ -283,7 +296,8 @@ def test_short_runs_rebuild_message_by_message_as_column_wise(store: Store, monk
     """A run of at most SMALL_RUN messages is rebuilt in Python (_rebuild_small): for every start, length, budget
     and end, the same batches, next offset and missing count as the column-wise rebuild, full whenever it is (and
     also where it cut the run at the budget before parsing), and the same error for a damaged header or
-    KAFKA_BATCH."""
+    KAFKA_BATCH. (Both numpy paths: the compiled one is compared with them below.)"""
+    monkeypatch.setattr(rocketmq_batches, "compiled_rebuild", None)
     rng = random.Random(20261128)
     engine, queue = store
     fill(queue, rng, 60)
@@ -372,3 +386,122 @@ def test_batches_of_messages_with_long_properties_stay_whole(store: Store) -> No
         for max_bytes in (1, 20_000, 1 << 20):
             got = queue.read(start, max_bytes).read_bytes()
             assert got == reference_read(engine, queue, start, max_bytes, True), (start, max_bytes)
+
+
+@pytest.mark.parametrize("rebuild_path", ["compiled"], indirect=True)
+def test_the_compiled_rebuild_equals_the_numpy_rebuild(
+    store: Store, rebuild_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled rebuild, called directly, against rebuild_batches on the numpy path, over runs of every start,
+    length, budget and end: the same bytes, next offset and missing count, full whenever numpy says full (and also
+    where numpy cut the run at the budget before parsing it, as the module says). Where numpy raises (a damaged
+    header, KAFKA_BATCH or KAFKA_PRODUCER, PROPERTIES whose length disagrees) the compiled rebuild declines (None),
+    so the caller's error is numpy's; it declines the runs with base64 keys or headers too, and no others here."""
+    compiled = rocketmq_batches.compiled_rebuild
+    assert compiled is not None
+    monkeypatch.setattr(rocketmq_batches, "compiled_rebuild", None)
+    rng = random.Random(20261129)
+    engine, queue = store
+    fill(queue, rng, 150, plain_share=0.97)
+    engine.catch_up()
+    end = queue.high_watermark
+    units = queue.consume_queue.unit_array(0, end)
+    data, positions, covered = engine.read_runs(units["offset"].astype(np.int64), units["size"])
+    assert covered == end
+    buffer = bytearray(bytes(data) + bytes(PADDING))
+    sizes = units["size"].astype(np.int64)
+    messages = [engine.read_message(int(at), int(size)) for at, size in zip(units["offset"], sizes, strict=True)]
+    base64 = {i for i, m in enumerate(messages) if {rm.PROPERTY_KEY64, rm.PROPERTY_HEADERS64} & set(m.properties)}
+    counts = {"equal": 0, "declined": 0}
+
+    def both(start: int, count: int, max_bytes: int, min_one: bool, at_end: bool, damaged: bool = False) -> None:
+        run = slice(start, start + count)
+        view = np.frombuffer(buffer, dtype=np.uint8)
+        got = compiled(view, positions[run], sizes[run], start, max_bytes, min_one, at_end)
+        want = _outcome(
+            lambda: rebuild_batches(
+                buffer, positions[run], sizes[run], start, max_bytes, min_one_message=min_one, at_end=at_end
+            )
+        )
+        if not damaged:  # declined exactly where a message of the run has a base64 key or headers
+            assert (got is None) == bool(base64 & set(range(start, start + count))), (start, count)
+        if got is None:
+            counts["declined"] += 1
+            return
+        assert want[0] != "raised", (start, count, want)
+        outcome = (got[0] or b"", *got[1:])
+        if outcome[3] and not want[3]:  # numpy cut the run at the budget first and did not see what was left out
+            want = (*want[:3], True)
+        assert outcome == want, (start, count, max_bytes, min_one, at_end)
+        counts["equal"] += 1
+
+    for start in [0, 1, *rng.sample(range(end - 1), 50)]:
+        for count in (1, 2, 17, 200, end - start):
+            count = min(count, end - start)
+            for max_bytes in (-5, 0, 1, 200, 3000, 70_000, 1 << 40):
+                for min_one in (True, False):
+                    for at_end in (True, False):
+                        both(start, count, max_bytes, min_one, at_end)
+    assert counts["equal"] > 2000 and counts["declined"] > 0, counts
+
+    # damaged: a header field, a KAFKA_BATCH or KAFKA_PRODUCER value, the PROPERTIES length
+    damages = ("total size", "magic", "queue offset", "batch value", "batch start", "producer", "properties length")
+    for damage in damages:
+        for _ in range(20):
+            start = rng.randrange(end - 4)
+            count = rng.randrange(2, min(40, end - start) + 1)
+            victim = start + rng.randrange(count)
+            at = int(positions[victim])
+            saved = bytes(buffer[at : at + int(sizes[victim])])
+            message = bytearray(saved)
+            if damage == "total size":
+                message[0:4] = (len(message) + 4).to_bytes(4, "big")
+            elif damage == "magic":
+                message[4:8] = b"\x00\x00\x00\x01"
+            elif damage == "queue offset":
+                message[rm.QUEUE_OFFSET_POSITION : rm.QUEUE_OFFSET_POSITION + 8] = (10**9).to_bytes(8, "big")
+            elif damage == "properties length":
+                message[-len(messages[victim].properties_bytes) - 2] ^= 0x40
+            else:
+                name = b"KAFKA_PRODUCER\x01" if damage == "producer" else b"KAFKA_BATCH\x01"
+                where = message.find(name)
+                if where < 0:
+                    continue
+                value_at = where + len(name)
+                # "0/..." becomes "x/...", anything else "0/...": a bad number, or a batch start where none was
+                message[value_at] = ord("x") if damage != "batch start" else ord("0")
+            buffer[at : at + len(message)] = message
+            both(start, count, 1 << 20, True, rng.random() < 0.5, damaged=True)
+            buffer[at : at + len(saved)] = saved
+
+
+@pytest.mark.parametrize("rebuild_path", ["compiled"], indirect=True)
+def test_the_compiled_rebuild_reads_foreign_properties_as_numpy(rebuild_path: str) -> None:
+    """Messages whose PROPERTIES tidelog did not write (FOREIGN_PIECES), a few a run so that some runs have no
+    duplicate names: the compiled rebuild gives the bytes the record-by-record decoder gives, or declines."""
+    compiled = rocketmq_batches.compiled_rebuild
+    assert compiled is not None
+    rng = random.Random(11)
+    rebuilt = 0
+    for _ in range(300):
+        messages = []
+        for offset in range(rng.randrange(1, 5)):
+            properties = "".join(rng.choice(FOREIGN_PIECES) for _ in range(rng.randrange(0, 4)))
+            if properties and rng.random() < 0.2:
+                properties = properties[:-1]  # the last entry without its \x02
+            messages.append(
+                rm.encode_message(
+                    topic="t", queue_id=0, body=rng.randbytes(rng.choice([0, 5, 100])), properties=properties,
+                    queue_offset=offset, born_timestamp=TS + offset,
+                )
+            )  # fmt: skip
+        sizes = np.array([len(m) for m in messages], dtype=np.int64)
+        positions = np.cumsum(sizes) - sizes
+        data = np.frombuffer(b"".join(messages), dtype=np.uint8)
+        got = compiled(data, positions, sizes, 0, 1 << 30, True, True)
+        if got is None:
+            continue
+        want = rebuild_batches(data, positions, sizes, 0, 1 << 30, per_record=True)
+        assert (got[0] or b"") == b"".join(want.batches)
+        rebuilt += 1
+    assert rebuilt > 100

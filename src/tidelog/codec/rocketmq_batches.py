@@ -23,24 +23,30 @@ the Kafka batches they stand for, as `Rebuilt`:
 - `data` may hold other bytes between the messages (other queues' messages); only the messages are read, and
   PADDING zero bytes after the last one spare a copy of `data`.
 
-How: every message header, every property and every record field is found and encoded with numpy operations over
-all messages at once; keys and short values are gathered by index, values of ROW_COPY_BYTES or more copied as
-rows of fixed widths (_copy); Python runs once per batch for its CRC and, in a transactional batch, its
+How: where the package was installed with a C compiler, one compiled pass does all of it (_rocketmq_rebuild.c,
+`compiled_rebuild`: the parse and the encoding without the GIL, then a `crc32c` call per batch); it declines a run
+with anything it does not decode (a damaged message, a base64 key or headers, duplicate names, long PROPERTIES),
+which then takes the numpy path below and gets the same bytes or the same CorruptMessageError. Its `full` is that
+of the whole run (the numpy path cuts the run at the budget first, _within_budget, and may not see that batches
+were left out; a caller whose budget is spent stops either way).
+
+The numpy path: every message header, every property and every record field is found and encoded with numpy
+operations over all messages at once; keys and short values are gathered by index, values of ROW_COPY_BYTES or more
+copied as rows of fixed widths (_copy); Python runs once per batch for its CRC and, in a transactional batch, its
 producer. A batch with a message numpy does not decode - a key or headers stored in base64 (KAFKA_KEY64,
-KAFKA_HEADERS64), two properties of one name, PROPERTIES over PROPERTIES_WIDTH bytes - is rebuilt record by
-record from rocketmq_message's decoder (`records_batch`), with the same result; the KAFKA_BATCH of PROPERTIES
-over PROPERTIES_WIDTH bytes is found in Python (_value_span), as it may lie past the scanned row. A run of at most
-SMALL_RUN messages (a tail read, a fetch of many partitions) is rebuilt message by message instead
-(_rebuild_small: about 9 µs for one message against 140 µs of numpy's fixed cost, 64 against 150 for 16), with
-the same results. A message whose TOTALSIZE disagrees with its unit or the sum of its fields, whose QUEUEOFFSET is
-not the expected one, or a batch whose messages do not add up to its KAFKA_BATCH count, raises
-CorruptMessageError naming the message.
+KAFKA_HEADERS64), two properties of one name, PROPERTIES over PROPERTIES_WIDTH bytes - is rebuilt record by record
+from rocketmq_message's decoder (`records_batch`), with the same result; the KAFKA_BATCH of PROPERTIES over
+PROPERTIES_WIDTH bytes is found in Python (_value_span), as it may lie past the scanned row. A run of at most
+SMALL_RUN messages (a tail read, a fetch of many partitions) is rebuilt message by message instead (_rebuild_small:
+about 9 µs for one message against 140 µs of numpy's fixed cost, 64 against 150 for 16), with the same results. A
+message whose TOTALSIZE disagrees with its unit or the sum of its fields, whose QUEUEOFFSET is not the expected one,
+or a batch whose messages do not add up to its KAFKA_BATCH count, raises CorruptMessageError naming the message.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -98,6 +104,24 @@ _READ_COLUMN[list(_READ)] = np.arange(len(_READ))
 _GOLDEN, _MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)  # odd multipliers of _slot
 TABLE_BITS = 10  # the reserved-name table has 2**TABLE_BITS slots
 _POWERS_OF_TEN = 10 ** np.arange(BATCH_NUMBER_DIGITS + 1, dtype=np.int64)
+
+# _rocketmq_rebuild.rebuild(data, positions, sizes, first_offset, max_bytes, min_one_message, at_end): None (the
+# run is the numpy path's), or (the batches back to back or None, next offset, missing, full)
+CompiledRebuild = Callable[
+    [np.ndarray, np.ndarray, np.ndarray, int, int, bool, bool], tuple[bytes | None, int, int, bool] | None
+]
+compiled_rebuild: CompiledRebuild | None
+try:
+    from tidelog.codec import _rocketmq_rebuild
+except ImportError:  # installed without a C compiler: the numpy rebuild alone
+    compiled_rebuild = None
+else:
+    # each reserved name's role in the compiled pass (enum ROLE_* there): 0 not read, 1-4 the _READ properties
+    # in their order, 5 one it leaves to numpy (base64 key or headers)
+    _ROLES = {rm.PROPERTY_KEY64.encode(): 5, rm.PROPERTY_HEADERS64.encode(): 5}
+    _ROLES.update({_NAMES[code]: role for role, code in enumerate(_READ, start=1)})
+    _rocketmq_rebuild.configure(tuple(_NAMES), tuple(_ROLES.get(name, 0) for name in _NAMES), crc32c, PROPERTIES_WIDTH)
+    compiled_rebuild = _rocketmq_rebuild.rebuild
 _VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
 
@@ -123,12 +147,31 @@ class Rebuilt(NamedTuple):
     full: bool
 
 
-def records_batch(records: Sequence[Record], last: rm.Message) -> bytes:
-    """The batch of `records` (a producer batch, or its part from some record on) whose last message is `last`,
-    record by record: a transactional or control batch (its bits in `last`'s FLAG) gets its producer from
-    KAFKA_PRODUCER; other batches are rebuilt without a producer."""
+def producer_value(text: str, index: int) -> rm.ProducerInfo:
+    """The KAFKA_PRODUCER value `text` of message `index` of a run, each number within its batch header field."""
+    try:
+        info = rm.parse_producer_info(text)
+    except ValueError:
+        info = None
+    if info is None or not (
+        -(1 << 63) <= info.producer_id < 1 << 63
+        and -(1 << 15) <= info.epoch < 1 << 15
+        and -(1 << 31) <= info.base_sequence < 1 << 31
+    ):
+        raise CorruptMessageError(
+            index, f"its KAFKA_PRODUCER property {text!r} is not <producer id>/<epoch>/<base sequence>/<count>"
+        )
+    return info
+
+
+def records_batch(records: Sequence[Record], last: rm.Message, index: int = 0) -> bytes:
+    """The batch of `records` (a producer batch, or its part from some record on) whose last message is `last`
+    (message `index` of its run, for the error a damaged KAFKA_PRODUCER raises), record by record: a transactional
+    or control batch (its bits in `last`'s FLAG) gets its producer from KAFKA_PRODUCER; other batches are rebuilt
+    without a producer."""
     attributes = last.flag & TXN_ATTRIBUTES
-    info = rm.producer_info(last.properties_bytes) if attributes else None
+    text = rm.property_value(last.properties_bytes, rm.PROPERTY_PRODUCER) if attributes else None
+    info = producer_value(text, index) if text else None  # Java drops an empty value
     if info is None:
         return build_batch(records, base_offset=records[0].offset)
     sequence = info.base_sequence
@@ -649,6 +692,14 @@ def rebuild_batches(
     buf = np.frombuffer(data, dtype=np.uint8)
     if len(positions) == 0:
         return Rebuilt([], first_offset, 0, False)
+    if compiled_rebuild is not None and not per_record:
+        done = compiled_rebuild(
+            buf, np.ascontiguousarray(positions, dtype=np.int64), np.ascontiguousarray(sizes, dtype=np.int64),
+            first_offset, max_bytes, min_one_message, at_end,
+        )  # fmt: skip
+        if done is not None:
+            batches, next_offset, missing, full = done
+            return Rebuilt([] if batches is None else [batches], next_offset, missing, full)
     if len(positions) <= SMALL_RUN and not per_record:
         return _rebuild_small(buf, positions.tolist(), sizes.tolist(), first_offset, max_bytes, min_one_message, at_end)
     positions = positions.astype(np.int64)
@@ -754,7 +805,7 @@ def _rebuild_small(
     start = 0
     for end in group_end:
         group = messages[start:end]
-        batch = records_batch([rm.message_to_record(m) for m in group], group[-1])
+        batch = records_batch([rm.message_to_record(m) for m in group], group[-1], end - 1)
         if made + len(batch) > max_bytes and (batches or not min_one_message):
             break
         batches.append(batch)
@@ -862,7 +913,7 @@ def _records_batch(messages: _Messages, positions: np.ndarray, sizes: np.ndarray
         if isinstance(item, rm.Blank):
             raise CorruptMessageError(i, "its unit points at a BLANK marker")
         decoded.append(item)
-    return records_batch([rm.message_to_record(m) for m in decoded], decoded[-1])
+    return records_batch([rm.message_to_record(m) for m in decoded], decoded[-1], end - 1)
 
 
 def _producer(messages: _Messages, first: int, last: int) -> tuple[int, int, int, int] | None:
@@ -871,7 +922,7 @@ def _producer(messages: _Messages, first: int, last: int) -> tuple[int, int, int
     at, length = int(messages.producer_at[last]), int(messages.producer_length[last])
     if length < 0:
         return None
-    info = rm.parse_producer_info(messages.data[at : at + length].tobytes().decode("utf-8", "surrogateescape"))
+    info = producer_value(messages.data[at : at + length].tobytes().decode("utf-8", "surrogateescape"), last)
     sequence = info.base_sequence
     if sequence != NO_SEQUENCE:  # a read from inside the batch: the sequence of its first record read
         sequence = (sequence + first - (last - info.count + 1)) % SEQUENCE_MODULUS
