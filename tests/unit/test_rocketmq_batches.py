@@ -10,6 +10,7 @@ and the compiled rebuild is compared with the numpy one run for run, damaged run
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,6 +283,54 @@ def test_kafka_batch_values_parse_alike_in_python_and_numpy() -> None:
         assert parsed_few[few[2]].tolist() == parsed_many[many[2]].tolist()
 
 
+def filled_run(
+    store: Store, rng: random.Random, batches: int, plain_share: float = 0.75
+) -> tuple[bytearray, np.ndarray, np.ndarray, list[rm.Message]]:
+    """The queue filled (`fill`), and all of it as one run: its CommitLog bytes (PADDING after them), the messages'
+    positions in them and sizes, and the messages decoded."""
+    engine, queue = store
+    fill(queue, rng, batches, plain_share)
+    engine.catch_up()
+    end = queue.high_watermark
+    units = queue.consume_queue.unit_array(0, end)
+    data, positions, covered = engine.read_runs(units["offset"].astype(np.int64), units["size"])
+    assert covered == end
+    sizes = units["size"].astype(np.int64)
+    messages = [engine.read_message(int(at), int(size)) for at, size in zip(units["offset"], sizes, strict=True)]
+    return bytearray(bytes(data) + bytes(PADDING)), positions, sizes, messages
+
+
+@contextlib.contextmanager
+def damaged(buffer: bytearray, at: int, size: int, damage: str) -> Iterator[bool]:
+    """The message at `at` of `buffer` with one field damaged in place (bytes of the same length), put back after;
+    False where it has no such field (a message without KAFKA_BATCH or KAFKA_PRODUCER)."""
+    saved = bytes(buffer[at : at + size])
+    message = bytearray(saved)
+    if damage == "total size":
+        message[0:4] = (len(message) + 4).to_bytes(4, "big")
+    elif damage == "magic":
+        message[4:8] = b"\x00\x00\x00\x01"
+    elif damage == "queue offset":
+        message[rm.QUEUE_OFFSET_POSITION : rm.QUEUE_OFFSET_POSITION + 8] = (10**9).to_bytes(8, "big")
+    elif damage == "properties length":
+        decoded = rm.decode_message(saved, 0, check_crc=False)
+        assert isinstance(decoded, rm.Message)
+        message[-len(decoded.properties_bytes) - 2] ^= 0x40
+    else:
+        name = b"KAFKA_PRODUCER\x01" if damage == "producer" else b"KAFKA_BATCH\x01"
+        where = message.find(name)
+        if where < 0:
+            yield False
+            return
+        # "0/..." becomes "x/...", anything else "0/...": a bad number, or a batch start where none was
+        message[where + len(name)] = ord("0") if damage == "batch start" else ord("x")
+    buffer[at : at + size] = message
+    try:
+        yield True
+    finally:
+        buffer[at : at + size] = saved
+
+
 def _outcome(rebuild: object) -> tuple[object, ...]:
     """What a rebuild returned (its bytes and where it ends) or raised (which message, why)."""
     try:
@@ -299,15 +348,8 @@ def test_short_runs_rebuild_message_by_message_as_column_wise(store: Store, monk
     KAFKA_BATCH. (Both numpy paths: the compiled one is compared with them below.)"""
     monkeypatch.setattr(rocketmq_batches, "compiled_rebuild", None)
     rng = random.Random(20261128)
-    engine, queue = store
-    fill(queue, rng, 60)
-    engine.catch_up()
-    end = queue.high_watermark
-    units = queue.consume_queue.unit_array(0, end)
-    data, positions, covered = engine.read_runs(units["offset"].astype(np.int64), units["size"])
-    assert covered == end
-    buffer = bytearray(bytes(data) + bytes(PADDING))
-    sizes = units["size"].astype(np.int64)
+    buffer, positions, sizes, _ = filled_run(store, rng, 60)
+    end = len(positions)
 
     def both(start: int, count: int, max_bytes: int, min_one: bool, at_end: bool) -> None:
         def rebuild() -> rocketmq_batches.Rebuilt:
@@ -343,25 +385,9 @@ def test_short_runs_rebuild_message_by_message_as_column_wise(store: Store, monk
             start = rng.randrange(end - 4)
             count = rng.randrange(2, min(rocketmq_batches.SMALL_RUN, end - start) + 1)
             victim = start + rng.randrange(count)
-            at = int(positions[victim])
-            saved = bytes(buffer[at : at + int(sizes[victim])])
-            message = bytearray(saved)
-            if damage == "total size":
-                message[0:4] = (len(message) + 4).to_bytes(4, "big")
-            elif damage == "magic":
-                message[4:8] = b"\x00\x00\x00\x01"
-            elif damage == "queue offset":
-                message[rm.QUEUE_OFFSET_POSITION : rm.QUEUE_OFFSET_POSITION + 8] = (10**9).to_bytes(8, "big")
-            else:
-                where = message.find(b"KAFKA_BATCH\x01")
-                if where < 0:
-                    continue
-                value_at = where + len(b"KAFKA_BATCH\x01")
-                # "0/..." becomes "x/...", anything else "0/...": a bad number, or a batch start where none was
-                message[value_at] = ord("x") if damage == "batch value" else ord("0")
-            buffer[at : at + len(message)] = message
-            both(start, count, 1 << 20, True, rng.random() < 0.5)
-            buffer[at : at + len(saved)] = saved
+            with damaged(buffer, int(positions[victim]), int(sizes[victim]), damage) as done:
+                if done:
+                    both(start, count, 1 << 20, True, rng.random() < 0.5)
 
 
 def test_batches_of_messages_with_long_properties_stay_whole(store: Store) -> None:
@@ -401,16 +427,8 @@ def test_the_compiled_rebuild_equals_the_numpy_rebuild(
     assert compiled is not None
     monkeypatch.setattr(rocketmq_batches, "compiled_rebuild", None)
     rng = random.Random(20261129)
-    engine, queue = store
-    fill(queue, rng, 150, plain_share=0.97)
-    engine.catch_up()
-    end = queue.high_watermark
-    units = queue.consume_queue.unit_array(0, end)
-    data, positions, covered = engine.read_runs(units["offset"].astype(np.int64), units["size"])
-    assert covered == end
-    buffer = bytearray(bytes(data) + bytes(PADDING))
-    sizes = units["size"].astype(np.int64)
-    messages = [engine.read_message(int(at), int(size)) for at, size in zip(units["offset"], sizes, strict=True)]
+    buffer, positions, sizes, messages = filled_run(store, rng, 150, plain_share=0.97)
+    end = len(positions)
     base64 = {i for i, m in enumerate(messages) if {rm.PROPERTY_KEY64, rm.PROPERTY_HEADERS64} & set(m.properties)}
     counts = {"equal": 0, "declined": 0}
 
@@ -445,34 +463,22 @@ def test_the_compiled_rebuild_equals_the_numpy_rebuild(
     assert counts["equal"] > 2000 and counts["declined"] > 0, counts
 
     # damaged: a header field, a KAFKA_BATCH or KAFKA_PRODUCER value, the PROPERTIES length
-    damages = ("total size", "magic", "queue offset", "batch value", "batch start", "producer", "properties length")
-    for damage in damages:
+    for damage in (
+        "total size",
+        "magic",
+        "queue offset",
+        "batch value",
+        "batch start",
+        "producer",
+        "properties length",
+    ):
         for _ in range(20):
             start = rng.randrange(end - 4)
             count = rng.randrange(2, min(40, end - start) + 1)
             victim = start + rng.randrange(count)
-            at = int(positions[victim])
-            saved = bytes(buffer[at : at + int(sizes[victim])])
-            message = bytearray(saved)
-            if damage == "total size":
-                message[0:4] = (len(message) + 4).to_bytes(4, "big")
-            elif damage == "magic":
-                message[4:8] = b"\x00\x00\x00\x01"
-            elif damage == "queue offset":
-                message[rm.QUEUE_OFFSET_POSITION : rm.QUEUE_OFFSET_POSITION + 8] = (10**9).to_bytes(8, "big")
-            elif damage == "properties length":
-                message[-len(messages[victim].properties_bytes) - 2] ^= 0x40
-            else:
-                name = b"KAFKA_PRODUCER\x01" if damage == "producer" else b"KAFKA_BATCH\x01"
-                where = message.find(name)
-                if where < 0:
-                    continue
-                value_at = where + len(name)
-                # "0/..." becomes "x/...", anything else "0/...": a bad number, or a batch start where none was
-                message[value_at] = ord("x") if damage != "batch start" else ord("0")
-            buffer[at : at + len(message)] = message
-            both(start, count, 1 << 20, True, rng.random() < 0.5, damaged=True)
-            buffer[at : at + len(saved)] = saved
+            with damaged(buffer, int(positions[victim]), int(sizes[victim]), damage) as done:
+                if done:
+                    both(start, count, 1 << 20, True, rng.random() < 0.5, damaged=True)
 
 
 @pytest.mark.parametrize("rebuild_path", ["compiled"], indirect=True)
