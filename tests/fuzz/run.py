@@ -46,6 +46,7 @@ AIMED_AT = {
     ],
     "request": ["tidelog/protocol/messages.py", "tidelog/protocol/framing.py", "tidelog/protocol/bounds.py"],
     "config": ["tidelog/config.py", "tidelog/broker/config.py"],
+    "rocketmq_read": ["tidelog/codec/rocketmq_batches.py"],
 }
 LIBFUZZER_STAT = re.compile(r"stat::(\w+):\s+(\d+)")
 LIBFUZZER_PROGRESS = re.compile(r"#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/")

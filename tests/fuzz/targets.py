@@ -15,6 +15,10 @@ so is a hang (the runner's -timeout) or a huge allocation (its -rss_limit_mb).
   records of a Produce (read_header, as ProduceApis._append does).
 - `config`: `server.properties` bytes through parse_properties and BrokerConfig.from_mapping (with EngineConfig
   inside), `--override` strings through parse_overrides, and topic configs through LogConfig.with_overrides.
+- `rocketmq_read`: stored CommitLog bytes (messages found TOTALSIZE after TOTALSIZE, as the dispatcher walks them)
+  rebuilt into Kafka batches as a read of the RocketMQ engine does, by the compiled pass (codec/_rocketmq_rebuild.c)
+  and by numpy: numpy's rejection is a CorruptMessageError (the read's KAFKA_STORAGE_ERROR); the compiled pass
+  declines what numpy rejects, and whatever it returns is numpy's result. A native crash there is a crash here.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ import zlib
 from collections.abc import Callable
 from functools import cache
 
+import numpy as np
 from crc32c import crc32c
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.run import parse_overrides
-from tidelog.codec import batch_chain, batch_columns, group_records, legacy, record_set
+from tidelog.codec import batch_chain, batch_columns, group_records, legacy, record_set, rocketmq_batches
+from tidelog.codec import rocketmq_message as rm
 from tidelog.codec.compression import Compression, compress, decompress
 from tidelog.codec.record_batch import (
     HEADER,
@@ -304,8 +310,94 @@ def config_seeds() -> list[bytes]:
     return [b"\x00" + properties, b"\x01" + properties.replace(b"# a broker\n", b""), b"\x02" + topic]
 
 
+# --- RocketMQ reads ---------------------------------------------------------------------------------------------
+
+MAX_MESSAGES = 64  # messages of one input
+
+
+def _messages(buf: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The messages of `buf` as the dispatcher finds them (each TOTALSIZE leads to the next): positions, sizes."""
+    positions, sizes = [], []
+    at = 0
+    while at + 4 <= len(buf) and len(positions) < MAX_MESSAGES:
+        size = int.from_bytes(buf[at : at + 4], "big", signed=True)
+        if size <= 0:
+            break
+        positions.append(at)
+        sizes.append(size)
+        at += size
+    return np.array(positions, dtype=np.int64), np.array(sizes, dtype=np.int64)
+
+
+def _outcome(rebuilt: rocketmq_batches.Rebuilt) -> tuple[bytes, int, int, bool]:
+    return b"".join(rebuilt.batches), rebuilt.next_offset, rebuilt.missing, rebuilt.full
+
+
+def fuzz_rocketmq_read(data: bytes) -> None:
+    if len(data) < 2:
+        return
+    control, buf = data[0], data[1:]
+    positions, sizes = _messages(buf)
+    if not len(positions):
+        return
+    # the first message's QUEUEOFFSET as the read's offset, so that mutated messages get past that check
+    first = int.from_bytes(buf[20:28], "big", signed=True) if len(buf) >= 28 else 0
+    max_bytes = (1 << 30, 0, 150, 3000)[control & 3]
+    min_one, at_end = bool(control & 4), bool(control & 8)
+    compiled = rocketmq_batches.compiled_rebuild
+    assert compiled is not None, "tidelog.codec._rocketmq_rebuild is not built"
+    got = compiled(np.frombuffer(buf, dtype=np.uint8), positions, sizes, first, max_bytes, min_one, at_end)
+    small_run = rocketmq_batches.SMALL_RUN
+    rocketmq_batches.compiled_rebuild = None  # the numpy path: message by message or (bit 4) column-wise
+    rocketmq_batches.SMALL_RUN = 0 if control & 0x10 else small_run
+    try:
+        want = _outcome(
+            rocketmq_batches.rebuild_batches(
+                buf, positions, sizes, first, max_bytes, min_one_message=min_one, at_end=at_end
+            )
+        )
+    except rocketmq_batches.CorruptMessageError:
+        want = None
+    finally:
+        rocketmq_batches.compiled_rebuild, rocketmq_batches.SMALL_RUN = compiled, small_run
+    if got is None:
+        return
+    if want is None:
+        raise AssertionError("the compiled rebuild accepted a run that numpy rejects")
+    outcome = (got[0] or b"", got[1], got[2], got[3])
+    if outcome[3] and not want[3]:  # numpy cut the run at the budget before parsing it (rocketmq_batches)
+        want = (*want[:3], True)
+    if outcome != want:
+        raise AssertionError(f"the compiled rebuild differs from numpy's: {outcome[1:]} against {want[1:]}")
+
+
+def rocketmq_read_seeds() -> list[bytes]:
+    """Runs of messages as the RocketMQ engine stores Kafka batches: keys, null values, headers, batches of three,
+    a transactional batch with its producer, and foreign properties."""
+    born = 1_700_000_000_000
+
+    def message(offset: int, body: bytes, properties: str, flag: int = 0) -> bytes:
+        return rm.encode_message(
+            topic="t", queue_id=0, body=body, properties=properties, queue_offset=offset, born_timestamp=born + offset,
+            flag=flag,
+        )  # fmt: skip
+
+    plain = [message(i, b"value-%d" % i, f"KEYS\x01k{i}\x02h\x01x\x02KAFKA_BATCH\x01{i}/3\x02") for i in range(3)]
+    nulls = [message(0, b"", "KAFKA_NULL_VALUE\x011\x02"), message(1, b"v" * 40, "UNIQ_KEY\x01AB\x02TAGS\x01t\x02")]
+    txn = [
+        message(i, b"t%d" % i, f"KAFKA_BATCH\x01{i}/2\x02" + ("KAFKA_PRODUCER\x017/0/5/2\x02" if i else ""), 0x10)
+        for i in range(2)
+    ]
+    return [
+        bytes([control]) + b"".join(run)
+        for run in (plain, nulls, txn, plain[1:], [*plain, *txn])
+        for control in (0, 6, 9, 15, 16, 22, 25, 31)
+    ]
+
+
 TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = {
     "record_batch": (fuzz_record_batch, record_batch_seeds),
     "request": (fuzz_request, request_seeds),
     "config": (fuzz_config, config_seeds),
+    "rocketmq_read": (fuzz_rocketmq_read, rocketmq_read_seeds),
 }

@@ -32,6 +32,7 @@ from tidelog.storage.rocketmq.engine import RocketMQEngine
 from tidelog.storage.rocketmq.message_queue import MessageQueue
 
 TS = 1_700_000_000_000
+BORN_TIMESTAMP_POSITION = 40  # in a message (rocketmq_message's layout)
 
 
 Store = tuple[RocketMQEngine, MessageQueue]
@@ -312,6 +313,8 @@ def damaged(buffer: bytearray, at: int, size: int, damage: str) -> Iterator[bool
         message[4:8] = b"\x00\x00\x00\x01"
     elif damage == "queue offset":
         message[rm.QUEUE_OFFSET_POSITION : rm.QUEUE_OFFSET_POSITION + 8] = (10**9).to_bytes(8, "big")
+    elif damage == "born timestamp":  # no timestamp delta from (or to) the batch's others can say it
+        message[BORN_TIMESTAMP_POSITION : BORN_TIMESTAMP_POSITION + 8] = (-(1 << 63)).to_bytes(8, "big", signed=True)
     elif damage == "properties length":
         decoded = rm.decode_message(saved, 0, check_crc=False)
         assert isinstance(decoded, rm.Message)
@@ -379,8 +382,9 @@ def test_short_runs_rebuild_message_by_message_as_column_wise(store: Store, monk
                         runs += 1
     assert runs > 1000
 
-    # damaged: a header field, a KAFKA_BATCH value (bytes of the same length), in a message of a short run
-    for damage in ("total size", "magic", "queue offset", "batch value", "batch start"):
+    # damaged: a header field, a KAFKA_BATCH value (bytes of the same length), in a message of a short run; a
+    # BORNTIMESTAMP no timestamp delta can say
+    for damage in ("total size", "magic", "queue offset", "born timestamp", "batch value", "batch start"):
         for _ in range(15):
             start = rng.randrange(end - 4)
             count = rng.randrange(2, min(rocketmq_batches.SMALL_RUN, end - start) + 1)
@@ -467,6 +471,7 @@ def test_the_compiled_rebuild_equals_the_numpy_rebuild(
         "total size",
         "magic",
         "queue offset",
+        "born timestamp",
         "batch value",
         "batch start",
         "producer",

@@ -409,7 +409,12 @@ static PyObject *rebuild(PyObject *self, PyObject *args) {
     for (int64_t g = 0; g < plan.groups; first = plan.group_end[g++]) {
         int64_t size = HEADER_SIZE;
         for (int64_t i = first; i < plan.group_end[g]; i++) {
-            int64_t body = record_body(m + i, run.headers, i - first, (int64_t)((uint64_t)m[i].born - (uint64_t)m[first].born));
+            int64_t timestamp_delta;
+            if (__builtin_sub_overflow(m[i].born, m[first].born, &timestamp_delta)) {
+                outcome = 0; /* a damaged BORNTIMESTAMP: no record's delta can say it */
+                goto planned;
+            }
+            int64_t body = record_body(m + i, run.headers, i - first, timestamp_delta);
             plan.record_body[i] = body;
             size += varint_size(zigzag(body)) + body;
         }
@@ -422,8 +427,10 @@ static PyObject *rebuild(PyObject *self, PyObject *args) {
     plan.full = plan.fits < plan.groups || (plan.missing > 0 && total + open_at_least > max_bytes);
     if (plan.full) plan.missing = 0;
     plan.next_offset_rel = plan.fits ? plan.group_end[plan.fits - 1] : 0;
-    /* a transactional or control batch's producer (rocketmq_batches._producer); not four integers: not here */
-    for (int64_t g = 0; g < plan.fits; g++) {
+    /* a transactional or control batch's producer (rocketmq_batches._producer); not four integers: not here.
+     * Every batch of the run, not only those that fit: the numpy path's short runs read each batch's producer
+     * before they weigh it against the budget, and raise for a damaged one even where it would not fit. */
+    for (int64_t g = 0; g < plan.groups; g++) {
         const Message *last = m + plan.group_end[g] - 1;
         int64_t parts[4];
         if ((last->flag & TXN_ATTRIBUTES) && last->producer.length >= 0 &&

@@ -63,6 +63,8 @@ from tidelog.codec.record_batch import (
 )
 
 TXN_ATTRIBUTES = TRANSACTIONAL_MASK | CONTROL_MASK  # the Kafka batch attributes a message's FLAG carries
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+TIMESTAMP_DELTA_TOO_LARGE = "its BORNTIMESTAMP is further from its batch's first than a timestamp delta can say"
 SEQUENCE_MODULUS = 1 << 31  # a producer's sequence wraps from Integer.MAX_VALUE to 0
 ROW_COPY_BYTES = 16  # a value, key or header at least this long is copied as rows (_copy), shorter ones by index
 PROPERTIES_WIDTH = 512  # PROPERTIES longer than this send their message the per-record way
@@ -166,9 +168,13 @@ def producer_value(text: str, index: int) -> rm.ProducerInfo:
 
 def records_batch(records: Sequence[Record], last: rm.Message, index: int = 0) -> bytes:
     """The batch of `records` (a producer batch, or its part from some record on) whose last message is `last`
-    (message `index` of its run, for the error a damaged KAFKA_PRODUCER raises), record by record: a transactional
-    or control batch (its bits in `last`'s FLAG) gets its producer from KAFKA_PRODUCER; other batches are rebuilt
-    without a producer."""
+    (message `index` of its run, for the errors a damaged KAFKA_PRODUCER or BORNTIMESTAMP raises), record by
+    record: a transactional or control batch (its bits in `last`'s FLAG) gets its producer from KAFKA_PRODUCER;
+    other batches are rebuilt without a producer."""
+    born = [record.timestamp_ms or 0 for record in records]  # a message's record always has one (BORNTIMESTAMP)
+    if min(born) - born[0] < INT64_MIN or max(born) - born[0] > INT64_MAX:
+        wrong = next(k for k, t in enumerate(born) if not INT64_MIN <= t - born[0] <= INT64_MAX)
+        raise CorruptMessageError(index - len(records) + 1 + wrong, TIMESTAMP_DELTA_TOO_LARGE)
     attributes = last.flag & TXN_ATTRIBUTES
     text = rm.property_value(last.properties_bytes, rm.PROPERTY_PRODUCER) if attributes else None
     info = producer_value(text, index) if text else None  # Java drops an empty value
@@ -644,11 +650,16 @@ def _records(messages: _Messages, group_start: np.ndarray, group_end: np.ndarray
     header_varint_size = _varint_sizes(header_zigzag)
     header_bytes = header_varint_size.sum(axis=0) + name_length + value_of_header
     headers_size = np.bincount(header_message, weights=header_bytes, minlength=count).astype(np.int64)
+    born, base = messages.born[:count], messages.born[first_of]
+    timestamp_delta = born - base  # int64, wrapping round where it does not fit (a damaged BORNTIMESTAMP)
+    wrapped = np.flatnonzero(((born ^ base) & (born ^ timestamp_delta)) < 0)
+    if len(wrapped):
+        raise CorruptMessageError(int(wrapped[0]), TIMESTAMP_DELTA_TOO_LARGE)
     zigzag = np.empty((len(RECORD_VARINTS), count), dtype=np.uint64)
     zigzag[1:] = _zigzag(
         np.stack(
             [
-                messages.born[:count] - messages.born[first_of],  # timestamp delta
+                timestamp_delta,
                 np.arange(count) - first_of,  # offset delta
                 key_length,
                 value_length,
