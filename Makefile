@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults test-rocketmq-ha-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-partitions bench-admin-stall bench-replication bench-rocketmq-ha bench-transactions bench-rocketmq-reads crash-transactions-long fuzz-long soak-long docs-config docs-compat docs-clients clean
+.PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults test-rocketmq-ha-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-partitions bench-admin-stall bench-replication bench-rocketmq-ha bench-transactions bench-rocketmq-reads crash-transactions-long fuzz-long fuzz-asan soak-long docs-config docs-compat docs-clients clean
 
 # the install compiles codec/_rocketmq_rebuild.c (optional to pip; here a compiler is installed if there is none)
 $(STAMP): pyproject.toml src/tidelog/codec/_rocketmq_rebuild.c
@@ -153,6 +153,10 @@ bench-rocketmq-ha: $(STAMP) system-deps java
 # Coverage-guided fuzzing (atheris), 1,000,000 inputs per target; figures in docs/reliability.md.
 fuzz-long: $(STAMP)
 	$(PY) tests/fuzz/run.py --runs 1000000
+
+# The RocketMQ read target with the compiled rebuild under AddressSanitizer and UBSan (tests/fuzz/asan.sh).
+fuzz-asan: $(STAMP)
+	PY=$(PY) tests/fuzz/asan.sh
 
 # Soak: 200+ client connections against one broker for 10 minutes; memory, descriptors and every record checked.
 soak-long: $(STAMP)
