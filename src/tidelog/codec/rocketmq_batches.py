@@ -106,6 +106,7 @@ _READ_COLUMN[list(_READ)] = np.arange(len(_READ))
 _GOLDEN, _MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)  # odd multipliers of _slot
 TABLE_BITS = 10  # the reserved-name table has 2**TABLE_BITS slots
 _POWERS_OF_TEN = 10 ** np.arange(BATCH_NUMBER_DIGITS + 1, dtype=np.int64)
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
 # _rocketmq_rebuild.rebuild(data, positions, sizes, first_offset, max_bytes, min_one_message, at_end): None (the
 # run is the numpy path's), or (the batches back to back or None, next offset, missing, full)
@@ -124,7 +125,6 @@ else:
     _ROLES.update({_NAMES[code]: role for role, code in enumerate(_READ, start=1)})
     _rocketmq_rebuild.configure(tuple(_NAMES), tuple(_ROLES.get(name, 0) for name in _NAMES), crc32c, PROPERTIES_WIDTH)
     compiled_rebuild = _rocketmq_rebuild.rebuild
-_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
 
 class CorruptMessageError(ValueError):
@@ -156,7 +156,7 @@ def producer_value(text: str, index: int) -> rm.ProducerInfo:
     except ValueError:
         info = None
     if info is None or not (
-        -(1 << 63) <= info.producer_id < 1 << 63
+        INT64_MIN <= info.producer_id <= INT64_MAX
         and -(1 << 15) <= info.epoch < 1 << 15
         and -(1 << 31) <= info.base_sequence < 1 << 31
     ):
