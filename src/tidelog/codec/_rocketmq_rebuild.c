@@ -69,8 +69,7 @@ typedef struct {
 typedef struct {
     int64_t born;
     int32_t flag;
-    Span body, key, batch, producer;
-    int null_value;
+    Span body, key, null_value, batch, producer; /* null_value: KAFKA_NULL_VALUE (present: a null value) */
     int64_t header_first, header_count; /* into the run's header table */
 } Message;
 
@@ -138,9 +137,7 @@ static int add_header(Run *run, Span name, Span value) {
 /* One message's PROPERTIES as string_to_properties reads them: entries split on \x02 (an unterminated last one
  * ends with the PROPERTIES), each on its first \x01; an entry needs a non-empty name and value. 0: not here. */
 static int parse_properties(Run *run, Message *m, const uint8_t *data, int64_t at, int64_t length) {
-    Span *read[READ_ROLES] = {&m->key, NULL, &m->batch, &m->producer};
-    Span null_value = {-1, -1};
-    read[1] = &null_value;
+    Span *read[READ_ROLES] = {&m->key, &m->null_value, &m->batch, &m->producer}; /* by role, from ROLE_KEYS */
     m->header_first = run->header_used;
     int64_t end = at + length, start = at;
     while (start < end) {
@@ -161,7 +158,6 @@ static int parse_properties(Run *run, Message *m, const uint8_t *data, int64_t a
         }
         start = entry_end + 1;
     }
-    m->null_value = null_value.length >= 0;
     m->header_count = run->header_used - m->header_first;
     if (m->header_count > MAX_PAIRWISE_HEADERS) return 0;
     const Header *h = run->headers + m->header_first;
@@ -196,7 +192,7 @@ static int parse_message(Run *run, Message *m, const uint8_t *data, int64_t data
     int64_t properties_at = properties_length_at + 2, properties_length = size - properties_at;
     if (be16(p + properties_length_at) != properties_length || properties_length > properties_width) return 0;
     m->body = (Span){position + body_at, body_length};
-    m->key = m->batch = m->producer = (Span){-1, -1};
+    m->key = m->null_value = m->batch = m->producer = (Span){-1, -1};
     return parse_properties(run, m, data, position + properties_at, properties_length);
 }
 
@@ -302,7 +298,7 @@ static void write_batch(uint8_t *out, const Message *m, const Header *headers, c
     p = put_be32(p, (uint32_t)(end - first));
     for (int64_t i = first; i < end; i++) {
         const Message *r = m + i;
-        int64_t value_length = r->null_value ? -1 : r->body.length;
+        int64_t value_length = r->null_value.length >= 0 ? -1 : r->body.length;
         int64_t key_length = r->key.length;
         p = put_varint(p, zigzag(record_body[i]));
         *p++ = 0; /* attributes */
@@ -325,7 +321,7 @@ static void write_batch(uint8_t *out, const Message *m, const Header *headers, c
 
 /* a record's bytes after its length varint */
 static int64_t record_body(const Message *r, const Header *headers, int64_t offset_delta, int64_t timestamp_delta) {
-    int64_t value_length = r->null_value ? -1 : r->body.length;
+    int64_t value_length = r->null_value.length >= 0 ? -1 : r->body.length;
     int64_t size = 1 + varint_size(zigzag(timestamp_delta)) + varint_size(zigzag(offset_delta)) +
                    varint_size(zigzag(r->key.length)) + varint_size(zigzag(value_length)) +
                    varint_size(zigzag(r->header_count));
