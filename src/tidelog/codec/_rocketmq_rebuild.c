@@ -241,6 +241,7 @@ typedef struct {
     int64_t groups, *group_end; /* batches of messages [group_end[g-1], group_end[g]) */
     int64_t *record_body;       /* per message in a batch: its record's bytes after the length varint */
     int64_t *batch_size;
+    int64_t *producer;          /* per batch: producer id, epoch, base sequence, attributes (4 each) */
     int64_t next_offset_rel, missing, fits;
     int full, empty_full;       /* empty_full: no batch, and the open one cannot fit */
 } Plan;
@@ -370,7 +371,9 @@ static PyObject *rebuild(PyObject *self, PyObject *args) {
     plan.group_end = malloc((size_t)(n + 1) * sizeof(int64_t));
     plan.record_body = malloc((size_t)n * sizeof(int64_t));
     plan.batch_size = malloc((size_t)(n + 1) * sizeof(int64_t));
-    if (!run.messages || !ends || !plan.group_end || !plan.record_body || !plan.batch_size) goto planned;
+    plan.producer = malloc((size_t)(n + 1) * 4 * sizeof(int64_t));
+    if (!run.messages || !ends || !plan.group_end || !plan.record_body || !plan.batch_size || !plan.producer)
+        goto planned;
     outcome = 0;
     for (int64_t i = 0; i < n; i++) {
         int parsed = parse_message(&run, run.messages + i, data, data_view.len, positions[i], sizes[i], first_offset + i);
@@ -426,14 +429,23 @@ static PyObject *rebuild(PyObject *self, PyObject *args) {
     /* a transactional or control batch's producer (rocketmq_batches._producer); not four integers: not here.
      * Every batch of the run, not only those that fit: the numpy path's short runs read each batch's producer
      * before they weigh it against the budget, and raise for a damaged one even where it would not fit. */
-    for (int64_t g = 0; g < plan.groups; g++) {
+    for (int64_t g = 0, first_of = 0; g < plan.groups; first_of = plan.group_end[g++]) {
         const Message *last = m + plan.group_end[g] - 1;
+        int64_t *producer = plan.producer + 4 * g;
+        producer[0] = producer[1] = producer[2] = -1, producer[3] = 0; /* none; NO_SEQUENCE */
+        if (!(last->flag & TXN_ATTRIBUTES) || last->producer.length < 0) continue;
         int64_t parts[4];
-        if ((last->flag & TXN_ATTRIBUTES) && last->producer.length >= 0 &&
-            !producer_value(data + last->producer.at, last->producer.length, parts)) {
+        if (!producer_value(data + last->producer.at, last->producer.length, parts)) {
             outcome = 0;
             goto planned;
         }
+        int64_t sequence = parts[2];
+        if (sequence != NO_SEQUENCE) { /* a read from inside the batch: its first record's sequence */
+            sequence = (sequence + first_of - (plan.group_end[g] - parts[3])) % SEQUENCE_MODULUS;
+            if (sequence < 0) sequence += SEQUENCE_MODULUS;
+        }
+        producer[0] = parts[0], producer[1] = parts[1], producer[2] = sequence;
+        producer[3] = last->flag & TXN_ATTRIBUTES;
     }
 planned:
     Py_END_ALLOW_THREADS;
@@ -459,22 +471,8 @@ planned:
         Py_BEGIN_ALLOW_THREADS;
         uint8_t *at = buffer;
         for (int64_t g = 0, first_of = 0; g < plan.fits; first_of = plan.group_end[g++]) {
-            const Message *last = run.messages + plan.group_end[g] - 1;
-            int64_t producer[4] = {-1, -1, NO_SEQUENCE, 0}; /* id, epoch, base sequence, attributes */
-            if ((last->flag & TXN_ATTRIBUTES) && last->producer.length >= 0) {
-                int64_t parts[4];
-                producer_value(data + last->producer.at, last->producer.length, parts);
-                int64_t sequence = parts[2];
-                if (sequence != NO_SEQUENCE) { /* a read from inside the batch: its first record's sequence */
-                    int64_t last_index = plan.group_end[g] - 1;
-                    sequence = (sequence + first_of - (last_index - parts[3] + 1)) % SEQUENCE_MODULUS;
-                    if (sequence < 0) sequence += SEQUENCE_MODULUS;
-                }
-                producer[0] = parts[0], producer[1] = parts[1], producer[2] = sequence;
-                producer[3] = last->flag & TXN_ATTRIBUTES;
-            }
             write_batch(at, run.messages, run.headers, data, first_of, plan.group_end[g], first_offset,
-                        plan.batch_size[g], plan.record_body, producer);
+                        plan.batch_size[g], plan.record_body, plan.producer + 4 * g);
             at += plan.batch_size[g];
         }
         Py_END_ALLOW_THREADS;
@@ -497,7 +495,7 @@ planned:
                            plan.full ? Py_True : Py_False);
 release:
     free(run.messages), free(run.headers), free(ends);
-    free(plan.group_end), free(plan.record_body), free(plan.batch_size);
+    free(plan.group_end), free(plan.record_body), free(plan.batch_size), free(plan.producer);
     PyBuffer_Release(&data_view), PyBuffer_Release(&positions_view), PyBuffer_Release(&sizes_view);
     return result;
 }
