@@ -315,8 +315,11 @@ class PartitionLog(Partition):
 
     def _write(self, view: memoryview, batches: list[_AppendedBatch], now: int, log_append_time: bool) -> AppendResult:
         base_offset = self.log_end_offset
-        total_size = sum(b.header.size_in_bytes for b in batches)
-        count = sum(b.header.last_offset_delta + 1 for b in batches)
+        total_size = count = record_count = 0
+        for batch in batches:
+            total_size += batch.header.size_in_bytes
+            count += batch.header.last_offset_delta + 1
+            record_count += batch.header.records_count
         last_offset = base_offset + count - 1
         if log_append_time:
             max_timestamp, offset_of_max = now, last_offset
@@ -373,16 +376,17 @@ class PartitionLog(Partition):
         self._advance_log_end(last_offset + 1)
         next_offset = base_offset
         for batch in batches:
-            stored = batch.header._replace(
-                base_offset=next_offset, max_timestamp=now if log_append_time else batch.max_timestamp
-            )
-            apply_batch(self.producer_state, stored, view, batch.position, segment.txn_index)
+            if batch.header.producer_id >= 0:  # the producer state knows only producers' batches (apply_batch)
+                stored = batch.header._replace(
+                    base_offset=next_offset, max_timestamp=now if log_append_time else batch.max_timestamp
+                )
+                apply_batch(self.producer_state, stored, view, batch.position, segment.txn_index)
             next_offset += batch.header.last_offset_delta + 1
         self.leader_epoch_cache.assign(self.leader_epoch, base_offset)
         return AppendResult(
             base_offset=base_offset,
             last_offset=last_offset,
-            record_count=sum(b.header.records_count for b in batches),
+            record_count=record_count,
             log_append_time_ms=now if log_append_time else -1,
             log_start_offset=self.log_start_offset,
             size_in_bytes=total_size,
