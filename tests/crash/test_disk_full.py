@@ -276,8 +276,8 @@ def test_embedded_api_on_a_full_disk(
         first_full_at = len(stored)
         assert "No space left on device" in str(error) and f"{TOPIC}-0" in str(error)
         check_log(engine, stored)
-        with pytest.raises(KafkaStorageError):  # still full
-            engine.produce(TOPIC, 0, [Record(rng.randbytes(VALUE_BYTES), timestamp_ms=TS)])
+        with pytest.raises(KafkaStorageError):  # still full: a batch the size of the one refused is refused again
+            engine.produce(TOPIC, 0, [Record(rng.randbytes(VALUE_BYTES), timestamp_ms=TS) for _ in range(8)])
         check_log(engine, stored)
 
         filler.unlink()

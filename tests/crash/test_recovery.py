@@ -69,9 +69,9 @@ def open_engine(path: Path, **extra: object) -> StorageEngine:
     return tidelog.open(path, config={**CONFIG, **extra}, background=False)
 
 
-def check_segment_indexes(engine: StorageEngine) -> None:
+def check_segment_indexes(engine: StorageEngine, topic: str = TOPIC) -> None:
     """Every segment's indexes pass the sanity check and every entry names a real batch (start, last offset)."""
-    partition_log = engine.partition_log(TOPIC, 0)
+    partition_log = engine.partition_log(topic, 0)
     for segment in partition_log.segments:
         segment.sanity_check()
         batches = walk_batches(segment.log_path.read_bytes()[: segment.size])
@@ -297,6 +297,64 @@ def damage_segment(template: Template, target: Path, rng: random.Random, kind: s
 
 
 TORN_CASES = 51
+
+
+INDEX_TAIL_CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    import tidelog
+    from tidelog import Record
+
+    # an index entry for every batch, one segment, a flush every 500 records: at the kill, the active segment's
+    # indexes hold entries written at a flush or when their tail filled, and entries only in memory
+    config = {"log.index.interval.bytes": 1, "log.flush.interval.messages": 500}
+    engine = tidelog.open(sys.argv[1], config=config, background=True)
+    engine.create_topic("crash", 1)
+    seq = 0
+    while True:
+        base = engine.produce("crash", 0, [Record(b"%d" % seq, timestamp_ms=1_700_000_000_000 + seq)])
+        print(base, seq, flush=True)
+        seq += 1
+    """
+)
+
+
+def test_kill_minus_nine_with_index_entries_still_in_memory(tmp_path: Path) -> None:
+    """Index entries wait in memory until a page of them is there or a flush (abstract_index.py): a kill leaves
+    the active segment's index files behind the log. After recovery every entry names a real batch, a positioned
+    read finds each acknowledged record and a timestamp lookup each acknowledged timestamp."""
+    data = tmp_path / "data"
+    script = tmp_path / "child.py"
+    script.write_text(INDEX_TAIL_CHILD)
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(data), str(SRC)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    acknowledged: list[tuple[int, int]] = []
+    try:
+        assert child.stdout is not None
+        while len(acknowledged) < 1700:  # past three pages of offset entries (512 a page) and two flushes
+            line = child.stdout.readline()
+            assert line, child.stderr.read() if child.stderr else ""
+            base, seq = (int(x) for x in line.split())
+            acknowledged.append((base, seq))
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    index_files = [data / "crash-0" / f"{0:020d}{suffix}" for suffix in (".index", ".timeindex")]
+    written = [path.read_bytes().rstrip(b"\0") for path in index_files]
+    assert len(written[0]) < len(acknowledged) * 8, "every entry reached the file: nothing was left in memory"
+
+    with tidelog.open(data, config={"log.index.interval.bytes": 1}, background=False) as engine:
+        assert engine.log_end_offset("crash", 0) >= len(acknowledged)
+        check_segment_indexes(engine, "crash")
+        segment = engine.partition_log("crash", 0).active_segment
+        assert segment.index.entries >= len(acknowledged)  # rebuilt: one entry per batch again
+        for base, seq in acknowledged[::7]:
+            [batch] = walk_batches(engine.read("crash", 0, base, 1).read_bytes())[:1]
+            assert batch.base_offset == base, (base, seq)
+            found = engine.offset_for_timestamp("crash", 0, TS + seq)
+            assert found is not None and found.offset == base, (base, seq, found)
 
 
 @pytest.mark.parametrize("kind", ["truncate", "garbage", "flip"])

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tidelog.errors import CorruptIndexError, TidelogError
+from tidelog.storage.kafka.abstract_index import TAIL_BYTES
 from tidelog.storage.kafka.index_block_cache import IndexBlockCache
 from tidelog.storage.kafka.offset_index import OffsetIndex, OffsetPosition
 from tidelog.storage.kafka.time_index import TimeIndex, TimestampOffset
@@ -272,6 +273,27 @@ def test_a_lookup_never_answers_an_entry_above_its_target_when_the_file_changed_
             assert reader.lookup(target) == expected_offset_lookup(shifted, target), target
     finally:
         reader.close()
+
+
+def test_entries_reach_the_file_a_tail_at_a_time_and_lookups_read_both(index_path: Path) -> None:
+    """New entries wait in memory until TAIL_BYTES of them are there, then go to the file in one write; lookups and
+    entry reads see them all the time, across the boundary between file and memory; a flush writes the rest."""
+    per_tail = TAIL_BYTES // OFFSET_ENTRY.size
+    entries = offset_entries(2 * per_tail + 100)
+    index = OffsetIndex(index_path, BASE, 4096 * OFFSET_ENTRY.size)
+    try:
+        for count, (offset, position) in enumerate(entries, start=1):
+            index.append(offset, position)
+            in_file = len(index_path.read_bytes().rstrip(b"\0")) // OFFSET_ENTRY.size
+            assert in_file == count // per_tail * per_tail, count
+            if count in (per_tail - 1, per_tail + 1, 2 * per_tail + 37):
+                for target in range(BASE - 2, offset + 3):
+                    assert index.lookup(target) == expected_offset_lookup(entries[:count], target), (count, target)
+                assert [index.entry_at(slot) for slot in range(count)] == entries[:count]
+        index.flush()
+        assert file_entries(index_path, OFFSET_ENTRY)[: len(entries)] == [(o - BASE, p) for o, p in entries]
+    finally:
+        index.close()
 
 
 def test_offset_index_truncate_between_entries(index_path: Path) -> None:
@@ -637,12 +659,15 @@ def test_read_only_open_of_a_missing_index_creates_nothing(index_path: Path, tim
 
 def test_read_only_index_of_a_live_active_segment(index_path: Path) -> None:
     """The writer's file is preallocated and zero-filled past its entries: a reader counts its length as Kafka
-    does, trusts only the written entries, sees entries appended later, never writes, and keeps working (zeros
-    past the end, no SIGBUS) when the writer trims the file under it."""
+    does, trusts only the written entries (those still in the writer's tail are not: they reach the file at a
+    flush), sees entries written later, never writes, and keeps working (zeros past the end, no SIGBUS) when the
+    writer trims the file under it."""
     entries = offset_entries(300)
     writer = OffsetIndex(index_path, BASE, 4096)
     for offset, position in entries[:100]:
         writer.append(offset, position)
+    assert len(OffsetIndex(index_path, BASE, writable=False).valid_arrays()[0]) == 0  # all in the writer's tail
+    writer.flush()
     before = index_path.read_bytes()
     reader = OffsetIndex(index_path, BASE, writable=False)
     assert reader.entries == 4096 // 8  # Kafka's count: the preallocated length
@@ -655,6 +680,7 @@ def test_read_only_index_of_a_live_active_segment(index_path: Path) -> None:
     assert index_path.read_bytes() == before
     for offset, position in entries[100:200]:
         writer.append(offset, position)
+    writer.flush()
     assert len(reader.valid_arrays()[0]) == 200  # the file's bytes are read each time
     writer.close()  # trimmed to 200 entries while the reader still counts 512
     assert index_path.stat().st_size == 200 * 8

@@ -10,6 +10,14 @@ Python mmap keeps a duplicate descriptor of its own, so a mapped index would hol
 as long as it is open; a store into a hole of the sparse preallocated file on a full disk would be a SIGBUS, and a
 reader's mapping of a file its writer trims too.
 
+New entries wait in memory, in the index's tail, until TAIL_BYTES of them are there (one pwrite then, not one per
+entry: a system call per entry was 4 % of a 1 MiB append), or until the index is flushed (its segment's flush
+writes the tail even when it does not sync the index), resized, trimmed or closed. Lookups read the tail from
+memory and the entries before it from the file. A tail that cannot be written (a full disk) is dropped with a
+warning: the index is sparser, never wrong (a lookup lands on an earlier entry and scans further). A process killed
+before it wrote its tail leaves zeros (or older entries) there: only entries after the recovery point can be in a
+tail (a flush writes it first), and recovery rebuilds the indexes of the segments after that point.
+
 Lookups go through a block directory kept in memory: the key (relative offset, timestamp) of the first entry of
 each block of BLOCK_ENTRIES entries (1 KiB of an offset index), built by one read of the entries at the first
 lookup and kept up to date by every append, truncation and resize made through this object. A lookup bisects the
@@ -30,6 +38,7 @@ the first that breaks the order appends keep.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -45,7 +54,10 @@ from tidelog.errors import CorruptIndexError, KafkaStorageError
 from tidelog.storage.common.file_handles import FileHandles, LazyFile
 from tidelog.storage.kafka.index_block_cache import CachedBlock, IndexBlockCache
 
+log = logging.getLogger("tidelog.storage")
+
 BLOCK_ENTRIES = 128  # entries per block of the lookup directory (1 KiB of an offset index)
+TAIL_BYTES = 4096  # entries kept in memory before they are written (see above)
 
 
 class AbstractIndex:
@@ -94,6 +106,9 @@ class AbstractIndex:
                 self.entries = 0
                 self._length = self.max_index_size
                 self._dirty = True
+        # (first slot, its entries and the following ones): the entries not written yet. Replaced, never changed,
+        # so that a reader takes both halves at once without the guard; always ends at `entries`.
+        self._tail: tuple[int, bytes] = (self.entries, b"")
         self._opened()
 
     def _opened(self) -> None:
@@ -129,6 +144,7 @@ class AbstractIndex:
         size = self.entry.size
         new_length = max(0, new_size - new_size % size)
         with self._guard:
+            self._write_tail()  # written (and counted) whatever the length, as closing trims to it
             if new_length == self._length:
                 return
             file = self._file.get()
@@ -150,10 +166,13 @@ class AbstractIndex:
             self._set_entries(max(0, min(self.entries, entries)))
 
     def _set_entries(self, entries: int) -> None:
-        """Under the guard: `entries` written entries, never more than before; the directory forgets later blocks,
-        and fewer entries than before make the blocks cached so far unreachable (a new generation)."""
+        """Under the guard: `entries` written entries, never more than before; the tail and the directory forget
+        later ones, and fewer entries than before make the blocks cached so far unreachable (a new generation)."""
+        size = self.entry.size
         if entries < self.entries and self._blocks is not None:
             self._generation = self._blocks.new_generation()
+        tail_first, tail = self._tail
+        self._tail = (entries, b"") if entries <= tail_first else (tail_first, tail[: (entries - tail_first) * size])
         self.entries = entries
         if self._block_keys is not None:
             del self._block_keys[-(-entries // BLOCK_ENTRIES) :]
@@ -169,14 +188,22 @@ class AbstractIndex:
         return self.entry.unpack(self._read_entries(n, 1))
 
     def _read_entries(self, first: int, count: int) -> bytes:
-        """Entries [first, first + count) as bytes, read from the file (zeros past its end)."""
+        """Entries [first, first + count) as bytes: those in the tail from memory, the others read from the file
+        (zeros past its end)."""
         size = self.entry.size
         if count <= 0:
             return b""
+        tail_first, tail = self._tail  # what is not in the tail was written before the tail started
+        end = first + count
+        if tail and first >= tail_first:
+            return tail[(first - tail_first) * size : (end - tail_first) * size].ljust(count * size, b"\0")
         if not self._length:  # no file (read-only), or an empty one
             return bytes(count * size)
         file = self._file.get()
-        data = os.pread(file.fileno(), count * size, first * size)
+        from_file = min(end, tail_first) - first if tail else count
+        data = os.pread(file.fileno(), from_file * size, first * size).ljust(from_file * size, b"\0")
+        if from_file < count:
+            data += tail[: (end - tail_first) * size]
         return data.ljust(count * size, b"\0")
 
     def entry_array(self, count: int | None = None) -> np.ndarray:
@@ -231,29 +258,50 @@ class AbstractIndex:
         fields = len(flat_fields) // count
         with self._guard:
             first = self.entries
-            self._pwrite(packed, first * self.entry.size)
-            self.entries += count
             if self._block_keys is not None:
                 block_starts = range(-(-first // BLOCK_ENTRIES) * BLOCK_ENTRIES, first + count, BLOCK_ENTRIES)
                 self._block_keys.extend(flat_fields[(slot - first) * fields] for slot in block_starts)
+            self._add_to_tail(packed, count)
 
     def _write_entry(self, *fields: int) -> None:
         with self._guard:
             slot = self.entries
-            self._pwrite(self.entry.pack(*fields), slot * self.entry.size)
-            self.entries += 1
             if self._block_keys is not None and slot % BLOCK_ENTRIES == 0:
                 self._block_keys.append(fields[0])
+            self._add_to_tail(self.entry.pack(*fields), 1)
 
-    def _pwrite(self, data: bytes, position: int) -> None:
-        """Entries are written with pwrite: the preallocated file is sparse, and a store into a hole of a mapping
-        on a full disk would be a SIGBUS that kills the process, where pwrite reports ENOSPC."""
+    def _add_to_tail(self, packed: bytes, count: int) -> None:
+        """Under the guard (the block directory already told): `count` entries after the last; the tail is
+        written once it holds TAIL_BYTES."""
+        tail_first, tail = self._tail
+        self._tail = (tail_first, tail + packed)
+        self.entries += count
+        self._dirty = True
+        if len(tail) + len(packed) >= TAIL_BYTES:
+            self._write_tail()
+
+    def _write_tail(self) -> None:
+        """Under the guard: write the tail's entries, or drop them when they cannot be written (see above). Entries
+        are written with pwrite: the preallocated file is sparse, and a store into a hole of a mapping on a full
+        disk would be a SIGBUS that kills the process, where pwrite reports ENOSPC."""
+        tail_first, tail = self._tail
+        if not tail:
+            return
         try:
             file = self._file.get()
-            os.pwrite(file.fileno(), data, position)
+            written = os.pwrite(file.fileno(), tail, tail_first * self.entry.size)
+            while written < len(tail):  # a short write is legal: finish it
+                written += os.pwrite(file.fileno(), tail[written:], tail_first * self.entry.size + written)
         except OSError as exc:
-            raise KafkaStorageError(f"cannot write index entry to {self.path}: {exc.strerror}") from exc
-        self._dirty = True
+            log.warning(
+                "cannot write %d index entries to %s (%s); the index goes on without them (lookups scan further)",
+                self.entries - tail_first,
+                self.path,
+                exc.strerror,
+            )
+            self._set_entries(tail_first)
+            return
+        self._tail = (self.entries, b"")
 
     def _largest_lower_bound(self, target: int) -> int:
         """Slot of the greatest entry whose key (its first field: relative offset, timestamp) <= target, or -1."""
@@ -315,12 +363,20 @@ class AbstractIndex:
 
     # --- durability and lifetime --------------------------------------------------------------------------------
 
+    def write_tail(self) -> None:
+        """Write the entries still in memory, without a sync."""
+        with self._guard:
+            self._write_tail()
+
     def flush(self) -> None:
-        """Make what was written (and the length) durable; nothing to do when nothing changed since the last."""
+        """Write the tail, make what was written (and the length) durable; nothing to do when nothing changed since
+        the last."""
         if self._dirty:
             self._dirty = False  # before the sync: a write racing it sets it again
-            file = self._file.get()
             try:
+                with self._guard:
+                    self._write_tail()
+                file = self._file.get()
                 os.fdatasync(file.fileno())
             except OSError as exc:
                 self._dirty = True
@@ -340,5 +396,6 @@ class AbstractIndex:
         self._file.rename(new_path)
 
     def delete(self) -> None:
+        self._tail = (self.entries, b"")
         self._file.close()
         self.path.unlink(missing_ok=True)

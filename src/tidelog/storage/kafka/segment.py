@@ -189,11 +189,8 @@ class LogSegment:
         if largest_timestamp > self.max_timestamp_so_far.timestamp:
             self.max_timestamp_so_far = TimestampOffset(largest_timestamp, offset_of_largest_timestamp)
         if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
-            try:
-                self.index.append(largest_offset, position)
-                self.time_index.maybe_append(*self.max_timestamp_so_far)
-            except KafkaStorageError as exc:  # the batch is in the log; a missing sparse entry only lengthens scans
-                log.warning("%s; the batch is stored, only its index entry is missing", exc)
+            self.index.append(largest_offset, position)  # kept in memory, written later (abstract_index.py)
+            self.time_index.maybe_append(*self.max_timestamp_so_far)
             self.bytes_since_last_index_entry = 0
         self.bytes_since_last_index_entry += size
 
@@ -551,6 +548,9 @@ class LogSegment:
             self.index.flush()
             self.time_index.flush()
             self.txn_index.flush()
+        else:  # not synced, but in the files for tools that read them (dump-log, the Spark path reader)
+            self.index.write_tail()
+            self.time_index.write_tail()
 
     def last_modified_ms(self) -> int:
         file = self._log.get()
