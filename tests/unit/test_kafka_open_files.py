@@ -179,6 +179,51 @@ def test_reaching_the_open_file_limit_is_a_clear_error(tmp_path: Path) -> None:
     assert out.splitlines()[-1] == "DONE"
 
 
+INDEX_TAIL = """
+from tidelog.storage.common.file_handles import FileHandles
+from tidelog.storage.kafka.offset_index import OffsetIndex, OffsetPosition
+
+logging.getLogger().setLevel(logging.WARNING)
+handles = FileHandles(capacity=8)
+index = OffsetIndex(directory / "00000000000000000000.index", 0, 4096, handles=handles)
+for i in range(150):
+    index.append(10 * i + 9, 100 * i)
+    if i == 99:
+        index.write_tail()  # 100 entries in the file, the next 50 in memory
+while len(handles):
+    handles.shrink()
+hogs = []
+try:
+    while True:
+        hogs.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+index.write_tail()  # no descriptor to write them with: dropped, not raised
+try:
+    index.flush()
+except KafkaStorageError as exc:
+    print("FLUSH", exc)
+for fd in hogs:
+    os.close(fd)
+assert index.entries == 100, index.entries
+assert index.lookup(10 * 149 + 9) == OffsetPosition(999, 9900)  # the last entry kept: a scan from there finds it
+index.flush()
+index.close()
+assert (directory / "00000000000000000000.index").stat().st_size == 100 * 8
+print("DONE")
+"""
+
+
+def test_index_entries_without_a_descriptor_to_write_them_are_dropped(tmp_path: Path) -> None:
+    """Entries still in an index's memory when no descriptor is left to write them go, with a warning: the index is
+    sparser, never wrong; the flush that cannot sync says so and syncs once a descriptor is free."""
+    out = run_child(CHILD.format(limit=64) + INDEX_TAIL, tmp_path)
+    lines = out.splitlines()
+    assert any(line.startswith("LOG WARNING cannot write 50 index entries") for line in lines), out
+    assert any(line.startswith("FLUSH") and "open-file limit is reached" in line for line in lines), out
+    assert lines[-1] == "DONE"
+
+
 def test_serve_raises_the_soft_open_file_limit_to_the_hard_one() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:

@@ -292,12 +292,13 @@ class AbstractIndex:
             written = os.pwrite(file.fileno(), tail, tail_first * self.entry.size)
             while written < len(tail):  # a short write is legal: finish it
                 written += os.pwrite(file.fileno(), tail[written:], tail_first * self.entry.size + written)
-        except OSError as exc:
+        except (OSError, KafkaStorageError) as exc:  # KafkaStorageError: no descriptor to open the file with
+            reason = exc.strerror if isinstance(exc, OSError) else str(exc)
             log.warning(
                 "cannot write %d index entries to %s (%s); the index goes on without them (lookups scan further)",
                 self.entries - tail_first,
                 self.path,
-                exc.strerror,
+                reason,
             )
             self._set_entries(tail_first)
             return
@@ -378,6 +379,9 @@ class AbstractIndex:
                     self._write_tail()
                 file = self._file.get()
                 os.fdatasync(file.fileno())
+            except KafkaStorageError:  # no descriptor to open the file with
+                self._dirty = True
+                raise
             except OSError as exc:
                 self._dirty = True
                 raise KafkaStorageError(f"cannot flush {self.path}: {exc.strerror}") from exc
