@@ -16,6 +16,7 @@ import pytest
 from tidelog.errors import CorruptIndexError, TidelogError
 from tidelog.storage.kafka.abstract_index import TAIL_BYTES
 from tidelog.storage.kafka.index_block_cache import IndexBlockCache
+from tidelog.storage.kafka.index_tails import IndexTails
 from tidelog.storage.kafka.offset_index import OffsetIndex, OffsetPosition
 from tidelog.storage.kafka.time_index import TimeIndex, TimestampOffset
 
@@ -276,13 +277,18 @@ def test_a_lookup_never_answers_an_entry_above_its_target_when_the_file_changed_
 
 
 def test_entries_reach_the_file_a_tail_at_a_time_and_lookups_read_both(index_path: Path) -> None:
-    """New entries wait in memory until TAIL_BYTES of them are there, then go to the file in one write; lookups and
-    entry reads see them all the time, across the boundary between file and memory; a flush writes the rest."""
+    """With the engine's IndexTails, new entries wait in memory until TAIL_BYTES of them are there or the tails are
+    written, then go to the file in one write; lookups and entry reads see them all the time, across the boundary
+    between file and memory; a flush writes the rest. Without, each entry is written when made."""
+    with OffsetIndex(index_path.with_name("direct.index"), BASE, 4096) as direct:
+        direct.append(BASE + 1, 7)
+        assert file_entries(direct.path, OFFSET_ENTRY)[0] == (1, 7)
     per_tail = TAIL_BYTES // OFFSET_ENTRY.size
-    entries = offset_entries(2 * per_tail + 100)
-    index = OffsetIndex(index_path, BASE, 4096 * OFFSET_ENTRY.size)
+    entries = offset_entries(3 * per_tail + 100)
+    tails = IndexTails()
+    index = OffsetIndex(index_path, BASE, 4096 * OFFSET_ENTRY.size, tails=tails)
     try:
-        for count, (offset, position) in enumerate(entries, start=1):
+        for count, (offset, position) in enumerate(entries[: 2 * per_tail + 100], start=1):
             index.append(offset, position)
             in_file = len(index_path.read_bytes().rstrip(b"\0")) // OFFSET_ENTRY.size
             assert in_file == count // per_tail * per_tail, count
@@ -290,6 +296,10 @@ def test_entries_reach_the_file_a_tail_at_a_time_and_lookups_read_both(index_pat
                 for target in range(BASE - 2, offset + 3):
                     assert index.lookup(target) == expected_offset_lookup(entries[:count], target), (count, target)
                 assert [index.entry_at(slot) for slot in range(count)] == entries[:count]
+        tails.write()  # the engine's scheduler: what waits in memory reaches the file
+        assert len(index_path.read_bytes().rstrip(b"\0")) // OFFSET_ENTRY.size == 2 * per_tail + 100
+        for offset, position in entries[2 * per_tail + 100 :]:
+            index.append(offset, position)
         index.flush()
         assert file_entries(index_path, OFFSET_ENTRY)[: len(entries)] == [(o - BASE, p) for o, p in entries]
     finally:
@@ -659,15 +669,12 @@ def test_read_only_open_of_a_missing_index_creates_nothing(index_path: Path, tim
 
 def test_read_only_index_of_a_live_active_segment(index_path: Path) -> None:
     """The writer's file is preallocated and zero-filled past its entries: a reader counts its length as Kafka
-    does, trusts only the written entries (those still in the writer's tail are not: they reach the file at a
-    flush), sees entries written later, never writes, and keeps working (zeros past the end, no SIGBUS) when the
-    writer trims the file under it."""
+    does, trusts only the written entries, sees entries appended later, never writes, and keeps working (zeros
+    past the end, no SIGBUS) when the writer trims the file under it."""
     entries = offset_entries(300)
     writer = OffsetIndex(index_path, BASE, 4096)
     for offset, position in entries[:100]:
         writer.append(offset, position)
-    assert len(OffsetIndex(index_path, BASE, writable=False).valid_arrays()[0]) == 0  # all in the writer's tail
-    writer.flush()
     before = index_path.read_bytes()
     reader = OffsetIndex(index_path, BASE, writable=False)
     assert reader.entries == 4096 // 8  # Kafka's count: the preallocated length
@@ -680,7 +687,6 @@ def test_read_only_index_of_a_live_active_segment(index_path: Path) -> None:
     assert index_path.read_bytes() == before
     for offset, position in entries[100:200]:
         writer.append(offset, position)
-    writer.flush()
     assert len(reader.valid_arrays()[0]) == 200  # the file's bytes are read each time
     writer.close()  # trimmed to 200 entries while the reader still counts 512
     assert index_path.stat().st_size == 200 * 8

@@ -10,13 +10,15 @@ Python mmap keeps a duplicate descriptor of its own, so a mapped index would hol
 as long as it is open; a store into a hole of the sparse preallocated file on a full disk would be a SIGBUS, and a
 reader's mapping of a file its writer trims too.
 
-New entries wait in memory, in the index's tail, until TAIL_BYTES of them are there (one pwrite then, not one per
-entry: a system call per entry was 4 % of a 1 MiB append), or until the index is flushed (its segment's flush
-writes the tail even when it does not sync the index), resized, trimmed or closed. Lookups read the tail from
-memory and the entries before it from the file. A tail that cannot be written (a full disk) is dropped with a
-warning: the index is sparser, never wrong (a lookup lands on an earlier entry and scans further). A process killed
-before it wrote its tail leaves zeros (or older entries) there: only entries after the recovery point can be in a
-tail (a flush writes it first), and recovery rebuilds the indexes of the segments after that point.
+An index given the engine's IndexTails (index_tails.py) keeps its new entries in memory, in its tail, until the
+engine's scheduler writes them (every WRITE_INTERVAL_MS), TAIL_BYTES of them are there (one pwrite then, not one per
+entry: a system call per entry was 4 % of a 1 MiB append), or the index is flushed (its segment's flush writes the
+tail even when it does not sync the index), resized, trimmed or closed; one given none writes each entry at once.
+Lookups read the tail from memory and the entries before it from the file. A tail that cannot be written (a full
+disk) is dropped with a warning: the index is sparser, never wrong (a lookup lands on an earlier entry and scans
+further). A process killed before it wrote its tail leaves zeros (or older entries) there: only entries after the
+recovery point can be in a tail (a flush writes it first), and recovery rebuilds the indexes of the segments after
+that point.
 
 Lookups go through a block directory kept in memory: the key (relative offset, timestamp) of the first entry of
 each block of BLOCK_ENTRIES entries (1 KiB of an offset index), built by one read of the entries at the first
@@ -53,6 +55,7 @@ import numpy as np
 from tidelog.errors import CorruptIndexError, KafkaStorageError
 from tidelog.storage.common.file_handles import FileHandles, LazyFile
 from tidelog.storage.kafka.index_block_cache import CachedBlock, IndexBlockCache
+from tidelog.storage.kafka.index_tails import IndexTails
 
 log = logging.getLogger("tidelog.storage")
 
@@ -74,13 +77,16 @@ class AbstractIndex:
         writable: bool = True,
         handles: FileHandles | None = None,
         blocks: IndexBlockCache | None = None,
+        tails: IndexTails | None = None,
     ) -> None:
         """`max_index_size` is the size a new writable file is preallocated to; read-only it is the length found.
         `handles`: the engine's open segment files, which this one joins while it is open. `blocks`: the engine's
-        cache of index blocks, which a writable index keeps the blocks its lookups read in."""
+        cache of index blocks, which a writable index keeps the blocks its lookups read in. `tails`: the engine's
+        writer of index tails, without which each entry is written when made (see above)."""
         self.base_offset = base_offset
         self.writable = writable
         self._blocks = blocks if writable else None
+        self._tails = tails
         self._generation = self._blocks.new_generation() if self._blocks is not None else 0  # index_block_cache.py
         self._guard = threading.Lock()  # entries and length vs. a concurrent resize or flush
         self._dirty = False  # written or resized since the last sync
@@ -277,8 +283,10 @@ class AbstractIndex:
         self._tail = (tail_first, tail + packed)
         self.entries += count
         self._dirty = True
-        if len(tail) + len(packed) >= TAIL_BYTES:
+        if self._tails is None or len(tail) + len(packed) >= TAIL_BYTES:
             self._write_tail()
+        elif not tail:
+            self._tails.add(self)
 
     def _write_tail(self) -> None:
         """Under the guard: write the tail's entries, or drop them when they cannot be written (see above). Entries

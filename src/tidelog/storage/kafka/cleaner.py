@@ -342,7 +342,7 @@ class Cleaner:
             (directory / (segment_file_name(group[0].base_offset, suffix) + CLEANED_SUFFIX)).unlink(missing_ok=True)
         cleaned = LogSegment(directory, group[0].base_offset, partition_log.config, now_ms=now,
                              file_suffix=CLEANED_SUFFIX, handles=group[0].handles,
-                             index_blocks=group[0].index_blocks)  # fmt: skip
+                             index_blocks=group[0].index_blocks, index_tails=group[0].index_tails)  # fmt: skip
         try:
             for segment in group:
                 for chunk, table in segment_chunks(segment):

@@ -53,6 +53,8 @@ from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.batch_check import BatchCheckWorker
 from tidelog.storage.kafka.cleaner import CLEANER_OFFSET_CHECKPOINT, CleaningAborted, CleanStats, LogCleaner
 from tidelog.storage.kafka.index_block_cache import IndexBlockCache
+from tidelog.storage.kafka.index_tails import WRITE_INTERVAL_MS as INDEX_TAILS_INTERVAL_MS
+from tidelog.storage.kafka.index_tails import IndexTails
 from tidelog.storage.kafka.key_index import PartitionKeyIndex, record_at
 from tidelog.storage.kafka.partition_log import PARTITION_DIR, PartitionLog, partition_dir_name
 
@@ -115,6 +117,7 @@ class KafkaEngine(StorageEngine):
         # The segment files of every partition: opened when used, at most half the open-file limit kept open.
         self.file_handles = FileHandles(capacity_for_limit())
         self.index_blocks = IndexBlockCache()
+        self.index_tails = IndexTails() if background else None  # written by the scheduler (index_tails.py)
         self._flush_check_ms = LONG_MAX  # the interval of the running chain of time-based flush checks
         self._flush_check_chain = 0
         # Checks the large batches of every partition while they are written (stopped by close()).
@@ -366,6 +369,7 @@ class KafkaEngine(StorageEngine):
             high_watermark=high_watermark,
             handles=self.file_handles,
             index_blocks=self.index_blocks,
+            index_tails=self.index_tails,
         )
         self.logs[(topic, partition)] = partition_log
         self._log_dir_of[(topic, partition)] = log_dir
@@ -420,6 +424,10 @@ class KafkaEngine(StorageEngine):
                 self.checkpoint_high_watermarks,
                 config.high_watermark_checkpoint_interval_ms,
                 config.high_watermark_checkpoint_interval_ms,
+            )
+        if self.index_tails is not None:
+            self.scheduler.schedule(
+                "index tails", self.index_tails.write, INDEX_TAILS_INTERVAL_MS, INDEX_TAILS_INTERVAL_MS
             )
         self._schedule_flush_check()
         if self.cleaner_scheduler is not None:

@@ -44,6 +44,7 @@ from tidelog.storage.common.producer_state import ProducerStateManager
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka import checkpoints
 from tidelog.storage.kafka.index_block_cache import IndexBlockCache
+from tidelog.storage.kafka.index_tails import IndexTails
 from tidelog.storage.kafka.key_index import KEY_INDEX_DIR
 from tidelog.storage.kafka.leader_epoch_cache import LeaderEpochCache
 from tidelog.storage.kafka.segment import (
@@ -93,10 +94,12 @@ class LogLoader:
         clock: Callable[[], int],
         handles: FileHandles | None = None,
         index_blocks: IndexBlockCache | None = None,
+        index_tails: IndexTails | None = None,
     ) -> None:
         self.directory = directory
         self.handles = handles  # the engine's open segment files (file_handles.py)
         self.index_blocks = index_blocks  # the engine's cache of index blocks (index_block_cache.py)
+        self.index_tails = index_tails  # the engine's writer of index entries kept in memory (index_tails.py)
         self.name = name  # of the partition, in log messages
         self.topic_id = topic_id
         self.config = config
@@ -115,7 +118,13 @@ class LogLoader:
             index_missing = segment_file_name(base, INDEX_SUFFIX) not in names
             time_index_missing = segment_file_name(base, TIME_INDEX_SUFFIX) not in names
             segment = LogSegment(
-                self.directory, base, self.config, now_ms=now, handles=self.handles, index_blocks=self.index_blocks
+                self.directory,
+                base,
+                self.config,
+                now_ms=now,
+                handles=self.handles,
+                index_blocks=self.index_blocks,
+                index_tails=self.index_tails,
             )
             if index_missing or time_index_missing:
                 log.warning("%s: index files for segment %d are missing; rebuilding them", self.name, base)
@@ -153,6 +162,7 @@ class LogLoader:
                     now_ms=now,
                     handles=self.handles,
                     index_blocks=self.index_blocks,
+                    index_tails=self.index_tails,
                 )
             )
             log_end_offset = segments[0].base_offset

@@ -77,6 +77,7 @@ from tidelog.storage.common.file_handles import FileHandles
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.kafka.batch_check import CRC_IN_PARALLEL_BYTES, BatchCheckWorker, PendingCheck
 from tidelog.storage.kafka.index_block_cache import IndexBlockCache
+from tidelog.storage.kafka.index_tails import IndexTails
 from tidelog.storage.kafka.leader_epoch_cache import EpochEndOffset
 from tidelog.storage.kafka.log_loader import LogLoader, apply_batch, rebuild_producer_state
 from tidelog.storage.kafka.segment import SWAP_SUFFIX, LogSegment, now_ms
@@ -148,6 +149,7 @@ class PartitionLog(Partition):
         high_watermark: int | None = None,
         handles: FileHandles | None = None,
         index_blocks: IndexBlockCache | None = None,
+        index_tails: IndexTails | None = None,
     ) -> None:
         """Open (load, recovering if need be) the partition in `directory`, creating it if missing. Large batches
         are checked on `check_worker` (the engine's) while they are written; without one, before, like the
@@ -165,6 +167,7 @@ class PartitionLog(Partition):
         self.clock = clock
         self.handles = handles
         self.index_blocks = index_blocks
+        self.index_tails = index_tails
         self.leader_epoch = DEFAULT_LEADER_EPOCH
         self._lock = threading.RLock()  # state: segments, offsets
         self._flush_lock = threading.Lock()  # fsync and file close never overlap
@@ -181,6 +184,7 @@ class PartitionLog(Partition):
             clock=clock,
             handles=handles,
             index_blocks=index_blocks,
+            index_tails=index_tails,
         )
         loaded = loader.load(recovery_point, log_start_offset, had_clean_shutdown)
         self.segments = loaded.segments
@@ -219,6 +223,7 @@ class PartitionLog(Partition):
             now_ms=self.clock(),
             handles=self.handles,
             index_blocks=self.index_blocks,
+            index_tails=self.index_tails,
         )
 
     def _add_segment(self, segment: LogSegment) -> None:

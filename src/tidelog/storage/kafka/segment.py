@@ -45,6 +45,7 @@ from tidelog.errors import CorruptIndexError, CorruptRecordError, KafkaStorageEr
 from tidelog.storage.api import FileSlice
 from tidelog.storage.common.file_handles import FileHandles, LazyFile, StoreFile
 from tidelog.storage.kafka.index_block_cache import IndexBlockCache
+from tidelog.storage.kafka.index_tails import IndexTails
 from tidelog.storage.kafka.offset_index import OffsetIndex
 from tidelog.storage.kafka.time_index import NO_TIMESTAMP, TimeIndex, TimestampOffset
 from tidelog.storage.kafka.txn_index import SUFFIX as TXN_INDEX_SUFFIX
@@ -99,15 +100,18 @@ class LogSegment:
         file_suffix: str = "",
         handles: FileHandles | None = None,
         index_blocks: IndexBlockCache | None = None,
+        index_tails: IndexTails | None = None,
     ) -> None:
         """`file_suffix` (CLEANED_SUFFIX) is appended to the file names of a segment being written aside. `handles`:
         the engine's open segment files; the segment's files join them while they are open (file_handles.py).
-        `index_blocks`: the engine's cache of the index blocks lookups read (index_block_cache.py)."""
+        `index_blocks`: the engine's cache of the index blocks lookups read (index_block_cache.py); `index_tails`: its
+        writer of index entries kept in memory (index_tails.py)."""
         self.directory = directory
         self.base_offset = base_offset
         self.config = config
         self.handles = handles
         self.index_blocks = index_blocks
+        self.index_tails = index_tails
         self._log = LazyFile(directory / (segment_file_name(base_offset, LOG_SUFFIX) + file_suffix), handles)
         try:
             self.size = os.stat(self._log.path).st_size
@@ -119,6 +123,7 @@ class LogSegment:
             config.segment_index_bytes,
             handles=handles,
             blocks=index_blocks,
+            tails=index_tails,
         )
         self.time_index = TimeIndex(
             directory / (segment_file_name(base_offset, TIME_INDEX_SUFFIX) + file_suffix),
@@ -126,6 +131,7 @@ class LogSegment:
             config.segment_index_bytes,
             handles=handles,
             blocks=index_blocks,
+            tails=index_tails,
         )
         self.txn_index = TransactionIndex(
             directory / (segment_file_name(base_offset, TXN_INDEX_SUFFIX) + file_suffix), handles
