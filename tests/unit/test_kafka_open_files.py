@@ -98,6 +98,14 @@ def batch(p):
 
 def fds():
     return len(os.listdir("/proc/self/fd"))
+
+def hog_descriptors():  # /dev/null opened until no descriptor is left; the caller closes them
+    hogs = []
+    try:
+        while True:
+            hogs.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        return hogs
 """
 
 MANY_PARTITIONS = """
@@ -146,12 +154,7 @@ with tidelog.open(directory, background=False) as engine:
     engine.append("t", 0, batch(0))
     while len(engine.file_handles):  # the engine holds nothing it could close
         engine.file_handles.shrink()
-    hogs = []
-    try:
-        while True:
-            hogs.append(os.open("/dev/null", os.O_RDONLY))
-    except OSError:
-        pass
+    hogs = hog_descriptors()
     try:
         engine.append("t", 0, batch(1))
     except KafkaStorageError as exc:
@@ -190,12 +193,7 @@ for i in range(150):
         index.write_tail()  # 100 entries in the file, the next 50 in memory
 while len(handles):
     handles.shrink()
-hogs = []
-try:
-    while True:
-        hogs.append(os.open("/dev/null", os.O_RDONLY))
-except OSError:
-    pass
+hogs = hog_descriptors()
 index.write_tail()  # no descriptor to write them with: dropped, not raised
 try:
     index.flush()

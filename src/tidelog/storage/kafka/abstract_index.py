@@ -277,8 +277,9 @@ class AbstractIndex:
             self._add_to_tail(self.entry.pack(*fields), 1)
 
     def _add_to_tail(self, packed: bytes, count: int) -> None:
-        """Under the guard (the block directory already told): `count` entries after the last; the tail is
-        written once it holds TAIL_BYTES."""
+        """Under the guard (the block directory already told): `count` entries after the last, written at once
+        without IndexTails, else once the tail holds TAIL_BYTES (a tail's first entry registers it for the next
+        round of the engine's scheduler)."""
         tail_first, tail = self._tail
         self._tail = (tail_first, tail + packed)
         self.entries += count
