@@ -195,7 +195,7 @@ class LogSegment:
         if largest_timestamp > self.max_timestamp_so_far.timestamp:
             self.max_timestamp_so_far = TimestampOffset(largest_timestamp, offset_of_largest_timestamp)
         if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
-            self.index.append(largest_offset, position)  # kept in memory, written later (abstract_index.py)
+            self.index.append(largest_offset, position)  # written now or with the tail (abstract_index.py)
             self.time_index.maybe_append(*self.max_timestamp_so_far)
             self.bytes_since_last_index_entry = 0
         self.bytes_since_last_index_entry += size
