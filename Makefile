@@ -6,9 +6,10 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo demo-cluster test check-install system-deps client-deps java bench-peers lint typecheck lint-imports crash-long test-cluster-faults test-rocketmq-ha-long bench bench-append bench-produce bench-read bench-recovery bench-broker bench-spark bench-spark-sink bench-compaction bench-engines bench-partitions bench-admin-stall bench-replication bench-rocketmq-ha bench-transactions bench-rocketmq-reads crash-transactions-long fuzz-long fuzz-asan soak-long docs-config docs-compat docs-clients clean
 
-# the install compiles codec/_rocketmq_rebuild.c (optional to pip; here a compiler is installed if there is none)
-$(STAMP): pyproject.toml src/tidelog/codec/_rocketmq_rebuild.c
-	@command -v cc >/dev/null 2>&1 || { echo "installing Debian package gcc (the compiled RocketMQ reads)"; \
+# the install compiles codec/_rocketmq_rebuild.c and storage/common/_positioned_writes.c (optional to pip; here a
+# compiler is installed if there is none)
+$(STAMP): pyproject.toml src/tidelog/codec/_rocketmq_rebuild.c src/tidelog/storage/common/_positioned_writes.c
+	@command -v cc >/dev/null 2>&1 || { echo "installing Debian package gcc (the compiled RocketMQ paths)"; \
 	  $(call APT_INSTALL,gcc); }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -13,7 +13,8 @@ It checks, printing one line per check and stopping at the first failure with ex
   5. `pip install DIR[spark]` into this environment, then in a new interpreter `import tidelog.spark` and the data
      source module, whose class names the format `tidelog` (no Spark session);
   6. without a C compiler (CC=false): `pip install DIR` into a second fresh virtualenv goes on without the compiled
-     RocketMQ reads (codec/_rocketmq_rebuild.c, optional), and that install reads its RocketMQ engine with numpy.
+     RocketMQ reads and dispatcher writes (codec/_rocketmq_rebuild.c, storage/common/_positioned_writes.c, both
+     optional), and that install reads its RocketMQ engine with numpy and writes its ConsumeQueues in Python.
      (Step 4 checked that this environment, built with the compiler `make` provides, has them.)
 """
 
@@ -286,9 +287,17 @@ def check_embedded(work: Path) -> None:
         check(again == want, f"{engine}: after reopening, read back {len(again)} records that differ")
         ok(f"tidelog.open(engine={engine!r}): 100 records (zstd and plain) appended, read back, reopened, read again")
     from tidelog.codec import rocketmq_batches
+    from tidelog.storage.common import positioned_writes
 
     check(rocketmq_batches.compiled_rebuild is not None, "the install has no compiled RocketMQ reads (a C compiler?)")
-    ok("the RocketMQ engine's reads are the compiled ones (tidelog.codec._rocketmq_rebuild)")
+    check(
+        positioned_writes.write_pieces is not positioned_writes.write_pieces_in_python,
+        "the install has no compiled ConsumeQueue writes (a C compiler?)",
+    )
+    ok(
+        "the RocketMQ engine's reads and its dispatcher's writes are the compiled ones "
+        "(tidelog.codec._rocketmq_rebuild, tidelog.storage.common._positioned_writes)"
+    )
 
 
 # --- 5: the spark extra ------------------------------------------------------------------------------------------
@@ -324,12 +333,19 @@ NUMPY_READS = """
 import tempfile
 import tidelog
 from tidelog.codec import rocketmq_batches
+from tidelog.storage.common import positioned_writes
 assert rocketmq_batches.compiled_rebuild is None, "compiled without a compiler?"
+assert positioned_writes.write_pieces is positioned_writes.write_pieces_in_python, "compiled without a compiler?"
 with tempfile.TemporaryDirectory() as tmp, tidelog.open(tmp, engine="rocketmq") as log:
     log.create_topic("t", partitions=1)
     log.produce("t", 0, [tidelog.Record(value=b"v%d" % i, key=b"k%d" % i) for i in range(1000)])
     values = [r.value for r in log.consume("t", 0)]
+    log.create_topic("many", partitions=50)  # dispatch rounds over many queues: their writes in Python
+    for partition in range(50):
+        log.produce("many", partition, [tidelog.Record(value=b"p%d" % partition)])
+    many = [[r.value for r in log.consume("many", partition)] for partition in range(50)]
 assert values == [b"v%d" % i for i in range(1000)], len(values)
+assert many == [[b"p%d" % partition] for partition in range(50)], many
 print("ok")
 """
 
@@ -348,8 +364,8 @@ def check_without_compiler(source: Path, work: Path) -> None:
     check(done.returncode == 0, f"pip install with CC=false failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     done = subprocess.run([python, "-I", "-c", NUMPY_READS], capture_output=True, text=True, timeout=300)
     check(done.stdout.strip() == "ok", f"the install without a compiler:\n{done.stdout}{done.stderr}")
-    ok(f"pip install without a C compiler, then 1,000 records read from the RocketMQ engine with numpy "
-       f"({time.monotonic() - started:.0f} s)")  # fmt: skip
+    ok(f"pip install without a C compiler, then 1,000 records read from the RocketMQ engine with numpy, 50 queues "
+       f"written in Python ({time.monotonic() - started:.0f} s)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

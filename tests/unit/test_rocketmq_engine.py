@@ -25,7 +25,7 @@ from tidelog.storage.common import filesystem_sync
 from tidelog.storage.rocketmq import engine as rocketmq_engine
 from tidelog.storage.rocketmq import message_queue
 from tidelog.storage.rocketmq.checkpoint import read_checkpoint
-from tidelog.storage.rocketmq.consume_queue import ConsumeQueue
+from tidelog.storage.rocketmq.consume_queue import ConsumeQueue, PlannedRun
 from tidelog.storage.rocketmq.engine import RocketMQEngine
 
 TS = 1_700_000_000_000
@@ -506,17 +506,16 @@ def test_many_dirty_consume_queues_are_synced_on_worker_threads(
 
 def test_a_dispatch_round_over_many_queues(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A round that touches many queues (one append each at 1,000 partitions) writes each queue's units from bytes
-    made once for the round: every unit names its message, sizes add up, a recreated topic takes none of its
-    namesake's messages, and a reopen reads the same."""
+    made once for the round, all in one call (positioned_writes.py): every unit names its message, sizes add up, a
+    recreated topic takes none of its namesake's messages, and a reopen reads the same."""
     written_by_run: list[int] = []
-    put_run = ConsumeQueue.put_run
+    commit_run = ConsumeQueue.commit_run
 
-    def counting(self: ConsumeQueue, *args: object) -> bool:
-        done = put_run(self, *args)  # type: ignore[arg-type]
-        written_by_run.append(done)
-        return done
+    def counting(self: ConsumeQueue, run: PlannedRun) -> None:
+        commit_run(self, run)
+        written_by_run.append(len(run.units))
 
-    monkeypatch.setattr(ConsumeQueue, "put_run", counting)
+    monkeypatch.setattr(ConsumeQueue, "commit_run", counting)
     expected: dict[int, list[bytes]] = {p: [] for p in range(40)}
     config = {"tidelog.rocketmq.mapedFileSizeCommitLog": 1 << 16, "tidelog.rocketmq.flushDiskType": "SYNC_FLUSH"}
     with open_store(tmp_path / "store", **config) as engine:  # SYNC_FLUSH: dispatched only when flushed

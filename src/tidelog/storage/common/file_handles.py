@@ -161,6 +161,13 @@ class LazyFile:
         self.used = True
         return file
 
+    def if_open(self) -> StoreFile | None:
+        """The open file, or None when it is not open (nothing is opened). Hold it as `get`'s."""
+        file = self._file
+        if file is not None:
+            self.used = True
+        return file
+
     def _open(self) -> StoreFile:
         if self._closed:
             raise KafkaStorageError(f"{self.path} is closed")

@@ -11,6 +11,10 @@ re-dispatched message whose CommitLog end is not beyond the queue's `max_physic_
 twice is harmless. The minimum queue offset moves up when retention deletes the CommitLog files its first units
 point into. A queue whose first file starts past offset 0 has its leading units filled with {0, INT_MAX, 0}
 (fillPreBlank).
+
+A dispatch round over many queues writes their units together: `plan_run` says where a queue's units go without
+moving anything, the engine writes every planned run in one call (storage/common/positioned_writes.py), then
+`commit_run` moves each queue's end past its units - a reader never sees units that are not on file.
 """
 
 from __future__ import annotations
@@ -41,6 +45,16 @@ RECOVERY_CHECK_UNITS = 4096  # units at the tail of the last file checked one by
 class UnflushedUnits(NamedTuple):
     files: list[tuple[MappedFile, int]]  # each file written past its flushed position, and where it was written to
     end: int  # the queue's end (a byte offset) when they were taken
+
+
+class PlannedRun(NamedTuple):
+    """Units of one queue to be written into its last file at `position` (ConsumeQueue.plan_run)."""
+
+    consume_queue: ConsumeQueue
+    mapped_file: MappedFile
+    position: int
+    units: memoryview
+    last_end: int  # the CommitLog end of the last unit's message
 
 
 def consume_queue_file_size(configured: int) -> int:
@@ -179,21 +193,30 @@ class ConsumeQueue:
             self._end_at_last_unit()
             raise
 
-    def put_run(self, first_queue_offset: int, units: memoryview, first_end: int, last_end: int) -> bool:
-        """put's common case with the unit bytes made for the whole dispatch round: units for consecutive queue
-        offsets from `first_queue_offset` (their messages' CommitLog ends: the first's `first_end`, the last's
-        `last_end`), none of which the queue has yet, going on from its end, in one write. Returns False, writing
-        nothing, when the run is not that case (the caller then uses `put`)."""
+    def plan_run(self, first_queue_offset: int, units: memoryview, first_end: int, last_end: int) -> PlannedRun | None:
+        """put's common case with the unit bytes made for the whole dispatch round, planned for one write with the
+        other queues' of the round (storage/common/positioned_writes.py) and moving nothing yet: units for
+        consecutive queue offsets from `first_queue_offset` (their messages' CommitLog ends: the first's
+        `first_end`, the last's `last_end`), none of which the queue has yet, going on from its end inside its last
+        file. None when the run is not that case (the caller then uses `put`). Once the units are written,
+        `commit_run` moves the queue's end past them; until then readers see the queue as it was."""
         at = first_queue_offset * CQ_STORE_UNIT_SIZE
         if first_end <= self.max_physic_offset or (self.queue.files and at != self.queue.max_offset):
-            return False
-        try:
-            self._write(at, units)
-        except (KafkaStorageError, OSError):
-            self._end_at_last_unit()
-            raise
-        self.max_physic_offset = last_end
-        return True
+            return None
+        if not self.queue.files:
+            self._create_first_file(at)
+        last = self.queue.files[-1]
+        position = at - last.file_from_offset
+        if position != last.wrote_position or position + len(units) > self.file_size:
+            return None  # the run starts a file: put creates it
+        return PlannedRun(self, last, position, units, last_end)
+
+    def commit_run(self, run: PlannedRun) -> None:
+        """The units of `run` (plan_run) are written: the queue ends after them."""
+        run.mapped_file.wrote_position = run.position + len(run.units)
+        self.max_physic_offset = run.last_end
+        self.dirty = True
+        self.unflushed_bytes += len(run.units)
 
     def _end_at_last_unit(self) -> None:
         """After a failed write: the queue's dispatched CommitLog end is that of its last unit written."""

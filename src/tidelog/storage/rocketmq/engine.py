@@ -35,6 +35,7 @@ is still stored - its produce succeeded - and the index catches up from the Comm
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -69,10 +70,16 @@ from tidelog.storage.api import (
 )
 from tidelog.storage.common.clock import now_ms
 from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
-from tidelog.storage.common.file_handles import FileHandles, capacity_for_limit, check_partition_budget
+from tidelog.storage.common.file_handles import (
+    FileHandles,
+    capacity_for_limit,
+    check_partition_budget,
+    open_file_limit_error,
+)
 from tidelog.storage.common.filesystem_sync import SYNC_FILESYSTEM_MIN_FILES, sync_filesystem
 from tidelog.storage.common.index_file import IndexService
 from tidelog.storage.common.offset_checkpoint import read_offset_checkpoint, write_offset_checkpoint
+from tidelog.storage.common.positioned_writes import Piece, write_pieces
 from tidelog.storage.common.scheduler import Scheduler
 from tidelog.storage.common.topic_registry import TOPICS_FILE, TopicRegistry, check_local_partitions
 from tidelog.storage.rocketmq.checkpoint import (
@@ -88,6 +95,7 @@ from tidelog.storage.rocketmq.consume_queue import (
     CQ_STORE_UNIT_SIZE,
     UNIT_DTYPE,
     ConsumeQueue,
+    PlannedRun,
     consume_queue_file_size,
 )
 from tidelog.storage.rocketmq.dispatcher import DispatchBatch, Dispatcher, ReputMessageService
@@ -184,20 +192,58 @@ class _RoundUnits:
         # breaks[i]: how many of the steps up to message i are not +1 in queue offset
         self.breaks = np.concatenate([[0], np.cumsum(np.diff(batch.queue_offsets) != 1)]).tolist()
 
-    def put_run(self, queue: MessageQueue, start: int, stop: int, since: int) -> bool:
-        """Messages [start, stop) of one queue: written in one go when they are consecutive queue offsets from the
-        queue's end, none of them dispatched before nor older than the topic; False (nothing written) otherwise."""
+    def plan_run(self, queue: MessageQueue, start: int, stop: int, since: int) -> PlannedRun | None:
+        """Messages [start, stop) of one queue, planned for the round's write (ConsumeQueue.plan_run) when they are
+        consecutive queue offsets from the queue's end, none of them dispatched before nor older than the topic;
+        None otherwise."""
         batch = self.batch
         if self.breaks[stop - 1] != self.breaks[start] or int(batch.offsets[start]) < since:
-            return False
+            return None
         unit = CQ_STORE_UNIT_SIZE
         ends = self.ends
-        if not queue.consume_queue.put_run(
+        return queue.consume_queue.plan_run(
             int(batch.queue_offsets[start]), self.units[start * unit : stop * unit], ends[start], ends[stop - 1]
-        ):
-            return False
-        queue.dispatched(self.size_sums[stop] - self.size_sums[start])
-        return True
+        )
+
+    def message_bytes(self, start: int, stop: int) -> int:
+        """The CommitLog bytes of messages [start, stop)."""
+        return self.size_sums[stop] - self.size_sums[start]
+
+
+def _write_planned_runs(planned: list[tuple[MessageQueue, PlannedRun, int]], file_handles: FileHandles) -> None:
+    """Write a round's planned ConsumeQueue runs together, without the GIL where compiled (positioned_writes.py),
+    then move each queue's end past its run. A run that cannot be written ends the round there: the queues before it
+    keep their units, it and the later ones get theirs when the batch is dispatched again. When a path finds no
+    descriptor left, half the open files are let go (as LazyFile does) and the rest is tried once more, the files
+    let go written by path."""
+    pieces, held = _pieces_of(planned)
+    written, error = write_pieces(pieces)
+    if error in (errno.EMFILE, errno.ENFILE):
+        file_handles.shrink()
+        pieces, held = _pieces_of(planned[written:])  # the descriptors let go close here
+        more, error = write_pieces(pieces)
+        written += more
+    del held
+    for queue, run, message_bytes in planned[:written]:
+        run.consume_queue.commit_run(run)
+        queue.dispatched(message_bytes)
+    if error:
+        path = planned[written][1].mapped_file.path
+        failure = OSError(error, os.strerror(error), str(path))
+        if error in (errno.EMFILE, errno.ENFILE):
+            raise open_file_limit_error(path, failure) from failure
+        raise KafkaStorageError(f"cannot write {path}: {failure}") from failure
+
+
+def _pieces_of(planned: list[tuple[MessageQueue, PlannedRun, int]]) -> tuple[list[Piece], list[object]]:
+    """The positioned writes of planned runs, and the open files they write through (held until written)."""
+    pieces: list[Piece] = []
+    held: list[object] = []
+    for _queue, run, _message_bytes in planned:
+        target, holder = run.mapped_file.write_target()
+        held.append(holder)
+        pieces.append((target, run.position, run.units))
+    return pieces, held
 
 
 class RocketMQEngine(StorageEngine):
@@ -543,7 +589,8 @@ class RocketMQEngine(StorageEngine):
     def _build_consume_queues(self, batch: DispatchBatch) -> None:
         """CommitLogDispatcherBuildConsumeQueue: one unit per message, the units of each queue written in order in
         one put (prepared and rolled-back transactions are not dispatched). A round with many queues (one append
-        each at 1,000 partitions) makes the unit bytes, run sizes and order checks once for all of them."""
+        each at 1,000 partitions) makes the unit bytes, run sizes and order checks once for all of them, and writes
+        their units in one call after planning them (_write_planned_runs)."""
         runs: dict[tuple[str, int], list[tuple[int, int]]] = {}
         for run in batch.runs:
             runs.setdefault((run.topic, run.queue_id), []).append((run.start, run.stop))
@@ -554,6 +601,7 @@ class RocketMQEngine(StorageEngine):
                 transaction != rm.SYSFLAG_TRANSACTION_ROLLBACK
             )
         round_units = _RoundUnits(batch) if dispatched is None and len(runs) > 1 else None
+        planned: list[tuple[MessageQueue, PlannedRun, int]] = []  # written together after the loop
         with self._lock:
             for key, spans in runs.items():
                 queue = self.queues.get(key)
@@ -561,8 +609,11 @@ class RocketMQEngine(StorageEngine):
                     continue  # a deleted topic
                 since = self.registry.topics[key[0]].since
                 try:
-                    if round_units is not None and len(spans) == 1 and round_units.put_run(queue, *spans[0], since):
-                        continue
+                    if round_units is not None and len(spans) == 1:
+                        planned_run = round_units.plan_run(queue, *spans[0], since)
+                        if planned_run is not None:
+                            planned.append((queue, planned_run, round_units.message_bytes(*spans[0])))
+                            continue
                     rows: slice | np.ndarray = (
                         slice(*spans[0]) if len(spans) == 1 else np.concatenate([np.arange(*span) for span in spans])
                     )
@@ -581,6 +632,8 @@ class RocketMQEngine(StorageEngine):
                 except (KafkaStorageError, OSError):
                     queue.forget_size()  # some units may be in: count again when asked
                     raise
+            if planned:
+                _write_planned_runs(planned, self.file_handles)
             if self.replica is not None:
                 transactional = None if batch.flags is None else (batch.flags & TXN_ATTRIBUTES) != 0
                 for key, spans in runs.items():

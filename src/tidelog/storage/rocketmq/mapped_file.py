@@ -167,6 +167,19 @@ class MappedFile:
         except OSError as exc:
             raise KafkaStorageError(f"cannot write {self.path}: {exc}") from exc
 
+    def write_target(self) -> tuple[int | bytes, StoreFile | None]:
+        """Where storage/common/positioned_writes.py writes this file now: its open descriptor, with the object to
+        hold until the write is done, or - a lazily opened file that is not open - its path, which the write opens
+        for itself (opening it here would let go of another file past the budget, to no use at many queues)."""
+        if self._lazy is None:
+            return self.fd, None
+        if self._lazy.sealed:
+            raise KafkaStorageError(f"{self.path} is closed")
+        file = self._lazy.if_open()
+        if file is None:
+            return os.fsencode(self.path), None
+        return file.fileno(), file
+
     def _descriptor(self) -> tuple[int, StoreFile | None]:
         """The descriptor to use now, and what to hold while it is used: a lazily opened file's descriptor closes
         when the last holder of its StoreFile lets go (file_handles.py), never under a use."""

@@ -1,0 +1,3 @@
+# The compiled loop of positioned_writes.py (_positioned_writes.c; the contract is in positioned_writes.py).
+
+def write_pieces(pieces: list[tuple[int | bytes, int, bytes | bytearray | memoryview]], /) -> tuple[int, int]: ...
