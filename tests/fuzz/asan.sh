@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make fuzz-asan`: the rocketmq_read fuzz target (targets.py) with codec/_rocketmq_rebuild.c built under
 # AddressSanitizer and UndefinedBehaviorSanitizer, so that a read or write outside a buffer, or an overflow, in the
-# C code stops the run even where it would not crash. The source tree is copied to a temp dir and the extension
+# C code stops the run even where it would not crash. First the tests of storage/common/_positioned_writes.c
+# (tests/unit/test_positioned_writes.py) run against that module built the same way. The source tree is copied to a temp dir and the extension
 # compiled there. atheris cannot steer by coverage with the sanitizers' runtime preloaded, so this replays the
 # target's seeds and the corpus a coverage-guided run left (build/fuzz/rocketmq_read/corpus, from `make fuzz-long`
 # or `tests/fuzz/run.py rocketmq_read`), each input then mutated at random (byte flips, 32-bit fields, cuts,
@@ -12,14 +13,19 @@ PY=${PY:-.venv/bin/python}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tidelog-fuzz-asan.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 cp -r src "$tmp/src"
-rm -f "$tmp"/src/tidelog/codec/_rocketmq_rebuild*.so
+rm -f "$tmp"/src/tidelog/codec/_rocketmq_rebuild*.so "$tmp"/src/tidelog/storage/common/_positioned_writes*.so
 include=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 suffix=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-cc -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -fPIC -shared \
-    -I"$include" src/tidelog/codec/_rocketmq_rebuild.c -o "$tmp/src/tidelog/codec/_rocketmq_rebuild$suffix"
-LD_PRELOAD="$(cc -print-file-name=libasan.so):$(cc -print-file-name=libubsan.so)" \
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-PYTHONPATH="$tmp/src:tests/fuzz" "$PY" - "${SECONDS_TO_RUN:-120}" "$tmp/src" <<'PYTHON'
+for module in codec/_rocketmq_rebuild storage/common/_positioned_writes; do
+    cc -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -fPIC -shared \
+        -I"$include" "src/tidelog/$module.c" -o "$tmp/src/tidelog/$module$suffix"
+done
+sanitized=(env "LD_PRELOAD=$(cc -print-file-name=libasan.so):$(cc -print-file-name=libubsan.so)"
+    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1)
+"${sanitized[@]}" PYTHONPATH="$tmp/src" "$PY" -c "from tidelog.storage.common import _positioned_writes as m; import sys; \
+assert m.__file__.startswith(sys.argv[1]), m.__file__" "$tmp/src" # the sanitized build is the one imported
+"${sanitized[@]}" PYTHONPATH="$tmp/src" "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_positioned_writes.py
+"${sanitized[@]}" PYTHONPATH="$tmp/src:tests/fuzz" "$PY" - "${SECONDS_TO_RUN:-120}" "$tmp/src" <<'PYTHON'
 import random, sys, time
 from pathlib import Path
 
