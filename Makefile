@@ -155,7 +155,8 @@ bench-rocketmq-ha: $(STAMP) system-deps java
 fuzz-long: $(STAMP)
 	$(PY) tests/fuzz/run.py --runs 1000000
 
-# The RocketMQ read target with the compiled rebuild under AddressSanitizer and UBSan (tests/fuzz/asan.sh).
+# The RocketMQ read target with the compiled rebuild under AddressSanitizer and UBSan, after the tests of the compiled
+# positioned writes built the same way (tests/fuzz/asan.sh).
 fuzz-asan: $(STAMP)
 	PY=$(PY) tests/fuzz/asan.sh
 
