@@ -206,8 +206,8 @@ class ConsumeQueue:
         if not self.queue.files:
             self._create_first_file(at)
         last = self.queue.files[-1]
-        position = at - last.file_from_offset
-        if position != last.wrote_position or position + len(units) > self.file_size:
+        position = at - last.file_from_offset  # its wrote position: the queue ends there
+        if position + len(units) > self.file_size:
             return None  # the run starts a file: put creates it
         return PlannedRun(self, last, position, units, last_end)
 

@@ -72,6 +72,7 @@ from tidelog.storage.common.clock import now_ms
 from tidelog.storage.common.deletion import DirectoryDeleter, finish_deletions
 from tidelog.storage.common.file_handles import (
     FileHandles,
+    StoreFile,
     capacity_for_limit,
     check_partition_budget,
     open_file_limit_error,
@@ -235,10 +236,10 @@ def _write_planned_runs(planned: list[tuple[MessageQueue, PlannedRun, int]], fil
         raise KafkaStorageError(f"cannot write {path}: {failure}") from failure
 
 
-def _pieces_of(planned: list[tuple[MessageQueue, PlannedRun, int]]) -> tuple[list[Piece], list[object]]:
+def _pieces_of(planned: list[tuple[MessageQueue, PlannedRun, int]]) -> tuple[list[Piece], list[StoreFile | None]]:
     """The positioned writes of planned runs, and the open files they write through (held until written)."""
     pieces: list[Piece] = []
-    held: list[object] = []
+    held: list[StoreFile | None] = []
     for _queue, run, _message_bytes in planned:
         target, holder = run.mapped_file.write_target()
         held.append(holder)
