@@ -9,6 +9,9 @@ Each repetition makes four runs of the same size, in this order, each on an empt
   tidelog + flush     the same tidelog run, timed until one engine.flush() returns (durable)
 
 tidelog cycles through 16 different pre-built batches (--distinct-batches), dd repeats one buffer of zeros.
+One untimed dd of the same size comes first: on a VM that hands freed memory back to its host, a write into memory
+freed a second or more before runs at a fraction of the speed (benchutil.returns_freed_memory_to_host), and every
+timed run starts right after the run before it freed its pages.
 Figures are medians over the repetitions, as MB/s (10^6 bytes, as dd prints them) and as a ratio to dd.
 The issue's target: tidelog append >= 80 % of dd.
 """
@@ -131,6 +134,7 @@ def main() -> None:
     with scratch_dir(args.dir, total + 32 * MiB, "tidelog-bench-append-") as work:
         print_machine(work)
         results: dict[str, list[float]] = {k: [] for k in ("dd", "pwrite", "tidelog", "dd_sync", "tidelog_sync")}
+        time_dd(work / "warm-up.bin", count, durable=False)  # not counted: see the module's docstring
         for run in range(1, args.repeat + 1):
             empty_dir(work)
             results["dd"].append(time_dd(work / "dd.bin", count, durable=False))
