@@ -107,7 +107,7 @@ def returns_freed_memory_to_host() -> bool:
     """Is this a VM whose balloon device reports free pages, so that its host takes memory the guest freed?
 
     There a page-cache write into memory freed a second or more before runs at a fraction of the speed of one into
-    memory freed just before (each page is faulted back in on the host): 2.2-2.5 against 4.8-6.5 GB/s for dd, a
+    memory freed just before (each page is faulted back in on the host): 1.4-2.5 against 4.8-6.5 GB/s for dd, a
     Python pwrite loop and tidelog alike on the AMD VM of docs/benchmarks.md. Benchmarks that compare writers start
     each one right after the one before freed its pages; `print_machine` says when the machine is such a VM.
     The kernel shows a virtio device's negotiated features as a string of 0 and 1, bit 0 first."""
